@@ -1,0 +1,848 @@
+"""The pack manifest: one pydantic schema, validation, and the canonical frozen form.
+
+A *pack* is everything that defines a capacity experiment: the frozen serving system (model,
+engine, placement), the client (arrival process, seed, durations, timeouts), the request
+shape (sampling, stop behaviour, chat template), the prompt source and prefix distribution,
+the workload classes with their per-request SLO cutoffs, the acceptance gate, the target
+endpoint, the sweep, named load-shape experiments, and the sizing plan. Its key names follow
+the seed's ``workload-manifest.yaml`` (``model.revision``, ``client.warmup_seconds``,
+``workload[].request_ttft_cutoff_ms``, ``acceptance.class_slo_attainment_min``...).
+
+Formulas held here:
+
+- weighted mean tokens = sum_c mix_c * E[tokens_c]   (the seed's 2,406.4 input / 243.2 output)
+- lognormal lengths from a stated p50 and p95:  mu = ln p50,  sigma = (ln p95 - ln p50) / z_0.95
+  with z_0.95 = 1.6448536; draws are rounded and clipped to [min, max], and the reported mean is
+  that of the clipped distribution: E[clip(X, a, b)] = a Phi(la) + b (1 - Phi(lb))
+  + e^(mu + sigma^2/2) (Phi(lb - sigma) - Phi(la - sigma)), with lx = (ln x - mu) / sigma.
+- class schedule counts: largest remainder over n * mix_c (ties broken by class order), so the
+  counts always sum to n exactly (22,000 x 0.7/0.2/0.1 -> 15,400/4,400/2,200).
+
+Freezing (:func:`freeze`) validates the pack, refuses mutable revisions, hashes referenced data
+files into the manifest, and returns a canonical document with a sha256 of the whole pack and of
+each top-level section. The Snakefile hashes the same sections into rule ``params`` so that a
+change reruns only the stages that read it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import date
+from pathlib import Path
+from statistics import NormalDist
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from capacity_pack import __version__
+from capacity_pack.io import file_sha256, sha256_of_obj
+
+FROZEN_FORMAT = "capacity-pack/frozen-manifest/v1"
+Z_95 = NormalDist().inv_cdf(0.95)
+
+# Revisions that name a moving target rather than one immutable artifact.
+MUTABLE_REVISIONS = frozenset({"latest", "main", "master", "head", "stable", "nightly", "dev", "*"})
+SECTIONS = (
+    "pack",
+    "cutoff",
+    "model",
+    "engine",
+    "client",
+    "request",
+    "prompts",
+    "workload",
+    "acceptance",
+    "target",
+    "sweep",
+    "experiments",
+    "plan",
+    "report",
+)
+
+NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+
+
+class ManifestError(ValueError):
+    """A pack configuration that cannot be used; the message names the file and field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Length distributions
+# ---------------------------------------------------------------------------------------------
+
+
+class LengthStats(_Model):
+    """Summary of a token-length distribution, as reported in the frozen manifest."""
+
+    mean: float = Field(description="Expected tokens per request (after rounding and clipping).")
+    p50: int = Field(description="Median tokens (nearest rank for empirical data).")
+    p95: int = Field(description="95th percentile tokens.")
+    p99: int = Field(description="99th percentile tokens.")
+    max: int = Field(description="Largest possible (or observed) tokens.")
+    fixed: bool = Field(description="True when every request has exactly this length.")
+
+
+class LognormalLength(_Model):
+    """Lognormal token lengths parameterised by their median and 95th percentile."""
+
+    distribution: Literal["lognormal"] = Field(description="Distribution kind.")
+    p50: float = Field(gt=0, description="Median length in tokens.")
+    p95: float = Field(gt=0, description="95th percentile length in tokens; must exceed p50.")
+    min: int = Field(default=1, ge=1, description="Draws below this are raised to it.")
+    max: int = Field(ge=1, description="Draws above this are clipped to it (context limit).")
+
+    @model_validator(mode="after")
+    def _check(self) -> LognormalLength:
+        if self.p95 <= self.p50:
+            raise ValueError(f"p95 ({self.p95}) must be greater than p50 ({self.p50})")
+        if self.max < self.p95:
+            raise ValueError(f"max ({self.max}) must be at least p95 ({self.p95})")
+        if self.min > self.p50:
+            raise ValueError(f"min ({self.min}) must not exceed p50 ({self.p50})")
+        return self
+
+    @property
+    def mu(self) -> float:
+        return math.log(self.p50)
+
+    @property
+    def sigma(self) -> float:
+        return (math.log(self.p95) - math.log(self.p50)) / Z_95
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        draws = rng.lognormal(self.mu, self.sigma, size=n)
+        return np.clip(np.rint(draws), self.min, self.max).astype(np.int64)
+
+    def stats(self) -> LengthStats:
+        nd = NormalDist()
+        mu, s, hi, lo = self.mu, self.sigma, self.max, self.min
+
+        def q(p: float) -> int:
+            return int(min(hi, max(lo, round(math.exp(mu + s * nd.inv_cdf(p))))))
+
+        def cdf(x: float, shift: float = 0.0) -> float:
+            return nd.cdf((math.log(x) - mu - shift) / s)
+
+        # E[clip(X, lo, hi)] = lo P(X<lo) + E[X; lo<=X<=hi] + hi P(X>hi)
+        partial = math.exp(mu + s * s / 2) * (cdf(hi, s * s) - cdf(lo, s * s))
+        mean = lo * cdf(lo) + partial + hi * (1 - cdf(hi))
+        return LengthStats(mean=mean, p50=q(0.5), p95=q(0.95), p99=q(0.99), max=hi, fixed=False)
+
+
+class EmpiricalLength(_Model):
+    """Token lengths resampled from a file of observed lengths (CSV or parquet column)."""
+
+    distribution: Literal["empirical"] = Field(description="Distribution kind.")
+    path: str = Field(description="CSV or parquet file, relative to the working directory.")
+    column: str = Field(default="tokens", description="Column holding one length per row.")
+    sha256: str | None = Field(
+        default=None,
+        description="sha256 of the file; filled in at freeze, verified when given.",
+    )
+    _values: np.ndarray | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _load(self) -> EmpiricalLength:
+        path = Path(self.path)
+        if not path.is_file():
+            raise ValueError(f"empirical length file {self.path!r} does not exist")
+        digest = file_sha256(path)
+        if self.sha256 is not None and self.sha256 != digest:
+            raise ValueError(
+                f"empirical length file {self.path!r} has sha256 {digest}, "
+                f"but the manifest pins {self.sha256}: the file changed"
+            )
+        self.sha256 = digest
+        values = _read_column(path, self.column)
+        if values.size == 0:
+            raise ValueError(f"empirical length file {self.path!r} has no rows")
+        if not np.all(np.isfinite(values)) or np.any(values < 1) or np.any(values % 1 != 0):
+            bad = int(np.argmax(~np.isfinite(values) | (values < 1) | (values % 1 != 0)))
+            raise ValueError(
+                f"{self.path}: row {bad + 1} of column {self.column!r} is {values[bad]!r}; "
+                "expected a positive whole number of tokens"
+            )
+        self._values = values.astype(np.int64)
+        return self
+
+    @property
+    def values(self) -> np.ndarray:
+        assert self._values is not None
+        return self._values
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.choice(self.values, size=n, replace=True)
+
+    def stats(self) -> LengthStats:
+        v = np.sort(self.values)
+
+        def q(p: float) -> int:
+            return int(v[max(0, math.ceil(p * v.size) - 1)])
+
+        return LengthStats(
+            mean=float(v.mean()), p50=q(0.5), p95=q(0.95), p99=q(0.99), max=int(v[-1]), fixed=False
+        )
+
+
+def _read_column(path: Path, column: str) -> np.ndarray:
+    import pandas as pd
+
+    if path.suffix in {".parquet", ".pq"}:
+        frame = pd.read_parquet(path, columns=[column])
+    else:
+        frame = pd.read_csv(path)
+        if column not in frame.columns:
+            raise ValueError(f"{path}: no column {column!r} (columns: {list(frame.columns)})")
+    return pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+
+
+LengthSpec = Annotated[
+    int | LognormalLength | EmpiricalLength,
+    Field(description="A fixed token count, or a lognormal/empirical distribution."),
+]
+
+
+def length_stats(spec: int | LognormalLength | EmpiricalLength) -> LengthStats:
+    if isinstance(spec, int):
+        return LengthStats(mean=float(spec), p50=spec, p95=spec, p99=spec, max=spec, fixed=True)
+    return spec.stats()
+
+
+def sample_lengths(
+    spec: int | LognormalLength | EmpiricalLength, rng: np.random.Generator, n: int
+) -> np.ndarray:
+    if isinstance(spec, int):
+        return np.full(n, spec, dtype=np.int64)
+    return spec.sample(rng, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+
+
+class PackInfo(_Model):
+    name: str = Field(pattern=SLUG_PATTERN, description="Pack id; names results/<name>/.")
+    title: str = Field(description="Human title shown in reports.")
+    size: Literal["rehearsal", "full"] = Field(
+        description="'rehearsal' marks a scaled-down pack whose numbers are not a capacity claim."
+    )
+    description: str = Field(default="", description="What this pack is for.")
+
+    @property
+    def label(self) -> str:
+        if self.size == "rehearsal":
+            return "REHEARSAL-SIZE PACK: scaled-down sample sizes; not a capacity claim"
+        return "FULL-SIZE PACK"
+
+
+class Placement(_Model):
+    tp: int = Field(ge=1, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, ge=1, description="Pipeline-parallel degree.")
+    dp: int = Field(ge=1, description="Data-parallel degree (engine instances).")
+    replicas: int = Field(ge=1, description="Independently routed serving replicas.")
+    gpus: int = Field(ge=1, description="Total GPUs of the deployment under test.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Placement:
+        if self.gpus != self.tp * self.pp * self.dp:
+            raise ValueError(
+                f"gpus ({self.gpus}) must equal tp x pp x dp = {self.tp * self.pp * self.dp}"
+            )
+        return self
+
+
+class Model(_Model):
+    id: str = Field(min_length=1, description="Model identifier.")
+    revision: str = Field(description="Immutable model revision (checkpoint hash or tag).")
+    tokenizer_revision: str = Field(description="Immutable tokenizer revision.")
+    precision: str = Field(min_length=1, description="Weight precision, e.g. bf16, fp8.")
+    served_name: str | None = Field(
+        default=None, description="Model name sent in requests; defaults to id."
+    )
+
+
+class Engine(_Model):
+    name: str = Field(min_length=1, description="Serving engine, e.g. vllm, sglang.")
+    version: str = Field(description="Immutable engine version (quote it in YAML: \"1.0\").")
+    placement: Placement = Field(description="Parallelism and GPU count of the deployment.")
+    prefix_cache: Literal["enabled", "disabled"] = Field(description="Automatic prefix caching.")
+    speculative_decoding: Literal["enabled", "disabled"] = Field(default="disabled")
+    disaggregated_prefill: Literal["enabled", "disabled"] = Field(default="disabled")
+    scheduler: str = Field(
+        default="default", description="Scheduler policy/revision, frozen with the engine."
+    )
+    config: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Further engine arguments (max_num_seqs, max_num_batched_tokens, ...).",
+    )
+
+
+class TraceSpec(_Model):
+    path: str = Field(description="CSV or parquet of arrivals, relative to the working directory.")
+    time_column: str = Field(default="offset_s", description="Arrival offset in seconds.")
+    class_column: str = Field(default="class", description="Workload class of each arrival.")
+    input_column: str | None = Field(default="input_tokens", description="Input tokens column.")
+    output_column: str | None = Field(default="output_tokens", description="Output tokens column.")
+    rescale_to_rate: bool = Field(
+        default=True,
+        description="Stretch offsets so the trace's mean rate equals each swept rate.",
+    )
+    sha256: str | None = Field(default=None, description="Filled in at freeze; verified if given.")
+
+
+class Client(_Model):
+    location: str = Field(description="Where the load generator runs (host/zone).")
+    streaming: bool = Field(default=True, description="Stream tokens (required for TTFT/ITL).")
+    endpoint: Literal["completions", "chat_completions"] = Field(
+        default="completions", description="OpenAI endpoint used for every request."
+    )
+    arrival_pattern: Literal["poisson", "gamma", "constant", "trace"] = Field(
+        description="Arrival process of open-loop points."
+    )
+    arrival_cv: float = Field(
+        default=1.0, gt=0, description="Coefficient of variation of gamma inter-arrival gaps."
+    )
+    trace: TraceSpec | None = Field(default=None, description="Arrival trace for 'trace'.")
+    minimum_duration_seconds: float = Field(ge=0, description="Minimum measured window.")
+    initial_scheduled_requests: int = Field(ge=1, description="Measured requests per point.")
+    request_schedule_seed: int = Field(ge=0, description="Seed every schedule derives from.")
+    class_schedule_counts: dict[str, int] | None = Field(
+        default=None, description="Optional check: must equal the stratified counts."
+    )
+    warmup_seconds: float = Field(ge=0, description="Warm-up traffic excluded from measurement.")
+    maximum_duration_seconds: float = Field(gt=0, description="Hard stop for extension blocks.")
+    request_timeout_seconds: float = Field(gt=0, description="Per-request timeout.")
+    automatic_retries: bool = Field(default=False, description="Must be false.")
+    cancellation_policy: Literal["none", "seeded_fraction"] = Field(
+        default="none", description="'seeded_fraction' cancels a seeded share of requests."
+    )
+    cancel_fraction: float = Field(default=0.0, ge=0, le=1, description="Share to cancel.")
+    cancel_after_seconds: float = Field(default=1.0, gt=0, description="Cancel after this long.")
+
+    @field_validator("automatic_retries")
+    @classmethod
+    def _no_retries(cls, v: bool) -> bool:
+        if v:
+            raise ValueError(
+                "automatic retries must be false: a retried request would mix logical requests "
+                "and attempts in one population"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> Client:
+        if self.arrival_pattern == "trace" and self.trace is None:
+            raise ValueError("arrival_pattern 'trace' needs a 'trace' block with the file path")
+        if self.maximum_duration_seconds < self.minimum_duration_seconds:
+            raise ValueError("maximum_duration_seconds must be >= minimum_duration_seconds")
+        if self.cancellation_policy == "none" and self.cancel_fraction > 0:
+            raise ValueError("cancel_fraction > 0 needs cancellation_policy 'seeded_fraction'")
+        return self
+
+
+class Sampling(_Model):
+    temperature: float = Field(default=0.0, ge=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(default=-1, description="Top-k (-1: off).")
+    seed: int | None = Field(default=None, description="Per-request sampling seed, if any.")
+
+
+class Stop(_Model):
+    ignore_eos: bool = Field(
+        default=True, description="Generate exactly max_tokens (fixed-length classes need it)."
+    )
+    stop_sequences: list[str] = Field(default_factory=list, description="Stop strings.")
+
+
+class RequestShape(_Model):
+    sampling: Sampling = Field(default_factory=Sampling, description="Sampling parameters.")
+    stop: Stop = Field(default_factory=Stop, description="Stop behaviour.")
+    chat_template: str = Field(
+        default="none", description="Chat template revision ('none' for raw completions)."
+    )
+    include_usage: bool = Field(default=True, description="Ask for the final usage chunk.")
+
+
+class PrefixSpec(_Model):
+    shared_prefixes: int = Field(ge=1, description="Size of the versioned shared-prefix set.")
+    prefix_tokens: int = Field(ge=1, description="Tokens in each shared prefix.")
+    distribution: Literal["zipf", "uniform"] = Field(
+        default="zipf", description="How often each prefix is used."
+    )
+    zipf_exponent: float = Field(default=1.1, gt=0, description="Zipf exponent s (zipf only).")
+    revision: str = Field(description="Version of the prefix set (immutable).")
+
+
+class Prompts(_Model):
+    source: Literal["synthetic", "repeat"] = Field(
+        description="'synthetic': seeded natural-language-like text; 'repeat': one prompt reused."
+    )
+    corpus_revision: str = Field(description="Revision of the text generator/corpus.")
+    cold_unique_prefix_tokens: int = Field(
+        default=8, ge=1, description="Unique leading tokens that defeat prefix reuse when cold."
+    )
+    prefix: PrefixSpec | None = Field(
+        default=None, description="Shared-prefix distribution of warm-cache points."
+    )
+
+
+class WorkloadClass(_Model):
+    name: str = Field(pattern=NAME_PATTERN, description="Class name (lower_snake_case).")
+    mix: float = Field(gt=0, le=1, description="Share of requests in this class.")
+    input_tokens: LengthSpec
+    output_tokens: LengthSpec
+    request_ttft_cutoff_ms: float = Field(gt=0, description="Per-request TTFT cutoff.")
+    request_tpot_cutoff_ms: float = Field(gt=0, description="Per-request TPOT cutoff.")
+
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("a fixed token count must be at least 1")
+        return v
+
+
+class Acceptance(_Model):
+    class_slo_attainment_min: float = Field(
+        gt=0, le=1, description="Joint TTFT+TPOT attainment each class needs."
+    )
+    min_successful_samples_per_class: int = Field(
+        ge=1, description="Successful rows each class needs for a decision."
+    )
+    error_rate_max: float = Field(ge=0, le=1, description="Global error-rate cap.")
+    queue_trend_required: Literal["flat"] = Field(default="flat")
+    target_utilization: float = Field(gt=0, le=1, description="Planned utilization policy.")
+    p99_min_samples: int = Field(
+        default=10_000, ge=1, description="P99 withheld below this many successful rows."
+    )
+    per_class_error_rate_max: float | None = Field(
+        default=None, ge=0, le=1, description="Optional per-class error gate."
+    )
+    all_attempt_attainment_min: float | None = Field(
+        default=None, gt=0, le=1, description="Optional attainment over all attempts."
+    )
+
+
+class SimTarget(_Model):
+    kind: Literal["sim"] = Field(description="The embedded simulated engine.")
+    profile: str = Field(pattern=SLUG_PATTERN, description="Simulator performance profile.")
+    replicas: int = Field(default=1, ge=1, description="Simulated replicas behind a router.")
+    router: Literal["round_robin", "least_outstanding"] = Field(default="least_outstanding")
+    ground_truth: bool = Field(default=True, description="Write the server ground-truth log.")
+
+
+class OpenAITarget(_Model):
+    kind: Literal["openai"] = Field(description="Any OpenAI-compatible endpoint.")
+    base_url: str = Field(pattern=r"^https?://", description="e.g. http://127.0.0.1:8000")
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable holding the API key (never the key).",
+    )
+    cache_reset: Literal["none", "vllm", "sglang", "restart"] = Field(
+        description="How the prefix cache is cleared before a cold point."
+    )
+    restart_command: list[str] | None = Field(
+        default=None, description="argv that restarts the engine (cache_reset: restart)."
+    )
+    tokenizer_path: str | None = Field(default=None, description="Local tokenizer.json.")
+
+    @model_validator(mode="after")
+    def _check(self) -> OpenAITarget:
+        if self.cache_reset == "restart" and not self.restart_command:
+            raise ValueError("cache_reset 'restart' needs restart_command")
+        return self
+
+
+class Sweep(_Model):
+    open_loop_rps: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=list, description="Offered rates of the open-loop sweep."
+    )
+    closed_loop_concurrency: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list, description="Concurrency levels of the saturation sweep."
+    )
+    closed_loop_requests_per_worker: int = Field(
+        default=10, ge=1, description="Closed-loop requests per point = this x concurrency..."
+    )
+    closed_loop_min_requests: int = Field(default=50, ge=1, description="...but at least this.")
+    cache_states: list[Literal["cold", "warm"]] = Field(
+        min_length=1, description="Cache-state families; never mixed in one point."
+    )
+    repeats: int = Field(default=1, ge=1, description="Repeats of every point (variance).")
+
+    @model_validator(mode="after")
+    def _check(self) -> Sweep:
+        for name in ("open_loop_rps", "closed_loop_concurrency", "cache_states"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} has duplicates: {values}")
+        if self.closed_loop_concurrency and 1 not in self.closed_loop_concurrency:
+            raise ValueError(
+                "closed_loop_concurrency must include 1: the single-user regime is always measured"
+            )
+        return self
+
+
+class Segment(_Model):
+    duration_s: float = Field(gt=0, description="Segment length in seconds.")
+    rate_rps: float | None = Field(default=None, ge=0, description="Constant rate (a step).")
+    from_rps: float | None = Field(default=None, ge=0, description="Ramp start rate.")
+    to_rps: float | None = Field(default=None, ge=0, description="Ramp end rate.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Segment:
+        step = self.rate_rps is not None
+        ramp = self.from_rps is not None or self.to_rps is not None
+        if step == ramp or (ramp and (self.from_rps is None or self.to_rps is None)):
+            raise ValueError("a segment is either a step (rate_rps) or a ramp (from_rps, to_rps)")
+        return self
+
+
+class Spike(_Model):
+    at_s: float = Field(ge=0, description="Spike start, seconds from the profile start.")
+    duration_s: float = Field(gt=0, description="Spike length.")
+    rate_rps: float = Field(gt=0, description="Rate added on top of the base profile.")
+
+
+K6_TEST_TYPES = ("smoke", "average-load", "stress", "spike", "soak", "breakpoint")
+
+
+class Experiment(_Model):
+    name: str = Field(pattern=NAME_PATTERN, description="Experiment name.")
+    test_type: Literal["smoke", "average-load", "stress", "spike", "soak", "breakpoint"] = Field(
+        description="k6 load-test type this profile implements."
+    )
+    arrival_pattern: Literal["poisson", "gamma", "constant"] | None = Field(
+        default=None, description="Defaults to client.arrival_pattern."
+    )
+    arrival_cv: float | None = Field(default=None, gt=0, description="Gamma CV override.")
+    segments: list[Segment] = Field(min_length=1, description="Piecewise rate profile.")
+    spike: Spike | None = Field(default=None, description="A burst on top of the base profile.")
+    cache_states: list[Literal["cold", "warm"]] = Field(default_factory=lambda: ["warm"])
+    repeats: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Experiment:
+        if self.test_type == "spike" and self.spike is None:
+            raise ValueError("a 'spike' experiment needs a 'spike' block")
+        if self.test_type == "breakpoint":
+            last = self.segments[-1]
+            if last.to_rps is None or last.from_rps is None or last.to_rps <= last.from_rps:
+                raise ValueError("a 'breakpoint' experiment must end in an increasing ramp")
+        if self.spike is not None and self.spike.at_s >= self.total_duration_s:
+            raise ValueError("the spike starts after the profile ends")
+        return self
+
+    @property
+    def total_duration_s(self) -> float:
+        return float(sum(s.duration_s for s in self.segments))
+
+
+class Plan(_Model):
+    peak_rps: float = Field(gt=0, description="Forecast peak load to plan for.")
+    target_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="Defaults to acceptance.target_utilization."
+    )
+    gpus_per_replica: int = Field(ge=1, description="GPUs in one replica (tp x pp).")
+    replicas_under_test: int = Field(ge=1, description="Replicas the sweep measured.")
+
+
+class Report(_Model):
+    latency_statistics: list[Literal["mean", "p50", "p90", "p95", "p99", "p99.9", "max"]] = Field(
+        default_factory=lambda: ["p50", "p95", "p99"],
+        description="Latency statistics reported per class.",
+    )
+    percentile_method: Literal["nearest_rank"] = Field(default="nearest_rank")
+
+
+class Pack(_Model):
+    """A complete, validated pack definition."""
+
+    pack: PackInfo
+    cutoff: date = Field(description="Date the manifest was frozen for.")
+    model: Model
+    engine: Engine
+    client: Client
+    request: RequestShape = Field(default_factory=RequestShape)
+    prompts: Prompts
+    workload: list[WorkloadClass] = Field(min_length=1)
+    acceptance: Acceptance
+    target: Annotated[SimTarget | OpenAITarget, Field(discriminator="kind")]
+    sweep: Sweep
+    experiments: list[Experiment] = Field(default_factory=list)
+    plan: Plan
+    report: Report = Field(default_factory=Report)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Pack:
+        names = [c.name for c in self.workload]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workload class names must be unique: {names}")
+        total = math.fsum(c.mix for c in self.workload)
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"workload mix must sum to 1, got {total}")
+        if self.client.class_schedule_counts is not None:
+            expected = self.class_counts(self.client.initial_scheduled_requests)
+            if self.client.class_schedule_counts != expected:
+                raise ValueError(
+                    f"client.class_schedule_counts {self.client.class_schedule_counts} differ from "
+                    f"the stratified counts {expected} of {self.client.initial_scheduled_requests} "
+                    "requests"
+                )
+        exp_names = [e.name for e in self.experiments]
+        if len(set(exp_names)) != len(exp_names):
+            raise ValueError(f"experiment names must be unique: {exp_names}")
+        if not (self.sweep.open_loop_rps or self.sweep.closed_loop_concurrency or self.experiments):
+            raise ValueError("nothing to measure: the sweep and experiments are all empty")
+        placement = self.engine.placement
+        if self.plan.gpus_per_replica * placement.replicas != placement.gpus:
+            raise ValueError(
+                f"plan.gpus_per_replica ({self.plan.gpus_per_replica}) x engine.placement.replicas"
+                f" ({placement.replicas}) must equal engine.placement.gpus ({placement.gpus})"
+            )
+        if self.plan.replicas_under_test != placement.replicas:
+            raise ValueError(
+                f"plan.replicas_under_test ({self.plan.replicas_under_test}) must equal "
+                f"engine.placement.replicas ({placement.replicas})"
+            )
+        if isinstance(self.target, SimTarget) and self.target.replicas != placement.replicas:
+            raise ValueError(
+                f"target.replicas ({self.target.replicas}) must equal engine.placement.replicas "
+                f"({placement.replicas})"
+            )
+        if (
+            self.plan.target_utilization is not None
+            and self.plan.target_utilization != self.acceptance.target_utilization
+        ):
+            raise ValueError(
+                f"plan.target_utilization ({self.plan.target_utilization}) disagrees with "
+                f"acceptance.target_utilization ({self.acceptance.target_utilization})"
+            )
+        if "warm" in self.all_cache_states() and self.prompts.prefix is None:
+            raise ValueError("warm-cache points need prompts.prefix (the shared-prefix set)")
+        if self.prompts.prefix is not None:
+            for c in self.workload:
+                if isinstance(c.input_tokens, int) and c.input_tokens <= self.prompts.prefix.prefix_tokens:
+                    raise ValueError(
+                        f"class {c.name!r}: input_tokens ({c.input_tokens}) must exceed "
+                        f"prompts.prefix.prefix_tokens ({self.prompts.prefix.prefix_tokens})"
+                    )
+        return self
+
+    # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def class_names(self) -> list[str]:
+        return [c.name for c in self.workload]
+
+    @property
+    def effective_target_utilization(self) -> float:
+        return self.plan.target_utilization or self.acceptance.target_utilization
+
+    def all_cache_states(self) -> set[str]:
+        states = set(self.sweep.cache_states)
+        for e in self.experiments:
+            states.update(e.cache_states)
+        return states
+
+    def class_counts(self, n: int) -> dict[str, int]:
+        return stratified_counts(n, {c.name: c.mix for c in self.workload})
+
+    def weighted_mean_tokens(self) -> tuple[float, float]:
+        inp = math.fsum(c.mix * length_stats(c.input_tokens).mean for c in self.workload)
+        out = math.fsum(c.mix * length_stats(c.output_tokens).mean for c in self.workload)
+        return round(inp, 6), round(out, 6)
+
+    def section(self, name: str) -> Any:
+        if name not in SECTIONS:
+            raise KeyError(f"unknown manifest section {name!r}; known: {', '.join(SECTIONS)}")
+        return self.model_dump(mode="json")[name]
+
+    def section_hashes(self) -> dict[str, str]:
+        dumped = self.model_dump(mode="json")
+        return {name: sha256_of_obj(dumped[name]) for name in SECTIONS}
+
+    def sha256(self) -> str:
+        return sha256_of_obj(self.model_dump(mode="json"))
+
+
+def stratified_counts(n: int, mix: dict[str, float]) -> dict[str, int]:
+    """Exact class counts summing to ``n`` by the largest-remainder method."""
+    # Rounding the quotas first keeps 22,000 x 0.7 = 15399.999... from losing to float error.
+    quotas = {k: round(n * v, 9) for k, v in mix.items()}
+    counts = {k: math.floor(q) for k, q in quotas.items()}
+    left = n - sum(counts.values())
+    order = sorted(mix, key=lambda k: (-(quotas[k] - counts[k]), list(mix).index(k)))
+    for k in order[:left]:
+        counts[k] += 1
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, validation errors, immutability
+# ---------------------------------------------------------------------------------------------
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: file, dotted field path, what was expected, what was given."""
+    lines = [f"{source}: invalid pack configuration ({err.error_count()} problem(s)):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-")) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        given = e.get("input")
+        shown = "" if isinstance(given, dict | list) else f" (got {given!r})"
+        lines.append(f"  - {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def validate_pack(data: dict[str, Any], source: str = "<config>") -> Pack:
+    """Validate a config mapping into a :class:`Pack` or raise :class:`ManifestError`."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Pack.model_validate(data)
+    except ValidationError as err:
+        raise ManifestError(format_validation_error(err, source)) from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{path}: not valid YAML: {err}") from None
+
+
+def load_pack(path: str | Path) -> Pack:
+    """Load and validate a pack YAML file (or a frozen manifest JSON)."""
+    path = Path(path)
+    data = load_yaml(path)
+    if isinstance(data, dict) and data.get("format") == FROZEN_FORMAT:
+        data = data["manifest"]
+    return validate_pack(data, str(path))
+
+
+def is_mutable_revision(value: str) -> bool:
+    v = value.strip().lower()
+    return not v or v in MUTABLE_REVISIONS or any(ch in v for ch in "*?[")
+
+
+def mutable_revision_fields(pack: Pack) -> list[tuple[str, str]]:
+    """Fields that name a moving target: (dotted field, value)."""
+    fields = {
+        "model.revision": pack.model.revision,
+        "model.tokenizer_revision": pack.model.tokenizer_revision,
+        "engine.version": pack.engine.version,
+        "prompts.corpus_revision": pack.prompts.corpus_revision,
+    }
+    if pack.prompts.prefix is not None:
+        fields["prompts.prefix.revision"] = pack.prompts.prefix.revision
+    return [(k, v) for k, v in fields.items() if is_mutable_revision(v)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Freeze
+# ---------------------------------------------------------------------------------------------
+
+
+def freeze(pack: Pack, source: str = "<config>") -> dict[str, Any]:
+    """The canonical frozen manifest of ``pack`` (a JSON-ready dict).
+
+    Raises :class:`ManifestError` naming every field that holds a mutable revision.
+    """
+    bad = mutable_revision_fields(pack)
+    if bad:
+        listed = "; ".join(f"{k} = {v!r}" for k, v in bad)
+        raise ManifestError(
+            f"{source}: refusing to freeze mutable revisions ({listed}); pin each to an "
+            "immutable revision (a commit hash, a released version or a dated tag)"
+        )
+    if isinstance(pack.client.trace, TraceSpec):
+        _pin_trace(pack.client.trace)
+    manifest = pack.model_dump(mode="json")
+    inp, out = pack.weighted_mean_tokens()
+    n = pack.client.initial_scheduled_requests
+    derived = {
+        "pack_label": pack.pack.label,
+        "weighted_mean_input_tokens": inp,
+        "weighted_mean_output_tokens": out,
+        "class_schedule_counts": pack.class_counts(n),
+        "length_stats": {
+            c.name: {
+                "input_tokens": length_stats(c.input_tokens).model_dump(),
+                "output_tokens": length_stats(c.output_tokens).model_dump(),
+            }
+            for c in pack.workload
+        },
+        "fixed_length_classes": [
+            c.name
+            for c in pack.workload
+            if isinstance(c.input_tokens, int) and isinstance(c.output_tokens, int)
+        ],
+    }
+    return {
+        "format": FROZEN_FORMAT,
+        "sha256": sha256_of_obj(manifest),
+        "section_sha256": {name: sha256_of_obj(manifest[name]) for name in SECTIONS},
+        "manifest": manifest,
+        "derived": derived,
+        "tool": {"capacity_pack_version": __version__},
+    }
+
+
+def _pin_trace(trace: TraceSpec) -> None:
+    path = Path(trace.path)
+    if not path.is_file():
+        raise ManifestError(f"client.trace.path: trace file {trace.path!r} does not exist")
+    digest = file_sha256(path)
+    if trace.sha256 is not None and trace.sha256 != digest:
+        raise ManifestError(
+            f"client.trace.path: {trace.path!r} has sha256 {digest} but the manifest pins "
+            f"{trace.sha256}: the file changed"
+        )
+    trace.sha256 = digest
+
+
+def load_frozen(path: str | Path) -> tuple[Pack, dict[str, Any]]:
+    """Read a frozen manifest, verify its hash, and return the pack and the document."""
+    import json
+
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FROZEN_FORMAT:
+        raise ManifestError(f"{path}: not a frozen manifest (format {FROZEN_FORMAT!r} expected)")
+    if sha256_of_obj(doc["manifest"]) != doc["sha256"]:
+        raise ManifestError(f"{path}: manifest content does not match its sha256 (edited?)")
+    return validate_pack(doc["manifest"], str(path)), doc
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON schema of the pack configuration, for editors."""
+    schema = Pack.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "capacity-pack configuration"
+    return schema
