@@ -48,7 +48,14 @@ class LazyGroup(click.Group):
             import importlib
 
             module_name, attr = self.lazy_subcommands[cmd_name].split(":")
-            return getattr(importlib.import_module(module_name), attr)
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as err:
+                # Only a missing optional group is tolerated, never a broken import inside it.
+                if err.name and module_name.startswith(err.name):
+                    return None
+                raise
+            return getattr(module, attr)
         return super().get_command(ctx, cmd_name)
 
 
@@ -59,8 +66,13 @@ def main() -> None:
 
 
 @main.command()
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the schema here instead of standard output.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the schema here instead of standard output.",
+)
 def schema(output: Path | None) -> None:
     """Write the JSON schema of the pack configuration (for editors)."""
     import json
@@ -77,8 +89,13 @@ def schema(output: Path | None) -> None:
 
 @main.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Frozen manifest JSON to write.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Frozen manifest JSON to write.",
+)
 @_die_on_manifest_error
 def freeze(config: Path, output: Path) -> None:
     """Validate CONFIG, refuse mutable revisions, and write its canonical frozen manifest."""
@@ -122,13 +139,30 @@ def lint(config: Path, as_json: bool) -> None:
 @click.option("--point", "point_id", default=None, help="Point id, e.g. open-r16, closed-c8.")
 @click.option("--cache-state", type=click.Choice(["cold", "warm"]), default=None)
 @click.option("--repeat", type=int, default=0, show_default=True)
-@click.option("--extension-blocks", type=int, default=0, show_default=True,
-              help="Append this many extension blocks from the same seeded stream.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Schedule parquet to write (a .json summary is written beside it).")
+@click.option(
+    "--extension-blocks",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Append this many extension blocks from the same seeded stream.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Schedule parquet to write (a .json summary is written beside it).",
+)
 @_die_on_manifest_error
-def schedule(config: Path, list_points: bool, point_id: str | None, cache_state: str | None,
-             repeat: int, extension_blocks: int, output: Path | None) -> None:
+def schedule(
+    config: Path,
+    list_points: bool,
+    point_id: str | None,
+    cache_state: str | None,
+    repeat: int,
+    extension_blocks: int,
+    output: Path | None,
+) -> None:
     """Generate the seeded arrival schedule of one measurement point of CONFIG."""
     from capacity_pack import schedule as sched
     from capacity_pack.manifest import load_pack
@@ -141,11 +175,18 @@ def schedule(config: Path, list_points: bool, point_id: str | None, cache_state:
         return
     if point_id is None or output is None:
         raise _Fail("give --point and --output (or --list to see the points)")
-    matches = [p for p in points if p.point_id == point_id
-               and (cache_state is None or p.cache_state == cache_state) and p.repeat == repeat]
+    matches = [
+        p
+        for p in points
+        if p.point_id == point_id
+        and (cache_state is None or p.cache_state == cache_state)
+        and p.repeat == repeat
+    ]
     if not matches:
-        raise _Fail(f"{config}: no point {point_id!r} (cache {cache_state}, repeat {repeat}); "
-                    f"known: {', '.join(sorted({p.point_id for p in points}))}")
+        raise _Fail(
+            f"{config}: no point {point_id!r} (cache {cache_state}, repeat {repeat}); "
+            f"known: {', '.join(sorted({p.point_id for p in points}))}"
+        )
     point = matches[0]
     frame = sched.build_schedule(pack, point, extension_blocks=extension_blocks)
     summary = sched.write_schedule(frame, pack, point, output, output.with_suffix(".json"))

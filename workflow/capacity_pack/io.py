@@ -22,7 +22,9 @@ from typing import Any
 
 def canonical_json(obj: Any) -> str:
     """Serialize ``obj`` deterministically: sorted keys, compact separators, no NaN/Inf."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def sha256_hex(data: str | bytes) -> str:
@@ -38,7 +40,7 @@ def sha256_of_obj(obj: Any) -> str:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    """Yield a temp path beside ``path``; rename it onto ``path`` only if the block succeeds."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -279,7 +279,7 @@ class Model(_Model):
 
 class Engine(_Model):
     name: str = Field(min_length=1, description="Serving engine, e.g. vllm, sglang.")
-    version: str = Field(description="Immutable engine version (quote it in YAML: \"1.0\").")
+    version: str = Field(description='Immutable engine version (quote it in YAML: "1.0").')
     placement: Placement = Field(description="Parallelism and GPU count of the deployment.")
     prefix_cache: Literal["enabled", "disabled"] = Field(description="Automatic prefix caching.")
     speculative_decoding: Literal["enabled", "disabled"] = Field(default="disabled")
@@ -299,10 +299,6 @@ class TraceSpec(_Model):
     class_column: str = Field(default="class", description="Workload class of each arrival.")
     input_column: str | None = Field(default="input_tokens", description="Input tokens column.")
     output_column: str | None = Field(default="output_tokens", description="Output tokens column.")
-    rescale_to_rate: bool = Field(
-        default=True,
-        description="Stretch offsets so the trace's mean rate equals each swept rate.",
-    )
     sha256: str | None = Field(default=None, description="Filled in at freeze; verified if given.")
 
 
@@ -327,6 +323,9 @@ class Client(_Model):
     )
     warmup_seconds: float = Field(ge=0, description="Warm-up traffic excluded from measurement.")
     maximum_duration_seconds: float = Field(gt=0, description="Hard stop for extension blocks.")
+    extension_block_requests: int | None = Field(
+        default=None, ge=1, description="Requests per extension block (default 10% of initial)."
+    )
     request_timeout_seconds: float = Field(gt=0, description="Per-request timeout.")
     automatic_retries: bool = Field(default=False, description="Must be false.")
     cancellation_policy: Literal["none", "seeded_fraction"] = Field(
@@ -638,7 +637,10 @@ class Pack(_Model):
             raise ValueError("warm-cache points need prompts.prefix (the shared-prefix set)")
         if self.prompts.prefix is not None:
             for c in self.workload:
-                if isinstance(c.input_tokens, int) and c.input_tokens <= self.prompts.prefix.prefix_tokens:
+                if (
+                    isinstance(c.input_tokens, int)
+                    and c.input_tokens <= self.prompts.prefix.prefix_tokens
+                ):
                     raise ValueError(
                         f"class {c.name!r}: input_tokens ({c.input_tokens}) must exceed "
                         f"prompts.prefix.prefix_tokens ({self.prompts.prefix.prefix_tokens})"
@@ -714,7 +716,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 def validate_pack(data: dict[str, Any], source: str = "<config>") -> Pack:
     """Validate a config mapping into a :class:`Pack` or raise :class:`ManifestError`."""
     if not isinstance(data, dict):
-        raise ManifestError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ManifestError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     try:
         return Pack.model_validate(data)
     except ValidationError as err:

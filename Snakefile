@@ -1,0 +1,48 @@
+# capacity-pack: an inference capacity pack for an OpenAI-compatible serving endpoint.
+#
+#   snakemake --cores 2                                    # the default pack (config/config.yaml)
+#   snakemake --cores 2 --configfile config/packs/X.yaml   # another pack, replacing the default
+#
+# The config is validated by the pydantic schema in capacity_pack.manifest before any job runs.
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+min_version("9.27")
+
+# The library also works from a plain checkout (no pip install -e .).
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from capacity_pack.manifest import ManifestError, validate_pack
+
+# A --configfile replaces the default pack instead of being merged into it: a merge would
+# silently keep the default's experiments or target in another pack.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"]))
+try:
+    PACK = validate_pack(config, CONFIG_SOURCE)
+except ManifestError as err:
+    raise WorkflowError(str(err)) from None
+
+# Measurement jobs take one `target_slot` each, so no two ever load one target at once.
+workflow.global_resources.setdefault("target_slot", 1)
+
+
+conda: "workflow/envs/capacity-pack.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/freeze.smk"
+include: "rules/schedule.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        all_targets(),

@@ -1,0 +1,15 @@
+rule freeze:
+    """Lint the pack, refuse mutable revisions, write the frozen manifest, open the MLflow parent run."""
+    output:
+        frozen=FROZEN,
+    params:
+        manifest=MANIFEST_JSON,
+        source=CONFIG_SOURCE,
+        results_root=RESULTS_ROOT,
+        code=code_hash("manifest", "lint", "tracking"),
+    log:
+        f"{RESULTS}/logs/freeze.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/freeze.tsv"
+    script:
+        "../scripts/freeze.py"

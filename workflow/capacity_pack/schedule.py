@@ -1,0 +1,691 @@
+"""Seeded request schedules: which requests a measurement point sends, and when.
+
+A *point* is one measurement: an open-loop rate (``open-r16``), a closed-loop concurrency level
+(``closed-c8``) or a named load-shape experiment (``exp-spike_smoke``), crossed with a cache
+state and a repeat index. Each point's schedule is a table with one row per request:
+class, input/output tokens, scheduled arrival offset (ns from the run start), shared-prefix
+assignment, a prompt seed and an optional cancellation deadline.
+
+Construction, per block (0 = warm-up, 1 = the measured schedule, 2.. = extension blocks):
+
+1. Exact class counts by the largest-remainder method over the block's size and the mix, then a
+   seeded shuffle of the class labels (stratified before shuffling, as the seed prescribes).
+2. Lengths: fixed, or drawn from the class's lognormal/empirical distribution.
+3. Arrivals in *operational time* (unit rate): gaps are exponential (``poisson``),
+   gamma with shape 1/CV^2 and scale CV^2 (``gamma``, mean 1, coefficient of variation CV), or 1
+   (``constant``). Real time is t = Lambda^-1(u), where Lambda(t) = integral of rate(s) ds; for a
+   constant rate r this is t = u / r. Blocks continue the same process: each block's
+   operational clock starts where the previous one ended.
+   Load-shape experiments use a piecewise-linear rate (steps, ramps, plus an optional spike on
+   top); their measured block holds N = round(Lambda(T)) requests, drawn as N+1 gaps whose sum is
+   scaled to Lambda(T), so the (N+1)-th arrival falls exactly at the profile end (for Poisson this
+   is exactly the conditional law of an inhomogeneous Poisson process given N events).
+   Trace replay uses the trace's offsets, stretched so that its mean rate equals the point rate.
+4. Warm-cache points draw a shared-prefix id per request (Zipf with exponent s: P(k) ~ 1/(k+1)^s,
+   or uniform) from the versioned prefix set; cold points get -1, i.e. a unique prefix.
+
+Seeds: every random stream is a ``numpy.random.SeedSequence`` whose entropy is the manifest's
+``client.request_schedule_seed`` plus a sha256-derived integer of the point identity (mode, level,
+repeat), with spawn keys (block, stream). So adding a rate leaves every other schedule unchanged,
+extension blocks continue the same seeded stream, and the cold and warm schedules of one point and
+repeat send the same classes, lengths and arrival times (they differ only in prefix reuse), which
+makes cold/warm a paired comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+from pandera.typing import Series
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
+from capacity_pack.manifest import (
+    Experiment,
+    ManifestError,
+    Pack,
+    sample_lengths,
+    stratified_counts,
+)
+from capacity_pack.tables import validate_table
+
+Mode = Literal["open", "closed", "exp"]
+PHASES = ("warmup", "measure", "extension")
+NS_PER_S = 1_000_000_000
+
+# Independent random streams within one block (spawn-key second component).
+_CLASS, _LENGTH, _ARRIVAL, _PREFIX, _PROMPT, _CANCEL = range(6)
+
+
+class Point(BaseModel):
+    """One measurement point: load level x cache state x repeat."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Mode = Field(description="open (rate), closed (concurrency) or exp (load shape).")
+    rate_rps: float | None = Field(default=None, description="Offered rate of an open point.")
+    concurrency: int | None = Field(default=None, description="Workers of a closed point.")
+    experiment: str | None = Field(default=None, description="Experiment name of an exp point.")
+    cache_state: Literal["cold", "warm"] = Field(description="Cache-state family.")
+    repeat: int = Field(ge=0, description="Repeat index.")
+
+    @property
+    def point_id(self) -> str:
+        if self.mode == "open":
+            return f"open-r{format_level(self.rate_rps)}"
+        if self.mode == "closed":
+            return f"closed-c{self.concurrency}"
+        return f"exp-{self.experiment}"
+
+    @property
+    def key(self) -> str:
+        """Path-like identity: ``<point_id>/<cache_state>/rep<repeat>``."""
+        return f"{self.point_id}/{self.cache_state}/rep{self.repeat}"
+
+    @property
+    def identity(self) -> str:
+        """What the seed derives from; the cache state is deliberately not part of it."""
+        return f"{self.point_id}|{self.repeat}"
+
+    @classmethod
+    def parse(cls, point_id: str, cache_state: str, repeat: int) -> Point:
+        if point_id.startswith("open-r"):
+            return cls(
+                mode="open", rate_rps=float(point_id[6:]), cache_state=cache_state, repeat=repeat
+            )
+        if point_id.startswith("closed-c"):
+            return cls(
+                mode="closed", concurrency=int(point_id[8:]), cache_state=cache_state, repeat=repeat
+            )
+        if point_id.startswith("exp-"):
+            return cls(mode="exp", experiment=point_id[4:], cache_state=cache_state, repeat=repeat)
+        raise ValueError(f"unknown point id {point_id!r} (open-r<rps>, closed-c<n>, exp-<name>)")
+
+
+def format_level(value: float | None) -> str:
+    """16.0 -> '16', 2.5 -> '2.5': a stable text form for ids and seeds."""
+    assert value is not None
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def points(pack: Pack) -> list[Point]:
+    """Every point of the pack, in a stable order."""
+    out: list[Point] = []
+    sweep = pack.sweep
+    for cache in sweep.cache_states:
+        for rep in range(sweep.repeats):
+            out += [
+                Point(mode="open", rate_rps=r, cache_state=cache, repeat=rep)
+                for r in sweep.open_loop_rps
+            ]
+            out += [
+                Point(mode="closed", concurrency=c, cache_state=cache, repeat=rep)
+                for c in sweep.closed_loop_concurrency
+            ]
+    for exp in pack.experiments:
+        for cache in exp.cache_states:
+            out += [
+                Point(mode="exp", experiment=exp.name, cache_state=cache, repeat=rep)
+                for rep in range(exp.repeats)
+            ]
+    return out
+
+
+def find_point(pack: Pack, point_id: str, cache_state: str, repeat: int) -> Point:
+    for p in points(pack):
+        if p.point_id == point_id and p.cache_state == cache_state and p.repeat == repeat:
+            return p
+    raise ManifestError(f"the pack has no point {point_id}/{cache_state}/rep{repeat}")
+
+
+def point_entropy(pack: Pack, point: Point) -> list[int]:
+    digest = hashlib.sha256(point.identity.encode()).digest()
+    return [pack.client.request_schedule_seed, int.from_bytes(digest[:8], "big")]
+
+
+def _rng(entropy: list[int], block: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(block, stream)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rate profiles
+# ---------------------------------------------------------------------------------------------
+
+
+class RateProfile:
+    """A piecewise-linear rate r(t) on [0, T] with its integral Lambda and inverse."""
+
+    def __init__(self, times: np.ndarray, rates_start: np.ndarray, rates_end: np.ndarray):
+        # Interval i spans [times[i], times[i+1]], rate linear from rates_start[i] to rates_end[i].
+        self.times = times
+        self.r0 = rates_start
+        self.r1 = rates_end
+        widths = np.diff(times)
+        self.cum = np.concatenate([[0.0], np.cumsum((rates_start + rates_end) / 2 * widths)])
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.times[-1])
+
+    @property
+    def total(self) -> float:
+        return float(self.cum[-1])
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        i = np.clip(np.searchsorted(self.times, t, side="right") - 1, 0, len(self.r0) - 1)
+        w = self.times[i + 1] - self.times[i]
+        frac = np.where(w > 0, (t - self.times[i]) / np.where(w > 0, w, 1), 0)
+        return self.r0[i] + (self.r1[i] - self.r0[i]) * frac
+
+    def inverse(self, u: np.ndarray) -> np.ndarray:
+        """t with Lambda(t) = u (u clipped to [0, Lambda(T)])."""
+        u = np.clip(np.asarray(u, dtype=float), 0, self.total)
+        i = np.clip(np.searchsorted(self.cum, u, side="right") - 1, 0, len(self.r0) - 1)
+        w = self.times[i + 1] - self.times[i]
+        slope = np.where(w > 0, (self.r1[i] - self.r0[i]) / np.where(w > 0, w, 1), 0)
+        d = u - self.cum[i]
+        r0 = self.r0[i]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # Solve slope/2 tau^2 + r0 tau = d for tau >= 0 (linear when the slope is ~0).
+            quad = (-r0 + np.sqrt(np.maximum(r0 * r0 + 2 * slope * d, 0))) / slope
+            lin = np.where(r0 > 0, d / r0, 0)
+        tau = np.where(np.abs(slope) > 1e-12, quad, lin)
+        return self.times[i] + np.clip(np.nan_to_num(tau), 0, w)
+
+
+def experiment_profile(exp: Experiment) -> RateProfile:
+    """The experiment's rate profile: segments, plus its spike added on top."""
+    bounds = [0.0]
+    for seg in exp.segments:
+        bounds.append(bounds[-1] + seg.duration_s)
+    cuts = set(bounds)
+    if exp.spike is not None:
+        cuts.update({exp.spike.at_s, min(bounds[-1], exp.spike.at_s + exp.spike.duration_s)})
+    times = np.array(sorted(cuts))
+
+    def base(t: float, *, left: bool) -> float:
+        # Rate of the segment containing t; `left` takes the limit from the left at a boundary.
+        for k, seg in enumerate(exp.segments):
+            a, b = bounds[k], bounds[k + 1]
+            if (a < t <= b) if left else (a <= t < b):
+                if seg.rate_rps is not None:
+                    return seg.rate_rps
+                frac = (t - a) / (b - a)
+                return seg.from_rps + (seg.to_rps - seg.from_rps) * frac  # type: ignore[operator]
+        return 0.0
+
+    def spike(t: float, *, left: bool) -> float:
+        s = exp.spike
+        if s is None:
+            return 0.0
+        lo, hi = s.at_s, s.at_s + s.duration_s
+        inside = (lo < t <= hi) if left else (lo <= t < hi)
+        return s.rate_rps if inside else 0.0
+
+    r0 = np.array([base(t, left=False) + spike(t, left=False) for t in times[:-1]])
+    r1 = np.array([base(t, left=True) + spike(t, left=True) for t in times[1:]])
+    return RateProfile(times, r0, r1)
+
+
+def constant_profile(rate: float, duration_s: float) -> RateProfile:
+    return RateProfile(np.array([0.0, duration_s]), np.array([rate]), np.array([rate]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def _gaps(pattern: str, cv: float, rng: np.random.Generator, n: int) -> np.ndarray:
+    """Inter-arrival gaps in operational time (mean 1)."""
+    if pattern == "poisson":
+        return rng.exponential(1.0, size=n)
+    if pattern == "gamma":
+        return rng.gamma(shape=1.0 / (cv * cv), scale=cv * cv, size=n)
+    if pattern == "constant":
+        return np.ones(n)
+    raise ValueError(f"no gap generator for arrival pattern {pattern!r}")
+
+
+def _class_sequence(pack: Pack, n: int, rng: np.random.Generator) -> np.ndarray:
+    counts = stratified_counts(n, {c.name: c.mix for c in pack.workload})
+    labels = np.repeat(np.array(pack.class_names, dtype=object), [counts[c] for c in counts])
+    rng.shuffle(labels)
+    return labels
+
+
+def _block_requests(
+    pack: Pack, entropy: list[int], block: int, n: int, classes: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Classes, lengths, prompt seeds and cancellations for ``n`` requests of one block."""
+    if classes is None:
+        classes = _class_sequence(pack, n, _rng(entropy, block, _CLASS))
+    inp = np.empty(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    length_rng = _rng(entropy, block, _LENGTH)
+    for c in pack.workload:
+        mask = classes == c.name
+        k = int(mask.sum())
+        inp[mask] = sample_lengths(c.input_tokens, length_rng, k)
+        out[mask] = sample_lengths(c.output_tokens, length_rng, k)
+    prompt_seed = _rng(entropy, block, _PROMPT).integers(0, 2**63 - 1, size=n, dtype=np.int64)
+    cancel = np.full(n, -1, dtype=np.int64)
+    client = pack.client
+    if client.cancellation_policy == "seeded_fraction" and client.cancel_fraction > 0:
+        hit = _rng(entropy, block, _CANCEL).random(n) < client.cancel_fraction
+        cancel[hit] = round(client.cancel_after_seconds * NS_PER_S)
+    return {
+        "class": classes,
+        "input_tokens": inp,
+        "output_tokens": out,
+        "prompt_seed": prompt_seed,
+        "cancel_after_ns": cancel,
+    }
+
+
+def _prefixes(
+    pack: Pack, point: Point, entropy: list[int], block: int, input_tokens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    n = input_tokens.size
+    spec = pack.prompts.prefix
+    if point.cache_state == "cold" or spec is None:
+        return np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.int32)
+    k = np.arange(spec.shared_prefixes)
+    weights = (
+        1.0 / np.power(k + 1.0, spec.zipf_exponent)
+        if spec.distribution == "zipf"
+        else (np.ones(spec.shared_prefixes))
+    )
+    # The cache state gets its own stream so cold and warm keep identical classes and arrivals.
+    rng = _rng(entropy + [1], block, _PREFIX)
+    ids = rng.choice(spec.shared_prefixes, size=n, p=weights / weights.sum()).astype(np.int32)
+    # A prompt shorter than the prefix keeps at least one token of its own.
+    tokens = np.minimum(spec.prefix_tokens, input_tokens - 1).astype(np.int32)
+    ids[tokens <= 0] = -1
+    tokens[tokens <= 0] = 0
+    return ids, tokens
+
+
+def _measure_size(pack: Pack, point: Point) -> int:
+    client = pack.client
+    if point.mode == "open":
+        assert point.rate_rps is not None
+        return max(
+            client.initial_scheduled_requests,
+            math.ceil(point.rate_rps * client.minimum_duration_seconds),
+        )
+    if point.mode == "closed":
+        assert point.concurrency is not None
+        sweep = pack.sweep
+        return max(
+            sweep.closed_loop_min_requests,
+            sweep.closed_loop_requests_per_worker * point.concurrency,
+        )
+    return max(1, round(experiment_profile(_experiment(pack, point)).total))
+
+
+def extension_block_size(pack: Pack) -> int:
+    """Requests per extension block: ``client.extension_block_requests``, else 10% of initial."""
+    if pack.client.extension_block_requests is not None:
+        return pack.client.extension_block_requests
+    return max(1, math.ceil(pack.client.initial_scheduled_requests / 10))
+
+
+def _warmup_size(pack: Pack, point: Point) -> int:
+    w = pack.client.warmup_seconds
+    if w <= 0:
+        return 0
+    if point.mode == "closed":
+        return int(point.concurrency or 1)  # one request per worker before measuring
+    if point.mode == "open":
+        return max(1, round((point.rate_rps or 0) * w))
+    rate0 = float(experiment_profile(_experiment(pack, point)).rate_at(np.array([0.0]))[0])
+    return max(1, round(rate0 * w))
+
+
+def _experiment(pack: Pack, point: Point) -> Experiment:
+    for e in pack.experiments:
+        if e.name == point.experiment:
+            return e
+    raise ManifestError(f"no experiment named {point.experiment!r} in the pack")
+
+
+def _pattern(pack: Pack, point: Point) -> tuple[str, float]:
+    if point.mode == "exp":
+        e = _experiment(pack, point)
+        return (
+            e.arrival_pattern or _base_pattern(pack),
+            e.arrival_cv if e.arrival_cv is not None else pack.client.arrival_cv,
+        )
+    return pack.client.arrival_pattern, pack.client.arrival_cv
+
+
+def _base_pattern(pack: Pack) -> str:
+    # Experiments built on a trace-driven pack still need a synthetic process.
+    p = pack.client.arrival_pattern
+    return "poisson" if p == "trace" else p
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace replay
+# ---------------------------------------------------------------------------------------------
+
+
+def load_trace(pack: Pack) -> pd.DataFrame:
+    """Read and check the trace: offsets (s), class and lengths, sorted by time."""
+    spec = pack.client.trace
+    assert spec is not None
+    path = Path(spec.path)
+    if not path.is_file():
+        raise ManifestError(f"client.trace.path: {spec.path!r} does not exist")
+    raw = pd.read_parquet(path) if path.suffix in {".parquet", ".pq"} else pd.read_csv(path)
+    needed = [spec.time_column, spec.class_column]
+    missing = [c for c in needed if c not in raw.columns]
+    if missing:
+        raise ManifestError(f"{path}: missing column(s) {missing}; columns: {list(raw.columns)}")
+    out = pd.DataFrame(
+        {
+            "offset_s": pd.to_numeric(raw[spec.time_column], errors="coerce"),
+            "class": raw[spec.class_column].astype(str),
+        }
+    )
+    bad = out.index[~np.isfinite(out["offset_s"].to_numpy(dtype=float)) | (out["offset_s"] < 0)]
+    if len(bad):
+        row = int(bad[0])
+        raise ManifestError(
+            f"{path}: row {row + 1}, column {spec.time_column!r}: "
+            f"{raw[spec.time_column].iloc[row]!r} is not a non-negative number"
+        )
+    unknown = ~out["class"].isin(pack.class_names)
+    if unknown.any():
+        row = int(np.argmax(unknown.to_numpy()))
+        raise ManifestError(
+            f"{path}: row {row + 1}, column {spec.class_column!r}: unknown class "
+            f"{out['class'].iloc[row]!r}; expected one of {pack.class_names}"
+        )
+    for col, name in ((spec.input_column, "input_tokens"), (spec.output_column, "output_tokens")):
+        if col is not None and col in raw.columns:
+            values = pd.to_numeric(raw[col], errors="coerce")
+            bad_len = ~(values >= 1) | (values % 1 != 0)
+            if bad_len.any():
+                row = int(np.argmax(bad_len.to_numpy()))
+                raise ManifestError(
+                    f"{path}: row {row + 1}, column {col!r}: {raw[col].iloc[row]!r}"
+                    " is not a positive whole number of tokens"
+                )
+            out[name] = values.astype(np.int64)
+    if len(out) < 2:
+        raise ManifestError(f"{path}: a trace needs at least two arrivals")
+    out = out.sort_values("offset_s", kind="stable").reset_index(drop=True)
+    out["offset_s"] -= out["offset_s"].iloc[0]
+    return out
+
+
+def trace_native_rate(trace: pd.DataFrame) -> float:
+    span = float(trace["offset_s"].iloc[-1])
+    if span <= 0:
+        raise ManifestError("client.trace: every arrival has the same time; no rate to replay")
+    return (len(trace) - 1) / span
+
+
+# ---------------------------------------------------------------------------------------------
+# The schedule
+# ---------------------------------------------------------------------------------------------
+
+COLUMNS = [
+    "request_id",
+    "seq",
+    "block",
+    "phase",
+    "class",
+    "input_tokens",
+    "output_tokens",
+    "scheduled_offset_ns",
+    "prefix_id",
+    "prefix_tokens",
+    "prompt_seed",
+    "cancel_after_ns",
+]
+
+
+def build_schedule(pack: Pack, point: Point, *, extension_blocks: int = 0) -> pd.DataFrame:
+    """The point's schedule: warm-up block, measured block and ``extension_blocks`` more.
+
+    Deterministic: the same pack and point always give the same table, and the rows of a
+    schedule built with k extension blocks are a prefix of the one built with k+1.
+    """
+    if extension_blocks < 0:
+        raise ValueError("extension_blocks must be >= 0")
+    entropy = point_entropy(pack, point)
+    if pack.client.arrival_pattern == "trace" and point.mode == "open":
+        frame = _trace_schedule(pack, point, entropy)
+    else:
+        frame = _synthetic_schedule(pack, point, entropy, extension_blocks)
+    frame.insert(0, "seq", np.arange(len(frame), dtype=np.int64))
+    stem = f"{point.point_id}.{point.cache_state}.rep{point.repeat}"
+    frame.insert(0, "request_id", [f"{stem}.{i:06d}" for i in range(len(frame))])
+    return frame[COLUMNS]
+
+
+def _synthetic_schedule(
+    pack: Pack, point: Point, entropy: list[int], extension_blocks: int
+) -> pd.DataFrame:
+    pattern, cv = _pattern(pack, point)
+    sizes = [(0, "warmup", _warmup_size(pack, point)), (1, "measure", _measure_size(pack, point))]
+    sizes += [
+        (1 + k, "extension", extension_block_size(pack)) for k in range(1, extension_blocks + 1)
+    ]
+    max_offset_ns = round(
+        (pack.client.warmup_seconds + pack.client.maximum_duration_seconds) * NS_PER_S
+    )
+    frames = []
+    clock_s = 0.0  # real-time end of the previous block's arrivals
+    for block, phase, n in sizes:
+        if n == 0:
+            continue
+        cols = _block_requests(pack, entropy, block, n)
+        gaps = _gaps(
+            pattern,
+            cv,
+            _rng(entropy, block, _ARRIVAL),
+            n if point.mode != "exp" or phase != "measure" else n + 1,
+        )
+        if point.mode == "closed":
+            offsets = np.zeros(n)
+        elif point.mode == "open":
+            assert point.rate_rps is not None
+            offsets = clock_s + np.cumsum(gaps) / point.rate_rps
+            clock_s = float(offsets[-1])
+        else:
+            profile = experiment_profile(_experiment(pack, point))
+            if phase == "warmup":
+                rate0 = float(profile.rate_at(np.array([0.0]))[0])
+                offsets = np.cumsum(gaps) / rate0
+            elif phase == "measure":
+                u = np.cumsum(gaps)
+                u = u[:-1] * (profile.total / u[-1])
+                start_s = clock_s
+                offsets = start_s + profile.inverse(u)
+            else:
+                last_rate = float(profile.r1[-1]) or float(profile.total / profile.duration_s)
+                offsets = clock_s + np.cumsum(gaps) / last_rate
+            clock_s = float(offsets[-1]) if phase != "measure" else start_s + profile.duration_s
+        offset_ns = np.rint(offsets * NS_PER_S).astype(np.int64)
+        prefix_id, prefix_tokens = _prefixes(pack, point, entropy, block, cols["input_tokens"])
+        frame = pd.DataFrame(
+            {
+                "block": np.int64(block),
+                "phase": phase,
+                **cols,
+                "scheduled_offset_ns": offset_ns,
+                "prefix_id": prefix_id,
+                "prefix_tokens": prefix_tokens,
+            }
+        )
+        if phase == "extension" and point.mode != "closed":
+            frame = frame[frame["scheduled_offset_ns"] <= max_offset_ns]
+        frames.append(frame)
+    out = pd.concat(frames, ignore_index=True)
+    # Rounding to ns can reorder nothing (gaps >= 0), but keep the invariant explicit.
+    out["scheduled_offset_ns"] = np.maximum.accumulate(out["scheduled_offset_ns"].to_numpy())
+    return out
+
+
+def _trace_schedule(pack: Pack, point: Point, entropy: list[int]) -> pd.DataFrame:
+    trace = load_trace(pack)
+    assert point.rate_rps is not None
+    stretch = trace_native_rate(trace) / point.rate_rps
+    offsets = trace["offset_s"].to_numpy() * stretch
+    n = len(trace)
+    cols = _block_requests(pack, entropy, 1, n, classes=trace["class"].to_numpy(dtype=object))
+    for name in ("input_tokens", "output_tokens"):
+        if name in trace.columns:
+            cols[name] = trace[name].to_numpy(dtype=np.int64)
+    phase = np.where(offsets < pack.client.warmup_seconds, "warmup", "measure")
+    block = np.where(phase == "warmup", 0, 1)
+    prefix_id, prefix_tokens = _prefixes(pack, point, entropy, 1, cols["input_tokens"])
+    return pd.DataFrame(
+        {
+            "block": block.astype(np.int64),
+            "phase": phase,
+            **cols,
+            "scheduled_offset_ns": np.rint(offsets * NS_PER_S).astype(np.int64),
+            "prefix_id": prefix_id,
+            "prefix_tokens": prefix_tokens,
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation, summary, output
+# ---------------------------------------------------------------------------------------------
+
+
+class ScheduleTable(pa.DataFrameModel):
+    """One row per scheduled request of one point."""
+
+    request_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
+    seq: Series[np.int64] = pa.Field(ge=0, unique=True)
+    block: Series[np.int64] = pa.Field(ge=0)
+    phase: Series[str] = pa.Field(isin=list(PHASES))
+    class_: Series[str] = pa.Field(alias="class")
+    input_tokens: Series[np.int64] = pa.Field(gt=0)
+    output_tokens: Series[np.int64] = pa.Field(gt=0)
+    scheduled_offset_ns: Series[np.int64] = pa.Field(ge=0)
+    prefix_id: Series[np.int32] = pa.Field(ge=-1)
+    prefix_tokens: Series[np.int32] = pa.Field(ge=0)
+    prompt_seed: Series[np.int64] = pa.Field(ge=0)
+    cancel_after_ns: Series[np.int64] = pa.Field(ge=-1)
+
+    class Config:
+        strict = True
+        coerce = True
+
+    @pa.dataframe_check(error="scheduled_offset_ns must be non-decreasing in schedule order")
+    def offsets_non_decreasing(cls, df: pd.DataFrame) -> pd.Series:
+        return df["scheduled_offset_ns"].diff().fillna(0) >= 0
+
+    @pa.dataframe_check(error="a shared prefix must be shorter than its prompt")
+    def prefix_shorter_than_prompt(cls, df: pd.DataFrame) -> pd.Series:
+        return df["prefix_tokens"] < df["input_tokens"]
+
+
+def validate_schedule(frame: pd.DataFrame, class_names: list[str], source: str) -> pd.DataFrame:
+    """Validate lazily against :class:`ScheduleTable` plus the pack's class names."""
+    schema = ScheduleTable.to_schema().update_column("class", checks=[pa.Check.isin(class_names)])
+    return validate_table(frame, schema, source)
+
+
+def summarize(frame: pd.DataFrame, pack: Pack, point: Point) -> dict[str, Any]:
+    """Counts per class and phase, offered and realised rate, duration, gap statistics."""
+    measured = frame[frame["phase"] != "warmup"]
+    offsets_s = measured["scheduled_offset_ns"].to_numpy() / NS_PER_S
+    gaps = np.diff(offsets_s)
+    pattern, cv = _pattern(pack, point)
+    summary: dict[str, Any] = {
+        "point": point.point_id,
+        "key": point.key,
+        "mode": point.mode,
+        "cache_state": point.cache_state,
+        "repeat": point.repeat,
+        "pack": pack.pack.name,
+        "pack_label": pack.pack.label,
+        "arrival_pattern": "closed-loop" if point.mode == "closed" else pattern,
+        "arrival_cv": cv if pattern == "gamma" else None,
+        "seed_entropy": point_entropy(pack, point),
+        "requests": len(frame),
+        "phase_counts": {ph: int((frame["phase"] == ph).sum()) for ph in PHASES},
+        "class_counts": {
+            ph: {
+                c: int(((frame["phase"] == ph) & (frame["class"] == c)).sum())
+                for c in pack.class_names
+            }
+            for ph in PHASES
+        },
+        "duration_s": float(frame["scheduled_offset_ns"].max() / NS_PER_S) if len(frame) else 0.0,
+        "warmup_seconds": pack.client.warmup_seconds,
+        "section_sha256": {
+            k: v for k, v in pack.section_hashes().items() if k in SCHEDULE_SECTIONS
+        },
+    }
+    if point.mode == "open":
+        summary["offered_rps"] = point.rate_rps
+    if point.mode == "closed":
+        summary["concurrency"] = point.concurrency
+    if point.mode == "exp":
+        e = _experiment(pack, point)
+        prof = experiment_profile(e)
+        summary["experiment"] = {
+            "name": e.name,
+            "test_type": e.test_type,
+            "profile_duration_s": prof.duration_s,
+            "expected_requests": prof.total,
+        }
+    if pack.client.arrival_pattern == "trace" and point.mode == "open":
+        summary["trace_native_rps"] = trace_native_rate(load_trace(pack))
+    if point.mode != "closed" and gaps.size > 1:
+        span = offsets_s[-1] - offsets_s[0]
+        summary["realised_rps"] = float(gaps.size / span) if span > 0 else None
+        summary["gap_mean_s"] = float(gaps.mean())
+        summary["gap_cv"] = float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else None
+    if pack.prompts.prefix is not None and point.cache_state == "warm":
+        summary["distinct_prefixes_used"] = int(
+            frame.loc[frame["prefix_id"] >= 0, "prefix_id"].nunique()
+        )
+    return summary
+
+
+# Manifest sections that determine a schedule; the schedule rule's params hash exactly these.
+SCHEDULE_SECTIONS = ("client", "workload", "prompts")
+
+
+def write_schedule(
+    frame: pd.DataFrame,
+    pack: Pack,
+    point: Point,
+    parquet_path: str | Path,
+    summary_path: str | Path,
+) -> dict[str, Any]:
+    """Validate, then write the parquet (deterministic bytes) and the JSON summary atomically."""
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    frame = validate_schedule(frame, pack.class_names, f"schedule {point.key}")
+    table = pyarrow.Table.from_pandas(frame, preserve_index=False)
+    with atomic_path(parquet_path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    summary = summarize(frame, pack, point)
+    summary["schedule_sha256"] = file_sha256(parquet_path)
+    write_json_atomic(summary_path, summary)
+    return summary
+
+
+def read_schedule(path: str | Path) -> pd.DataFrame:
+    return pd.read_parquet(path)
