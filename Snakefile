@@ -15,6 +15,7 @@ min_version("9.27")
 # The library also works from a plain checkout (no pip install -e .).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
+from capacity_pack.lint import lint_pack
 from capacity_pack.manifest import ManifestError, validate_pack
 
 # A --configfile replaces the default pack instead of being merged into it: a merge would
@@ -29,17 +30,21 @@ try:
     PACK = validate_pack(config, CONFIG_SOURCE)
 except ManifestError as err:
     raise WorkflowError(str(err)) from None
+# Benchmark anti-patterns stop the pipeline before any job runs (the freeze rule checks again).
+if FINDINGS := lint_pack(PACK):
+    raise WorkflowError(
+        f"{CONFIG_SOURCE}: benchmark anti-patterns found; fix the pack:\n"
+        + "\n".join(f"  - {f.code}: {f.message} (why: {f.reason})" for f in FINDINGS)
+    )
 
 # Measurement jobs take one `target_slot` each, so no two ever load one target at once.
 workflow.global_resources.setdefault("target_slot", 1)
 
 
-conda: "workflow/envs/capacity-pack.yaml"
-
-
 include: "rules/common.smk"
 include: "rules/freeze.smk"
 include: "rules/schedule.smk"
+include: "rules/track.smk"
 
 
 rule all:

@@ -1,8 +1,12 @@
-# Paths, point lists and the hashes that decide what reruns.
+# Paths, point lists and the params that decide what reruns.
 #
-# A rule's params carry the sha256 of exactly the manifest sections it reads and of the library
-# modules it runs; its frozen-manifest input is ancient(), so a rerun of `freeze` (any manifest
-# change) reruns a downstream job only when one of *its* sections or modules changed.
+# A rule's params carry exactly the manifest content it reads (or its sha256) and the sha256 of
+# the library modules it runs, so a change reruns only the stages that read it. Compute rules do
+# not take the frozen manifest as an input: every manifest change reruns `freeze`, and Snakemake
+# 9.27 marks every job downstream of a rerun job as needing a rerun, or (for ancient() inputs)
+# skips the job's own params check entirely. The MLflow child runs of a stage are logged by a
+# cheap `track_<stage>` job that does depend on the frozen manifest, so every new parent run
+# gets a child per job while the measurements themselves are reused.
 import importlib.util
 
 from capacity_pack import schedule as schedule_lib
@@ -12,7 +16,6 @@ RESULTS_ROOT = "results"
 RESULTS = f"{RESULTS_ROOT}/{PACK.pack.name}"
 FROZEN = f"{RESULTS}/manifest/frozen.json"
 MANIFEST_JSON = canonical_json(PACK.model_dump(mode="json"))
-SECTION_SHA = PACK.section_hashes()
 POINTS = schedule_lib.points(PACK)
 
 
@@ -20,10 +23,6 @@ wildcard_constraints:
     point=r"open-r[0-9.]+|closed-c[0-9]+|exp-[a-z][a-z0-9_]*",
     cache=r"cold|warm",
     repeat=r"[0-9]+",
-
-
-def sections_hash(*names):
-    return sha256_of_obj({n: SECTION_SHA[n] for n in names})
 
 
 def code_hash(*modules):
@@ -35,19 +34,18 @@ def code_hash(*modules):
     return sha256_of_obj(h)
 
 
-def point_spec_hash(wildcards):
-    """Hash of the manifest content that defines one point beyond its wildcards."""
-    point = schedule_lib.Point.parse(wildcards.point, wildcards.cache, int(wildcards.repeat))
-    if point.mode == "closed":
-        spec = {
-            k: PACK.sweep.model_dump()[k]
-            for k in ("closed_loop_requests_per_worker", "closed_loop_min_requests")
-        }
-    elif point.mode == "exp":
-        spec = [e.model_dump(mode="json") for e in PACK.experiments if e.name == point.experiment]
-    else:
-        spec = {}
-    return sha256_of_obj(spec)
+def wildcard_point(wildcards):
+    return schedule_lib.Point.parse(wildcards.point, wildcards.cache, int(wildcards.repeat))
+
+
+def schedule_inputs_json(wildcards):
+    """The manifest content one point's schedule reads, as canonical JSON."""
+    return schedule_lib.ScheduleInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
+
+
+def results_root(wildcards, output):
+    """The results root (MLflow store location) above this pack's output folder."""
+    return output[0].split(f"/{PACK.pack.name}/")[0]
 
 
 def point_dir(kind, point):
@@ -59,4 +57,4 @@ def schedule_targets():
 
 
 def all_targets():
-    return [FROZEN, *schedule_targets()]
+    return [FROZEN, *schedule_targets(), f"{RESULTS}/tracking/schedule.json"]

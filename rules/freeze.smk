@@ -5,8 +5,10 @@ rule freeze:
     params:
         manifest=MANIFEST_JSON,
         source=CONFIG_SOURCE,
-        results_root=RESULTS_ROOT,
+        results_root=results_root,
         code=code_hash("manifest", "lint", "tracking"),
+    conda:
+        "../workflow/envs/capacity-pack.yaml"
     log:
         f"{RESULTS}/logs/freeze.log",
     benchmark:

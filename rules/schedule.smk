@@ -1,7 +1,5 @@
 rule schedule:
     """Seeded arrival schedule of one point (rate or concurrency x cache state x repeat)."""
-    input:
-        frozen=ancient(FROZEN),
     output:
         schedule=f"{RESULTS}/schedules/{{point}}/{{cache}}/rep{{repeat}}/schedule.parquet",
         summary=f"{RESULTS}/schedules/{{point}}/{{cache}}/rep{{repeat}}/summary.json",
@@ -9,10 +7,11 @@ rule schedule:
         point=lambda w: w.point,
         cache_state=lambda w: w.cache,
         repeat=lambda w: int(w.repeat),
-        results_root=RESULTS_ROOT,
-        sections=sections_hash(*schedule_lib.SCHEDULE_SECTIONS),
-        point_spec=point_spec_hash,
+        # Exactly what this point's schedule reads; a change here (and only here) reruns it.
+        inputs=schedule_inputs_json,
         code=code_hash("schedule", "tables"),
+    conda:
+        "../workflow/envs/capacity-pack.yaml"
     log:
         f"{RESULTS}/logs/schedule/{{point}}/{{cache}}/rep{{repeat}}.log",
     benchmark:

@@ -299,7 +299,22 @@ class TraceSpec(_Model):
     class_column: str = Field(default="class", description="Workload class of each arrival.")
     input_column: str | None = Field(default="input_tokens", description="Input tokens column.")
     output_column: str | None = Field(default="output_tokens", description="Output tokens column.")
-    sha256: str | None = Field(default=None, description="Filled in at freeze; verified if given.")
+    sha256: str | None = Field(default=None, description="Filled in when read; verified if given.")
+
+    @model_validator(mode="after")
+    def _pin(self) -> TraceSpec:
+        # The file's content is part of the manifest, so a changed trace is a changed manifest.
+        path = Path(self.path)
+        if not path.is_file():
+            raise ValueError(f"trace file {self.path!r} does not exist")
+        digest = file_sha256(path)
+        if self.sha256 is not None and self.sha256 != digest:
+            raise ValueError(
+                f"trace file {self.path!r} has sha256 {digest} but the manifest pins "
+                f"{self.sha256}: the file changed"
+            )
+        self.sha256 = digest
+        return self
 
 
 class Client(_Model):
@@ -780,8 +795,6 @@ def freeze(pack: Pack, source: str = "<config>") -> dict[str, Any]:
             f"{source}: refusing to freeze mutable revisions ({listed}); pin each to an "
             "immutable revision (a commit hash, a released version or a dated tag)"
         )
-    if isinstance(pack.client.trace, TraceSpec):
-        _pin_trace(pack.client.trace)
     manifest = pack.model_dump(mode="json")
     inp, out = pack.weighted_mean_tokens()
     n = pack.client.initial_scheduled_requests
@@ -811,19 +824,6 @@ def freeze(pack: Pack, source: str = "<config>") -> dict[str, Any]:
         "derived": derived,
         "tool": {"capacity_pack_version": __version__},
     }
-
-
-def _pin_trace(trace: TraceSpec) -> None:
-    path = Path(trace.path)
-    if not path.is_file():
-        raise ManifestError(f"client.trace.path: trace file {trace.path!r} does not exist")
-    digest = file_sha256(path)
-    if trace.sha256 is not None and trace.sha256 != digest:
-        raise ManifestError(
-            f"client.trace.path: {trace.path!r} has sha256 {digest} but the manifest pins "
-            f"{trace.sha256}: the file changed"
-        )
-    trace.sha256 = digest
 
 
 def load_frozen(path: str | Path) -> tuple[Pack, dict[str, Any]]:

@@ -45,11 +45,21 @@ import pandera.pandas as pa
 from pandera.typing import Series
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
+from capacity_pack.io import (
+    atomic_path,
+    canonical_json,
+    file_sha256,
+    sha256_of_obj,
+    write_json_atomic,
+)
 from capacity_pack.manifest import (
+    Client,
     Experiment,
     ManifestError,
     Pack,
+    PackInfo,
+    Prompts,
+    WorkloadClass,
     sample_lengths,
     stratified_counts,
 )
@@ -61,6 +71,57 @@ NS_PER_S = 1_000_000_000
 
 # Independent random streams within one block (spawn-key second component).
 _CLASS, _LENGTH, _ARRIVAL, _PREFIX, _PROMPT, _CANCEL = range(6)
+
+
+class ScheduleInputs(BaseModel):
+    """Exactly the manifest content one point's schedule depends on.
+
+    The schedule rule passes this (as JSON) in its params, so a schedule reruns when, and only
+    when, something it reads changes: not when the acceptance gate changes, nor when another
+    rate is added to the sweep.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    pack: PackInfo = Field(description="Pack name and size label (shown in summaries).")
+    client: Client = Field(description="Seed, arrival process, counts, warm-up, durations.")
+    workload: list[WorkloadClass] = Field(description="Classes, mix and length distributions.")
+    prompts: Prompts = Field(description="Prompt source and shared-prefix distribution.")
+    closed_loop_requests_per_worker: int = Field(default=10, description="Closed points only.")
+    closed_loop_min_requests: int = Field(default=50, description="Closed points only.")
+    experiments: list[Experiment] = Field(
+        default_factory=list, description="The point's experiment (exp points only)."
+    )
+
+    @classmethod
+    def for_point(cls, pack: Pack, point: Point) -> ScheduleInputs:
+        extra: dict[str, Any] = {}
+        if point.mode == "closed":
+            extra = {
+                "closed_loop_requests_per_worker": pack.sweep.closed_loop_requests_per_worker,
+                "closed_loop_min_requests": pack.sweep.closed_loop_min_requests,
+            }
+        if point.mode == "exp":
+            extra["experiments"] = [e for e in pack.experiments if e.name == point.experiment]
+            if not extra["experiments"]:
+                raise ManifestError(f"no experiment named {point.experiment!r} in the pack")
+        return cls(
+            pack=pack.pack,
+            client=pack.client,
+            workload=pack.workload,
+            prompts=pack.prompts,
+            **extra,
+        )
+
+    @property
+    def class_names(self) -> list[str]:
+        return [c.name for c in self.workload]
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+    def sha256(self) -> str:
+        return sha256_of_obj(self.model_dump(mode="json"))
 
 
 class Point(BaseModel):
@@ -144,9 +205,9 @@ def find_point(pack: Pack, point_id: str, cache_state: str, repeat: int) -> Poin
     raise ManifestError(f"the pack has no point {point_id}/{cache_state}/rep{repeat}")
 
 
-def point_entropy(pack: Pack, point: Point) -> list[int]:
+def point_entropy(inputs: ScheduleInputs, point: Point) -> list[int]:
     digest = hashlib.sha256(point.identity.encode()).digest()
-    return [pack.client.request_schedule_seed, int.from_bytes(digest[:8], "big")]
+    return [inputs.client.request_schedule_seed, int.from_bytes(digest[:8], "big")]
 
 
 def _rng(entropy: list[int], block: int, stream: int) -> np.random.Generator:
@@ -254,30 +315,34 @@ def _gaps(pattern: str, cv: float, rng: np.random.Generator, n: int) -> np.ndarr
     raise ValueError(f"no gap generator for arrival pattern {pattern!r}")
 
 
-def _class_sequence(pack: Pack, n: int, rng: np.random.Generator) -> np.ndarray:
-    counts = stratified_counts(n, {c.name: c.mix for c in pack.workload})
-    labels = np.repeat(np.array(pack.class_names, dtype=object), [counts[c] for c in counts])
+def _class_sequence(inputs: ScheduleInputs, n: int, rng: np.random.Generator) -> np.ndarray:
+    counts = stratified_counts(n, {c.name: c.mix for c in inputs.workload})
+    labels = np.repeat(np.array(inputs.class_names, dtype=object), [counts[c] for c in counts])
     rng.shuffle(labels)
     return labels
 
 
 def _block_requests(
-    pack: Pack, entropy: list[int], block: int, n: int, classes: np.ndarray | None = None
+    inputs: ScheduleInputs,
+    entropy: list[int],
+    block: int,
+    n: int,
+    classes: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Classes, lengths, prompt seeds and cancellations for ``n`` requests of one block."""
     if classes is None:
-        classes = _class_sequence(pack, n, _rng(entropy, block, _CLASS))
+        classes = _class_sequence(inputs, n, _rng(entropy, block, _CLASS))
     inp = np.empty(n, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
     length_rng = _rng(entropy, block, _LENGTH)
-    for c in pack.workload:
+    for c in inputs.workload:
         mask = classes == c.name
         k = int(mask.sum())
         inp[mask] = sample_lengths(c.input_tokens, length_rng, k)
         out[mask] = sample_lengths(c.output_tokens, length_rng, k)
     prompt_seed = _rng(entropy, block, _PROMPT).integers(0, 2**63 - 1, size=n, dtype=np.int64)
     cancel = np.full(n, -1, dtype=np.int64)
-    client = pack.client
+    client = inputs.client
     if client.cancellation_policy == "seeded_fraction" and client.cancel_fraction > 0:
         hit = _rng(entropy, block, _CANCEL).random(n) < client.cancel_fraction
         cancel[hit] = round(client.cancel_after_seconds * NS_PER_S)
@@ -291,10 +356,10 @@ def _block_requests(
 
 
 def _prefixes(
-    pack: Pack, point: Point, entropy: list[int], block: int, input_tokens: np.ndarray
+    inputs: ScheduleInputs, point: Point, entropy: list[int], block: int, input_tokens: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     n = input_tokens.size
-    spec = pack.prompts.prefix
+    spec = inputs.prompts.prefix
     if point.cache_state == "cold" or spec is None:
         return np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.int32)
     k = np.arange(spec.shared_prefixes)
@@ -313,8 +378,8 @@ def _prefixes(
     return ids, tokens
 
 
-def _measure_size(pack: Pack, point: Point) -> int:
-    client = pack.client
+def _measure_size(inputs: ScheduleInputs, point: Point) -> int:
+    client = inputs.client
     if point.mode == "open":
         assert point.rate_rps is not None
         return max(
@@ -323,53 +388,52 @@ def _measure_size(pack: Pack, point: Point) -> int:
         )
     if point.mode == "closed":
         assert point.concurrency is not None
-        sweep = pack.sweep
         return max(
-            sweep.closed_loop_min_requests,
-            sweep.closed_loop_requests_per_worker * point.concurrency,
+            inputs.closed_loop_min_requests,
+            inputs.closed_loop_requests_per_worker * point.concurrency,
         )
-    return max(1, round(experiment_profile(_experiment(pack, point)).total))
+    return max(1, round(experiment_profile(_experiment(inputs, point)).total))
 
 
-def extension_block_size(pack: Pack) -> int:
+def extension_block_size(inputs: ScheduleInputs) -> int:
     """Requests per extension block: ``client.extension_block_requests``, else 10% of initial."""
-    if pack.client.extension_block_requests is not None:
-        return pack.client.extension_block_requests
-    return max(1, math.ceil(pack.client.initial_scheduled_requests / 10))
+    if inputs.client.extension_block_requests is not None:
+        return inputs.client.extension_block_requests
+    return max(1, math.ceil(inputs.client.initial_scheduled_requests / 10))
 
 
-def _warmup_size(pack: Pack, point: Point) -> int:
-    w = pack.client.warmup_seconds
+def _warmup_size(inputs: ScheduleInputs, point: Point) -> int:
+    w = inputs.client.warmup_seconds
     if w <= 0:
         return 0
     if point.mode == "closed":
         return int(point.concurrency or 1)  # one request per worker before measuring
     if point.mode == "open":
         return max(1, round((point.rate_rps or 0) * w))
-    rate0 = float(experiment_profile(_experiment(pack, point)).rate_at(np.array([0.0]))[0])
+    rate0 = float(experiment_profile(_experiment(inputs, point)).rate_at(np.array([0.0]))[0])
     return max(1, round(rate0 * w))
 
 
-def _experiment(pack: Pack, point: Point) -> Experiment:
-    for e in pack.experiments:
+def _experiment(inputs: ScheduleInputs, point: Point) -> Experiment:
+    for e in inputs.experiments:
         if e.name == point.experiment:
             return e
     raise ManifestError(f"no experiment named {point.experiment!r} in the pack")
 
 
-def _pattern(pack: Pack, point: Point) -> tuple[str, float]:
+def _pattern(inputs: ScheduleInputs, point: Point) -> tuple[str, float]:
     if point.mode == "exp":
-        e = _experiment(pack, point)
+        e = _experiment(inputs, point)
         return (
-            e.arrival_pattern or _base_pattern(pack),
-            e.arrival_cv if e.arrival_cv is not None else pack.client.arrival_cv,
+            e.arrival_pattern or _base_pattern(inputs),
+            e.arrival_cv if e.arrival_cv is not None else inputs.client.arrival_cv,
         )
-    return pack.client.arrival_pattern, pack.client.arrival_cv
+    return inputs.client.arrival_pattern, inputs.client.arrival_cv
 
 
-def _base_pattern(pack: Pack) -> str:
+def _base_pattern(inputs: ScheduleInputs) -> str:
     # Experiments built on a trace-driven pack still need a synthetic process.
-    p = pack.client.arrival_pattern
+    p = inputs.client.arrival_pattern
     return "poisson" if p == "trace" else p
 
 
@@ -378,9 +442,9 @@ def _base_pattern(pack: Pack) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_trace(pack: Pack) -> pd.DataFrame:
+def load_trace(inputs: ScheduleInputs) -> pd.DataFrame:
     """Read and check the trace: offsets (s), class and lengths, sorted by time."""
-    spec = pack.client.trace
+    spec = inputs.client.trace
     assert spec is not None
     path = Path(spec.path)
     if not path.is_file():
@@ -403,12 +467,12 @@ def load_trace(pack: Pack) -> pd.DataFrame:
             f"{path}: row {row + 1}, column {spec.time_column!r}: "
             f"{raw[spec.time_column].iloc[row]!r} is not a non-negative number"
         )
-    unknown = ~out["class"].isin(pack.class_names)
+    unknown = ~out["class"].isin(inputs.class_names)
     if unknown.any():
         row = int(np.argmax(unknown.to_numpy()))
         raise ManifestError(
             f"{path}: row {row + 1}, column {spec.class_column!r}: unknown class "
-            f"{out['class'].iloc[row]!r}; expected one of {pack.class_names}"
+            f"{out['class'].iloc[row]!r}; expected one of {inputs.class_names}"
         )
     for col, name in ((spec.input_column, "input_tokens"), (spec.output_column, "output_tokens")):
         if col is not None and col in raw.columns:
@@ -455,19 +519,26 @@ COLUMNS = [
 ]
 
 
-def build_schedule(pack: Pack, point: Point, *, extension_blocks: int = 0) -> pd.DataFrame:
+def as_inputs(source: Pack | ScheduleInputs, point: Point) -> ScheduleInputs:
+    return source if isinstance(source, ScheduleInputs) else ScheduleInputs.for_point(source, point)
+
+
+def build_schedule(
+    source: Pack | ScheduleInputs, point: Point, *, extension_blocks: int = 0
+) -> pd.DataFrame:
     """The point's schedule: warm-up block, measured block and ``extension_blocks`` more.
 
-    Deterministic: the same pack and point always give the same table, and the rows of a
+    Deterministic: the same inputs and point always give the same table, and the rows of a
     schedule built with k extension blocks are a prefix of the one built with k+1.
     """
+    inputs = as_inputs(source, point)
     if extension_blocks < 0:
         raise ValueError("extension_blocks must be >= 0")
-    entropy = point_entropy(pack, point)
-    if pack.client.arrival_pattern == "trace" and point.mode == "open":
-        frame = _trace_schedule(pack, point, entropy)
+    entropy = point_entropy(inputs, point)
+    if inputs.client.arrival_pattern == "trace" and point.mode == "open":
+        frame = _trace_schedule(inputs, point, entropy)
     else:
-        frame = _synthetic_schedule(pack, point, entropy, extension_blocks)
+        frame = _synthetic_schedule(inputs, point, entropy, extension_blocks)
     frame.insert(0, "seq", np.arange(len(frame), dtype=np.int64))
     stem = f"{point.point_id}.{point.cache_state}.rep{point.repeat}"
     frame.insert(0, "request_id", [f"{stem}.{i:06d}" for i in range(len(frame))])
@@ -475,22 +546,25 @@ def build_schedule(pack: Pack, point: Point, *, extension_blocks: int = 0) -> pd
 
 
 def _synthetic_schedule(
-    pack: Pack, point: Point, entropy: list[int], extension_blocks: int
+    inputs: ScheduleInputs, point: Point, entropy: list[int], extension_blocks: int
 ) -> pd.DataFrame:
-    pattern, cv = _pattern(pack, point)
-    sizes = [(0, "warmup", _warmup_size(pack, point)), (1, "measure", _measure_size(pack, point))]
+    pattern, cv = _pattern(inputs, point)
+    sizes = [
+        (0, "warmup", _warmup_size(inputs, point)),
+        (1, "measure", _measure_size(inputs, point)),
+    ]
     sizes += [
-        (1 + k, "extension", extension_block_size(pack)) for k in range(1, extension_blocks + 1)
+        (1 + k, "extension", extension_block_size(inputs)) for k in range(1, extension_blocks + 1)
     ]
     max_offset_ns = round(
-        (pack.client.warmup_seconds + pack.client.maximum_duration_seconds) * NS_PER_S
+        (inputs.client.warmup_seconds + inputs.client.maximum_duration_seconds) * NS_PER_S
     )
     frames = []
     clock_s = 0.0  # real-time end of the previous block's arrivals
     for block, phase, n in sizes:
         if n == 0:
             continue
-        cols = _block_requests(pack, entropy, block, n)
+        cols = _block_requests(inputs, entropy, block, n)
         gaps = _gaps(
             pattern,
             cv,
@@ -504,7 +578,7 @@ def _synthetic_schedule(
             offsets = clock_s + np.cumsum(gaps) / point.rate_rps
             clock_s = float(offsets[-1])
         else:
-            profile = experiment_profile(_experiment(pack, point))
+            profile = experiment_profile(_experiment(inputs, point))
             if phase == "warmup":
                 rate0 = float(profile.rate_at(np.array([0.0]))[0])
                 offsets = np.cumsum(gaps) / rate0
@@ -518,7 +592,7 @@ def _synthetic_schedule(
                 offsets = clock_s + np.cumsum(gaps) / last_rate
             clock_s = float(offsets[-1]) if phase != "measure" else start_s + profile.duration_s
         offset_ns = np.rint(offsets * NS_PER_S).astype(np.int64)
-        prefix_id, prefix_tokens = _prefixes(pack, point, entropy, block, cols["input_tokens"])
+        prefix_id, prefix_tokens = _prefixes(inputs, point, entropy, block, cols["input_tokens"])
         frame = pd.DataFrame(
             {
                 "block": np.int64(block),
@@ -538,19 +612,19 @@ def _synthetic_schedule(
     return out
 
 
-def _trace_schedule(pack: Pack, point: Point, entropy: list[int]) -> pd.DataFrame:
-    trace = load_trace(pack)
+def _trace_schedule(inputs: ScheduleInputs, point: Point, entropy: list[int]) -> pd.DataFrame:
+    trace = load_trace(inputs)
     assert point.rate_rps is not None
     stretch = trace_native_rate(trace) / point.rate_rps
     offsets = trace["offset_s"].to_numpy() * stretch
     n = len(trace)
-    cols = _block_requests(pack, entropy, 1, n, classes=trace["class"].to_numpy(dtype=object))
+    cols = _block_requests(inputs, entropy, 1, n, classes=trace["class"].to_numpy(dtype=object))
     for name in ("input_tokens", "output_tokens"):
         if name in trace.columns:
             cols[name] = trace[name].to_numpy(dtype=np.int64)
-    phase = np.where(offsets < pack.client.warmup_seconds, "warmup", "measure")
+    phase = np.where(offsets < inputs.client.warmup_seconds, "warmup", "measure")
     block = np.where(phase == "warmup", 0, 1)
-    prefix_id, prefix_tokens = _prefixes(pack, point, entropy, 1, cols["input_tokens"])
+    prefix_id, prefix_tokens = _prefixes(inputs, point, entropy, 1, cols["input_tokens"])
     return pd.DataFrame(
         {
             "block": block.astype(np.int64),
@@ -603,44 +677,42 @@ def validate_schedule(frame: pd.DataFrame, class_names: list[str], source: str) 
     return validate_table(frame, schema, source)
 
 
-def summarize(frame: pd.DataFrame, pack: Pack, point: Point) -> dict[str, Any]:
+def summarize(frame: pd.DataFrame, inputs: ScheduleInputs, point: Point) -> dict[str, Any]:
     """Counts per class and phase, offered and realised rate, duration, gap statistics."""
     measured = frame[frame["phase"] != "warmup"]
     offsets_s = measured["scheduled_offset_ns"].to_numpy() / NS_PER_S
     gaps = np.diff(offsets_s)
-    pattern, cv = _pattern(pack, point)
+    pattern, cv = _pattern(inputs, point)
     summary: dict[str, Any] = {
         "point": point.point_id,
         "key": point.key,
         "mode": point.mode,
         "cache_state": point.cache_state,
         "repeat": point.repeat,
-        "pack": pack.pack.name,
-        "pack_label": pack.pack.label,
+        "pack": inputs.pack.name,
+        "pack_label": inputs.pack.label,
         "arrival_pattern": "closed-loop" if point.mode == "closed" else pattern,
         "arrival_cv": cv if pattern == "gamma" else None,
-        "seed_entropy": point_entropy(pack, point),
+        "seed_entropy": point_entropy(inputs, point),
         "requests": len(frame),
         "phase_counts": {ph: int((frame["phase"] == ph).sum()) for ph in PHASES},
         "class_counts": {
             ph: {
                 c: int(((frame["phase"] == ph) & (frame["class"] == c)).sum())
-                for c in pack.class_names
+                for c in inputs.class_names
             }
             for ph in PHASES
         },
         "duration_s": float(frame["scheduled_offset_ns"].max() / NS_PER_S) if len(frame) else 0.0,
-        "warmup_seconds": pack.client.warmup_seconds,
-        "section_sha256": {
-            k: v for k, v in pack.section_hashes().items() if k in SCHEDULE_SECTIONS
-        },
+        "warmup_seconds": inputs.client.warmup_seconds,
+        "inputs_sha256": inputs.sha256(),
     }
     if point.mode == "open":
         summary["offered_rps"] = point.rate_rps
     if point.mode == "closed":
         summary["concurrency"] = point.concurrency
     if point.mode == "exp":
-        e = _experiment(pack, point)
+        e = _experiment(inputs, point)
         prof = experiment_profile(e)
         summary["experiment"] = {
             "name": e.name,
@@ -648,27 +720,23 @@ def summarize(frame: pd.DataFrame, pack: Pack, point: Point) -> dict[str, Any]:
             "profile_duration_s": prof.duration_s,
             "expected_requests": prof.total,
         }
-    if pack.client.arrival_pattern == "trace" and point.mode == "open":
-        summary["trace_native_rps"] = trace_native_rate(load_trace(pack))
+    if inputs.client.arrival_pattern == "trace" and point.mode == "open":
+        summary["trace_native_rps"] = trace_native_rate(load_trace(inputs))
     if point.mode != "closed" and gaps.size > 1:
         span = offsets_s[-1] - offsets_s[0]
         summary["realised_rps"] = float(gaps.size / span) if span > 0 else None
         summary["gap_mean_s"] = float(gaps.mean())
         summary["gap_cv"] = float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else None
-    if pack.prompts.prefix is not None and point.cache_state == "warm":
+    if inputs.prompts.prefix is not None and point.cache_state == "warm":
         summary["distinct_prefixes_used"] = int(
             frame.loc[frame["prefix_id"] >= 0, "prefix_id"].nunique()
         )
     return summary
 
 
-# Manifest sections that determine a schedule; the schedule rule's params hash exactly these.
-SCHEDULE_SECTIONS = ("client", "workload", "prompts")
-
-
 def write_schedule(
     frame: pd.DataFrame,
-    pack: Pack,
+    source: Pack | ScheduleInputs,
     point: Point,
     parquet_path: str | Path,
     summary_path: str | Path,
@@ -677,14 +745,46 @@ def write_schedule(
     import pyarrow
     import pyarrow.parquet as pq
 
-    frame = validate_schedule(frame, pack.class_names, f"schedule {point.key}")
+    inputs = as_inputs(source, point)
+    frame = validate_schedule(frame, inputs.class_names, f"schedule {point.key}")
     table = pyarrow.Table.from_pandas(frame, preserve_index=False)
     with atomic_path(parquet_path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-    summary = summarize(frame, pack, point)
+    summary = summarize(frame, inputs, point)
     summary["schedule_sha256"] = file_sha256(parquet_path)
     write_json_atomic(summary_path, summary)
     return summary
+
+
+def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow child run of one schedule job: keyword arguments of ``log_child_run``."""
+    metrics = {
+        "scheduled_requests": summary["requests"],
+        "measured_requests": summary["phase_counts"]["measure"],
+        "warmup_requests": summary["phase_counts"]["warmup"],
+        "schedule_duration_s": summary["duration_s"],
+        "realised_rps": summary.get("realised_rps"),
+        "gap_cv": summary.get("gap_cv"),
+    }
+    params = {
+        "arrival_pattern": summary["arrival_pattern"],
+        "arrival_cv": summary.get("arrival_cv"),
+        "offered_rps": summary.get("offered_rps"),
+        "concurrency": summary.get("concurrency"),
+        "seed_entropy": summary["seed_entropy"],
+        "class_counts": summary["class_counts"]["measure"],
+    }
+    return {
+        "stage": "schedule",
+        "job": f"schedule/{summary['key']}",
+        "point": summary["point"],
+        "cache_state": summary["cache_state"],
+        "repeat": summary["repeat"],
+        "params": {k: v for k, v in params.items() if v is not None},
+        "metrics": metrics,
+        "tags": {"capacity_pack.schedule_sha256": summary["schedule_sha256"]},
+        "fingerprint": summary["schedule_sha256"],
+    }
 
 
 def read_schedule(path: str | Path) -> pd.DataFrame:
