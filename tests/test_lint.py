@@ -29,7 +29,10 @@ def test_seed_broken_config_yields_all_six_findings():
     assert all(f.reason and f.message for f in findings)
 
 
-@pytest.mark.parametrize("pack", ["config/config.yaml", "config/packs/tutorial-70b.yaml"])
+@pytest.mark.parametrize(
+    "pack",
+    ["config/config.yaml", "config/packs/tutorial-70b.yaml", "config/packs/k6-load-shapes.yaml"],
+)
 def test_shipped_packs_are_clean(pack):
     assert lint_file(ROOT / pack) == []
 

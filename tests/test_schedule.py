@@ -272,3 +272,24 @@ def test_schedule_validation_reports_every_failure():
     text = str(err.value)
     assert text.startswith("sched.parquet:")
     assert "mystery" in text and "input_tokens" in text and "request_id" in text
+
+
+def test_every_k6_test_type_builds_a_valid_schedule(tmp_path):
+    pack = load_pack(ROOT / "config" / "packs" / "k6-load-shapes.yaml")
+    types = {e.test_type for e in pack.experiments}
+    assert types == {"smoke", "average-load", "stress", "spike", "soak", "breakpoint"}
+    for point in S.points(pack):
+        if point.mode != "exp":
+            continue
+        frame = S.build_schedule(pack, point)
+        out = tmp_path / f"{point.point_id}.parquet"
+        summary = S.write_schedule(frame, pack, point, out, out.with_suffix(".json"))
+        expected = summary["experiment"]["expected_requests"]
+        assert summary["phase_counts"]["measure"] == max(1, round(expected))
+    # The breakpoint ramp really ramps: the last fifth is much denser than the first.
+    bp = S.build_schedule(
+        pack, S.Point(mode="exp", experiment="breakpoint", cache_state="warm", repeat=0)
+    )
+    t = measured(bp)["scheduled_offset_ns"].to_numpy() / 1e9
+    t = t - t.min()
+    assert (t > 0.8 * t.max()).sum() > 4 * (t < 0.2 * t.max()).sum()

@@ -561,6 +561,12 @@ class Experiment(_Model):
                 raise ValueError("a 'breakpoint' experiment must end in an increasing ramp")
         if self.spike is not None and self.spike.at_s >= self.total_duration_s:
             raise ValueError("the spike starts after the profile ends")
+        area = sum(
+            s.duration_s * (s.rate_rps if s.rate_rps is not None else (s.from_rps + s.to_rps) / 2)
+            for s in self.segments
+        )
+        if area <= 0:
+            raise ValueError("the rate profile sends no requests (every rate is 0)")
         return self
 
     @property

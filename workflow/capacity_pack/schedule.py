@@ -295,6 +295,12 @@ def experiment_profile(exp: Experiment) -> RateProfile:
     return RateProfile(times, r0, r1)
 
 
+def warmup_rate(profile: RateProfile) -> float:
+    """Warm-up runs at the profile's starting rate, or its mean rate when it starts from zero."""
+    start = float(profile.rate_at(np.array([0.0]))[0])
+    return start if start > 0 else profile.total / profile.duration_s
+
+
 def constant_profile(rate: float, duration_s: float) -> RateProfile:
     return RateProfile(np.array([0.0, duration_s]), np.array([rate]), np.array([rate]))
 
@@ -410,8 +416,7 @@ def _warmup_size(inputs: ScheduleInputs, point: Point) -> int:
         return int(point.concurrency or 1)  # one request per worker before measuring
     if point.mode == "open":
         return max(1, round((point.rate_rps or 0) * w))
-    rate0 = float(experiment_profile(_experiment(inputs, point)).rate_at(np.array([0.0]))[0])
-    return max(1, round(rate0 * w))
+    return max(1, round(warmup_rate(experiment_profile(_experiment(inputs, point))) * w))
 
 
 def _experiment(inputs: ScheduleInputs, point: Point) -> Experiment:
@@ -580,8 +585,7 @@ def _synthetic_schedule(
         else:
             profile = experiment_profile(_experiment(inputs, point))
             if phase == "warmup":
-                rate0 = float(profile.rate_at(np.array([0.0]))[0])
-                offsets = np.cumsum(gaps) / rate0
+                offsets = np.cumsum(gaps) / warmup_rate(profile)
             elif phase == "measure":
                 u = np.cumsum(gaps)
                 u = u[:-1] * (profile.total / u[-1])
