@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from capacity_pack.io import sha256_of_obj
 from capacity_pack.manifest import (
     SECTIONS,

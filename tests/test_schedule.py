@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+
 from capacity_pack import schedule as S
 from capacity_pack.manifest import ManifestError, load_pack, validate_pack
 from capacity_pack.tables import TableValidationError

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 import pytest
+
 from capacity_pack import tracking
 from capacity_pack.manifest import SECTIONS, freeze, load_pack
 

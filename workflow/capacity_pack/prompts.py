@@ -1,0 +1,138 @@
+"""Deterministic, natural-language-like prompts with an exact token count.
+
+Random token ids tokenize and cache unlike real text, so prompts are generated from a fixed
+English vocabulary (``VOCABULARY``, most frequent first) with Zipf word frequencies
+(P(rank r) ~ 1 / (r + 2.7)), cut into sentences of 6-22 words that start with a capital and end
+with a period. Corpus revision ``capacity-pack-text-v1`` is this vocabulary, these frequencies and
+this sentence rule; changing any of them needs a new revision.
+
+A prompt of ``n`` tokens (under the project tokenizer, ``text.split()``) is laid out as:
+
+- warm-cache request (``prefix_id >= 0``): the shared prefix ``prefix_id`` of the versioned prefix
+  set (``prefix_tokens`` words, a pure function of the prefix revision and id, so every request
+  and every replica sees identical tokens), then a body of ``n - prefix_tokens`` words;
+- cold-cache request (``prefix_id == -1``): a unique head of ``cold_unique_prefix_tokens`` words
+  whose first word encodes the request's prompt seed (so the very first KV block differs and no
+  block of the prompt can be reused), then the body.
+
+The body is drawn from the request's ``prompt_seed``. Everything is a pure function of the
+schedule row and the manifest, so a rerun sends byte-identical prompts.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+CORPUS_REVISION = "capacity-pack-text-v1"
+
+VOCABULARY = tuple(
+    """
+    the of and to a in is that for it as was with be by on not he this are or his from at which
+    but have an they you were had her all she there would their we him been has when who will no
+    more if out so said what up its about into than them can only other new some could time these
+    two may then do first any my now such like our over man me even most made after also did many
+    before must through back years where much your way well down should because each just those
+    people how too little state good very make world still own see men work long get here between
+    both life being under never day same another know while last might us great old year off come
+    since against go came right used take three states himself few house use during without again
+    place american around however home small found thought went say part once general high upon
+    school every does got united left number course war until always away something fact though
+    water less public put think almost hand enough far took head yet government system better set
+    told nothing night end why called didn't eyes find going look asked later knew point next city
+    business give group toward young let room president side social given present several order
+    national possible rather second face per among form important often things looked early white
+    case john become large big need four within felt along children saw best church ever least
+    power development light thing seemed family interest want members mind country area others
+    done turned although open god service problem certain kind different thus began door help
+    means sense whole matter perhaps itself york times law human line above name example action
+    company hands local show whether five history gave today either act feet across taken past
+    quite anything seen having death experience body word half really week field money words
+    already information tell together college shall free gone themselves program firm market
+    data model request server token latency memory cache queue batch capacity replica throughput
+    schedule measure result report value signal policy network storage compute engine context
+    question answer summary document review budget planning customer support release version
+    """.split()
+)
+_RANKS = np.arange(len(VOCABULARY), dtype=float)
+_WEIGHTS = 1.0 / (_RANKS + 2.7)
+_CDF = np.cumsum(_WEIGHTS / _WEIGHTS.sum())
+_VOCAB = np.array(VOCABULARY, dtype=object)
+_CAPITAL = np.array([w.capitalize() for w in VOCABULARY], dtype=object)
+_PERIOD = np.array([w + "." for w in VOCABULARY], dtype=object)
+
+
+def _words(rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` words in sentences: Zipf draws, capitalised first word, period on the last."""
+    if n <= 0:
+        return []
+    idx = np.minimum(np.searchsorted(_CDF, rng.random(n)), len(VOCABULARY) - 1)
+    out = _VOCAB[idx]
+    # Sentence boundaries: lengths 6..22, the last sentence cut to fit.
+    lengths = rng.integers(6, 23, size=n // 6 + 1)
+    ends = np.cumsum(lengths) - 1
+    ends = ends[ends < n]
+    starts = np.concatenate([[0], ends + 1])
+    starts = starts[starts < n]
+    out[starts] = _CAPITAL[idx[starts]]
+    out[ends] = _PERIOD[idx[ends]]
+    words = out.tolist()
+    if not words[-1].endswith("."):
+        words[-1] += "."
+    return words
+
+
+def _seed(*parts: object) -> np.random.Generator:
+    import hashlib
+
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:16], "big"))
+
+
+@functools.lru_cache(maxsize=4096)
+def shared_prefix(revision: str, prefix_id: int, n_tokens: int) -> str:
+    """Shared prefix ``prefix_id`` of the prefix set ``revision``, ``n_tokens`` words long."""
+    return " ".join(_words(_seed("prefix", revision, prefix_id), n_tokens))
+
+
+def unique_head(prompt_seed: int, n_tokens: int) -> list[str]:
+    """A head that no other request shares: its first word encodes the prompt seed."""
+    if n_tokens <= 0:
+        return []
+    tail = _words(_seed("head", prompt_seed), n_tokens - 1)
+    return [f"Ticket-{prompt_seed:016x}:", *tail]
+
+
+def body(prompt_seed: int, n_tokens: int, corpus_revision: str = CORPUS_REVISION) -> list[str]:
+    return _words(_seed("body", corpus_revision, prompt_seed), n_tokens)
+
+
+def build_prompt(
+    *,
+    input_tokens: int,
+    prompt_seed: int,
+    prefix_id: int,
+    prefix_tokens: int,
+    prefix_revision: str | None,
+    cold_unique_prefix_tokens: int,
+    corpus_revision: str = CORPUS_REVISION,
+) -> str:
+    """The prompt text of one schedule row: exactly ``input_tokens`` whitespace tokens."""
+    if input_tokens < 1:
+        raise ValueError("input_tokens must be at least 1")
+    if corpus_revision != CORPUS_REVISION:
+        raise ValueError(
+            f"unknown corpus revision {corpus_revision!r}; this build generates {CORPUS_REVISION!r}"
+        )
+    if prefix_id >= 0:
+        if prefix_revision is None:
+            raise ValueError("a shared prefix needs the prefix-set revision")
+        if not 0 < prefix_tokens < input_tokens:
+            raise ValueError("a shared prefix must be shorter than its prompt")
+        head = shared_prefix(prefix_revision, prefix_id, prefix_tokens)
+        rest = body(prompt_seed, input_tokens - prefix_tokens, corpus_revision)
+        return head + " " + " ".join(rest)
+    unique = min(cold_unique_prefix_tokens, input_tokens)
+    words = unique_head(prompt_seed, unique) + body(prompt_seed, input_tokens - unique)
+    return " ".join(words)
