@@ -343,6 +343,20 @@ class Client(_Model):
     )
     request_timeout_seconds: float = Field(gt=0, description="Per-request timeout.")
     automatic_retries: bool = Field(default=False, description="Must be false.")
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="Optional client-side in-flight ceiling: an open-loop arrival beyond it is "
+        "recorded as 'rejected', never delayed.",
+    )
+    lateness_bound_ms: float = Field(
+        default=5.0,
+        gt=0,
+        description="Dispatch-lateness p99 above this marks the point client-bound.",
+    )
+    metrics_interval_seconds: float = Field(
+        default=1.0, gt=0, description="Interval of the /metrics scrape and the backlog series."
+    )
     cancellation_policy: Literal["none", "seeded_fraction"] = Field(
         default="none", description="'seeded_fraction' cancels a seeded share of requests."
     )

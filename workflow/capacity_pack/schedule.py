@@ -59,6 +59,7 @@ from capacity_pack.manifest import (
     Pack,
     PackInfo,
     Prompts,
+    TraceSpec,
     WorkloadClass,
     sample_lengths,
     stratified_counts,
@@ -73,6 +74,45 @@ NS_PER_S = 1_000_000_000
 _CLASS, _LENGTH, _ARRIVAL, _PREFIX, _PROMPT, _CANCEL = range(6)
 
 
+SCHEDULE_CLIENT_FIELDS = (
+    "arrival_pattern",
+    "arrival_cv",
+    "trace",
+    "minimum_duration_seconds",
+    "initial_scheduled_requests",
+    "request_schedule_seed",
+    "warmup_seconds",
+    "maximum_duration_seconds",
+    "extension_block_requests",
+    "cancellation_policy",
+    "cancel_fraction",
+    "cancel_after_seconds",
+)
+
+
+class ScheduleClient(BaseModel):
+    """The client settings a schedule depends on (not timeouts, endpoint or scrape interval)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arrival_pattern: Literal["poisson", "gamma", "constant", "trace"]
+    arrival_cv: float
+    trace: TraceSpec | None
+    minimum_duration_seconds: float
+    initial_scheduled_requests: int
+    request_schedule_seed: int
+    warmup_seconds: float
+    maximum_duration_seconds: float
+    extension_block_requests: int | None
+    cancellation_policy: Literal["none", "seeded_fraction"]
+    cancel_fraction: float
+    cancel_after_seconds: float
+
+    @classmethod
+    def of(cls, client: Client) -> ScheduleClient:
+        return cls.model_validate(client.model_dump(include=set(SCHEDULE_CLIENT_FIELDS)))
+
+
 class ScheduleInputs(BaseModel):
     """Exactly the manifest content one point's schedule depends on.
 
@@ -84,7 +124,7 @@ class ScheduleInputs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pack: PackInfo = Field(description="Pack name and size label (shown in summaries).")
-    client: Client = Field(description="Seed, arrival process, counts, warm-up, durations.")
+    client: ScheduleClient = Field(description="Seed, arrival process, counts, durations.")
     workload: list[WorkloadClass] = Field(description="Classes, mix and length distributions.")
     prompts: Prompts = Field(description="Prompt source and shared-prefix distribution.")
     closed_loop_requests_per_worker: int = Field(default=10, description="Closed points only.")
@@ -107,7 +147,7 @@ class ScheduleInputs(BaseModel):
                 raise ManifestError(f"no experiment named {point.experiment!r} in the pack")
         return cls(
             pack=pack.pack,
-            client=pack.client,
+            client=ScheduleClient.of(pack.client),
             workload=pack.workload,
             prompts=pack.prompts,
             **extra,
