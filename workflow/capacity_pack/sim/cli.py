@@ -1,0 +1,394 @@
+"""``capacity-pack sim``: run the simulated engine (one replica, or a cluster behind a router).
+
+Heavy imports (starlette, uvicorn, httpx) happen inside the commands so that ``--help`` is fast.
+``--port 0`` binds a free port; ``--port-file`` receives it (written atomically once the server
+accepts requests), and the ``listening on`` line on standard output names it too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+class _Fail(click.ClickException):
+    """A user-facing error: printed without a traceback, exit status 1."""
+
+
+def _fault_options(func):
+    options = [
+        click.option(
+            "--fault-error-rate",
+            type=click.FloatRange(0, 1),
+            default=0.0,
+            show_default=True,
+            help="Share of requests answered with an injected error.",
+        ),
+        click.option(
+            "--fault-error-status",
+            type=click.Choice(["429", "500", "502", "503"]),
+            default="500",
+            show_default=True,
+            help="HTTP status of injected errors.",
+        ),
+        click.option(
+            "--fault-stall-every-s",
+            type=click.FloatRange(min=0),
+            default=0.0,
+            show_default=True,
+            help="Stall the engine at the start of every period.",
+        ),
+        click.option(
+            "--fault-stall-s",
+            type=click.FloatRange(min=0),
+            default=0.0,
+            show_default=True,
+            help="Length of each periodic stall.",
+        ),
+        click.option(
+            "--fault-disconnect-rate",
+            type=click.FloatRange(0, 1),
+            default=0.0,
+            show_default=True,
+            help="Share of streams cut mid-stream.",
+        ),
+        click.option(
+            "--fault-kv-fraction",
+            type=click.FloatRange(0, 1, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="Share of KV blocks usable.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _faults(kwargs: dict) -> list[str]:
+    """The fault flags as ``serve`` arguments (the cluster passes them to every replica)."""
+    return [
+        "--fault-error-rate",
+        str(kwargs["fault_error_rate"]),
+        "--fault-error-status",
+        kwargs["fault_error_status"],
+        "--fault-stall-every-s",
+        str(kwargs["fault_stall_every_s"]),
+        "--fault-stall-s",
+        str(kwargs["fault_stall_s"]),
+        "--fault-disconnect-rate",
+        str(kwargs["fault_disconnect_rate"]),
+        "--fault-kv-fraction",
+        str(kwargs["fault_kv_fraction"]),
+    ]
+
+
+def _load(profile: str, **overrides):
+    from capacity_pack.sim.profile import ProfileError, load_profile
+
+    try:
+        loaded = load_profile(profile)
+        return (
+            loaded.with_overrides(**overrides)
+            if any(v is not None for v in overrides.values())
+            else loaded
+        )
+    except ProfileError as err:
+        raise _Fail(str(err)) from None
+    except ValueError as err:
+        raise _Fail(f"{profile}: {err}") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def sim() -> None:
+    """The embedded simulated engine: an OpenAI-compatible server with a performance model."""
+
+
+@sim.command()
+def profiles() -> None:
+    """List the shipped performance profiles with their derived figures."""
+    from capacity_pack.sim.perf import PerfModel
+    from capacity_pack.sim.profile import load_profile, shipped_profiles
+
+    for name in shipped_profiles():
+        p = load_profile(name)
+        perf = PerfModel(p)
+        click.echo(
+            f"{name}: {p.model.name} on {p.engine.tensor_parallel} x {p.hardware.name}; "
+            f"KV {p.num_gpu_blocks} blocks ({p.num_gpu_blocks * p.engine.block_size} tokens); "
+            f"batch-1 decode {perf.decode_step_s(1, 512) * 1e3:.2f} ms; "
+            f"1024-token prefill {perf.prefill_s(1024) * 1e3:.1f} ms"
+        )
+
+
+@sim.command()
+@click.option(
+    "--profile",
+    default="small-fast",
+    show_default=True,
+    help="Shipped profile name or path of a profile YAML file.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to bind (0: a free port, see --port-file).",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the bound port here once the server accepts requests.",
+)
+@click.option("--model-name", default=None, help="Served model name (default: the profile's).")
+@click.option(
+    "--ground-truth",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Append one JSON line per request to this file.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of EOS draws and fault draws."
+)
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Override the profile's max_num_seqs.",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Override the profile's token budget per step.",
+)
+@click.option(
+    "--max-waiting-requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Override the profile's admission limit.",
+)
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=None,
+    help="Override the profile's prefix caching.",
+)
+@_fault_options
+@click.option(
+    "--kill-after-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Hard-kill (SIGKILL) the server this long after it starts.",
+)
+@click.option(
+    "--engine-index",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Value of the 'engine' metrics label.",
+)
+@click.option("--replica-id", type=int, default=None, help="Replica number for the log.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
+def serve(
+    profile: str,
+    host: str,
+    port: int,
+    port_file: Path | None,
+    model_name: str | None,
+    ground_truth: Path | None,
+    seed: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    max_waiting_requests: int | None,
+    enable_prefix_caching: bool | None,
+    kill_after_s: float | None,
+    engine_index: int,
+    replica_id: int | None,
+    log_level: str,
+    **fault_kwargs,
+) -> None:
+    """Serve one simulated replica on HOST:PORT until interrupted."""
+    import logging
+
+    from capacity_pack.sim.engine import Engine, Faults
+    from capacity_pack.sim.server import SimServer, bind_socket, run_app
+
+    loaded = _load(
+        profile,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_waiting_requests=max_waiting_requests,
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    faults = Faults(
+        error_rate=fault_kwargs["fault_error_rate"],
+        error_status=int(fault_kwargs["fault_error_status"]),
+        stall_every_s=fault_kwargs["fault_stall_every_s"],
+        stall_s=fault_kwargs["fault_stall_s"],
+        disconnect_rate=fault_kwargs["fault_disconnect_rate"],
+        kv_capacity_fraction=fault_kwargs["fault_kv_fraction"],
+    )
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    engine = Engine(
+        loaded,
+        model_name=model_name,
+        seed=seed,
+        faults=faults,
+        ground_truth=ground_truth,
+        engine_index=engine_index,
+        replica=replica_id,
+        kill_after_s=kill_after_s,
+    )
+    server = SimServer(engine)
+    app = server.app()
+    try:
+        sock = bind_socket(host, port)
+    except OSError as err:
+        raise _Fail(f"cannot bind {host}:{port}: {err}") from None
+    run_app(
+        app,
+        sock,
+        port_file=port_file,
+        announce=f"capacity-pack sim: {loaded.name} ({engine.model_name}) listening on "
+        f"http://{host}:{{port}}",
+        log_level=log_level,
+    )
+
+
+@sim.command()
+@click.option("--replicas", type=click.IntRange(min=1), required=True, help="Replica count.")
+@click.option(
+    "--profile",
+    default="small-fast",
+    show_default=True,
+    help="Shipped profile name or path of a profile YAML file.",
+)
+@click.option(
+    "--router",
+    "policy",
+    type=click.Choice(["round_robin", "least_outstanding"]),
+    default="least_outstanding",
+    show_default=True,
+    help="Routing policy.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Router address.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Router port (0: a free port, see --port-file).",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the router's port here once every replica is up.",
+)
+@click.option("--model-name", default=None, help="Served model name (default: the profile's).")
+@click.option(
+    "--ground-truth",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="One JSONL file all replicas append to (lines carry 'replica').",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Replica i uses seed + i.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None)
+@click.option("--max-waiting-requests", type=click.IntRange(min=1), default=None)
+@_fault_options
+@click.option(
+    "--health-interval-s",
+    type=click.FloatRange(min=0.05),
+    default=0.5,
+    show_default=True,
+    help="Seconds between health checks of each replica.",
+)
+@click.option(
+    "--kill",
+    "kills",
+    multiple=True,
+    metavar="REPLICA@SECONDS",
+    help="SIGKILL a replica this long after the cluster is up (repeatable).",
+)
+@click.option(
+    "--restart",
+    "restarts",
+    multiple=True,
+    metavar="REPLICA@SECONDS",
+    help="Restart a replica this long after the cluster is up (repeatable).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
+def cluster(
+    replicas: int,
+    profile: str,
+    policy: str,
+    host: str,
+    port: int,
+    port_file: Path | None,
+    model_name: str | None,
+    ground_truth: Path | None,
+    seed: int,
+    max_num_seqs: int | None,
+    max_waiting_requests: int | None,
+    health_interval_s: float,
+    kills: tuple[str, ...],
+    restarts: tuple[str, ...],
+    log_level: str,
+    **fault_kwargs,
+) -> None:
+    """Serve REPLICAS simulated replicas behind a health-checking router."""
+    import logging
+
+    from capacity_pack.sim.cluster import Cluster, cluster_app, parse_schedule
+    from capacity_pack.sim.server import bind_socket, run_app
+
+    _load(profile)  # fail here, once, rather than in every replica
+    try:
+        actions = [("kill", i, t) for i, t in parse_schedule(kills, "kill", replicas)]
+        actions += [("restart", i, t) for i, t in parse_schedule(restarts, "restart", replicas)]
+    except ValueError as err:
+        raise _Fail(str(err)) from None
+    serve_args = ["--profile", profile, "--log-level", log_level, *_faults(fault_kwargs)]
+    if model_name:
+        serve_args += ["--model-name", model_name]
+    if ground_truth:
+        serve_args += ["--ground-truth", str(ground_truth.resolve())]
+    if max_num_seqs:
+        serve_args += ["--max-num-seqs", str(max_num_seqs)]
+    if max_waiting_requests:
+        serve_args += ["--max-waiting-requests", str(max_waiting_requests)]
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    the_cluster = Cluster(
+        replicas,
+        serve_args,
+        policy=policy,
+        health_interval_s=health_interval_s,
+        actions=actions,
+        seed=seed,
+    )
+    try:
+        sock = bind_socket(host, port)
+    except OSError as err:
+        raise _Fail(f"cannot bind {host}:{port}: {err}") from None
+    run_app(
+        cluster_app(the_cluster),
+        sock,
+        port_file=port_file,
+        announce=f"capacity-pack sim cluster: {replicas} x {profile} ({policy}) listening on "
+        f"http://{host}:{{port}}",
+        log_level=log_level,
+        graceful_s=5.0,
+    )
