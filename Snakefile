@@ -44,6 +44,10 @@ workflow.global_resources.setdefault("target_slot", 1)
 include: "rules/common.smk"
 include: "rules/freeze.smk"
 include: "rules/schedule.smk"
+include: "rules/sweep.smk"
+include: "rules/normalize.smk"
+include: "rules/analyze.smk"
+include: "rules/capacity.smk"
 include: "rules/track.smk"
 
 

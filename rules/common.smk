@@ -9,7 +9,9 @@
 # gets a child per job while the measurements themselves are reused.
 import importlib.util
 
+from capacity_pack import analysis as analysis_lib
 from capacity_pack import schedule as schedule_lib
+from capacity_pack import sweep as sweep_lib
 from capacity_pack.io import canonical_json, sha256_hex, sha256_of_obj
 
 RESULTS_ROOT = "results"
@@ -17,12 +19,22 @@ RESULTS = f"{RESULTS_ROOT}/{PACK.pack.name}"
 FROZEN = f"{RESULTS}/manifest/frozen.json"
 MANIFEST_JSON = canonical_json(PACK.model_dump(mode="json"))
 POINTS = schedule_lib.points(PACK)
+ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
+# The decision reads gates, workload, placement, plan and target: it is cheap, so it simply
+# takes the whole validated pack (a script never reads the config itself).
+CAPACITY_INPUTS_JSON = MANIFEST_JSON
+PACK_PLOTS = ["throughput.png", "attainment.png", "latency.png"]
+if PACK.sweep.closed_loop_concurrency:
+    PACK_PLOTS.append("closed_loop.png")
+if PACK.sweep.open_loop_rps:
+    PACK_PLOTS.append("timeseries.png")
 
 
 wildcard_constraints:
     point=r"open-r[0-9.]+|closed-c[0-9]+|exp-[a-z][a-z0-9_]*",
     cache=r"cold|warm",
     repeat=r"[0-9]+",
+    stage=r"[a-z_]+",
 
 
 def code_hash(*modules):
@@ -48,6 +60,20 @@ def results_root(wildcards, output):
     return output[0].split(f"/{PACK.pack.name}/")[0]
 
 
+def sweep_inputs_json(wildcards):
+    """The manifest content one measurement reads, as canonical JSON."""
+    return sweep_lib.SweepInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
+
+
+# Library modules a measurement runs; the simulator's only when the target is simulated.
+SWEEP_MODULES = ["sweep", "loadgen", "target", "prompts", "tokenizer", "schedule"]
+if PACK.target.kind == "sim":
+    SWEEP_MODULES += [
+        "sim.cli", "sim.cluster", "sim.engine", "sim.kv", "sim.metrics", "sim.perf",
+        "sim.profile", "sim.scheduler", "sim.server", "sim.virtual",
+    ]  # fmt: skip
+
+
 def point_dir(kind, point):
     return f"{RESULTS}/{kind}/{point.point_id}/{point.cache_state}/rep{point.repeat}"
 
@@ -56,5 +82,33 @@ def schedule_targets():
     return [f"{point_dir('schedules', p)}/summary.json" for p in POINTS]
 
 
+def sweep_targets():
+    return [f"{point_dir('raw', p)}/summary.json" for p in POINTS]
+
+
+def table_targets():
+    return [f"{point_dir('tables', p)}/summary.json" for p in POINTS]
+
+
+def report_targets():
+    return [f"{point_dir('reports', p)}/slo-report.json" for p in POINTS]
+
+
+# Stages whose jobs get MLflow child runs, and the summaries each job writes.
+TRACKED_STAGES = {
+    "schedule": schedule_targets,
+    "sweep": sweep_targets,
+    "analysis": report_targets,
+}
+
+
 def all_targets():
-    return [FROZEN, *schedule_targets(), f"{RESULTS}/tracking/schedule.json"]
+    return [
+        FROZEN,
+        *schedule_targets(),
+        *sweep_targets(),
+        *table_targets(),
+        *report_targets(),
+        *(f"{RESULTS}/tracking/{stage}.json" for stage in TRACKED_STAGES),
+        f"{RESULTS}/pack/README.md",
+    ]

@@ -1,18 +1,19 @@
-rule track_schedules:
-    """MLflow child run per schedule job, under the parent run of the current frozen manifest."""
+rule track:
+    """MLflow child run per job of a stage, under the parent run of the current frozen manifest."""
     input:
         frozen=FROZEN,
-        summaries=schedule_targets(),
+        summaries=lambda w: TRACKED_STAGES[w.stage](),
     output:
-        f"{RESULTS}/tracking/schedule.json",
+        f"{RESULTS}/tracking/{{stage}}.json",
     params:
+        stage=lambda w: w.stage,
         results_root=results_root,
-        code=code_hash("tracking"),
+        code=lambda w: code_hash("tracking", w.stage),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
-        f"{RESULTS}/logs/track/schedule.log",
+        f"{RESULTS}/logs/track/{{stage}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/track/schedule.tsv"
+        f"{RESULTS}/benchmarks/track/{{stage}}.tsv"
     script:
-        "../scripts/track_schedules.py"
+        "../scripts/track.py"

@@ -21,7 +21,22 @@ pytestmark = pytest.mark.slow
 def small_pack() -> dict:
     data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     data["pack"]["name"] = "pipeline-test"
-    data["sweep"].update(open_loop_rps=[10, 20], closed_loop_concurrency=[1], repeats=1)
+    # Small enough that the whole pipeline, measurements included, runs in seconds.
+    data["client"].update(
+        initial_scheduled_requests=60,
+        minimum_duration_seconds=1,
+        warmup_seconds=0.5,
+        maximum_duration_seconds=10,
+    )
+    data["client"].pop("class_schedule_counts")
+    data["acceptance"]["min_successful_samples_per_class"] = 10
+    data["sweep"].update(
+        open_loop_rps=[10, 20],
+        closed_loop_concurrency=[1],
+        repeats=1,
+        closed_loop_min_requests=10,
+        closed_loop_requests_per_worker=2,
+    )
     data["experiments"] = []
     return data
 
@@ -67,7 +82,13 @@ def planned_jobs(workdir: Path) -> list[str]:
         if not m:
             continue
         w = re.search(r"wildcards: point=([^,\s]+), cache=(\w+), repeat=(\d+)", block)
-        jobs.append(f"{m.group(1)}:{w.group(1)}/{w.group(2)}/rep{w.group(3)}" if w else m.group(1))
+        stage = re.search(r"wildcards: stage=(\w+)", block)
+        if w:
+            jobs.append(f"{m.group(1)}:{w.group(1)}/{w.group(2)}/rep{w.group(3)}")
+        elif stage:
+            jobs.append(f"{m.group(1)}:{stage.group(1)}")
+        else:
+            jobs.append(m.group(1))
     assert res.returncode == 0
     return sorted(j for j in jobs if j != "all")
 
@@ -78,6 +99,33 @@ def ran(tmp_path_factory):
     write_pack(workdir, small_pack())
     snakemake(workdir)
     return workdir
+
+
+def test_measurements_are_recorded_and_serialized(ran):
+    """Every point measured, cold and warm separately, never two at once against the target."""
+    results = ran / "results" / "pipeline-test"
+    spans = []
+    for summary_path in results.glob("raw/*/*/*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        records = [
+            json.loads(x) for x in (summary_path.parent / "records.jsonl").read_text().splitlines()
+        ]
+        assert summary["requests_recorded"] == len(records) > 0
+        assert summary["failed"] == 0
+        if summary["cache_state"] == "cold":
+            assert summary["cache_empty_verified"] is True
+            assert summary["server_prefix_hit_rate"] < 0.01
+        else:
+            assert summary["prewarm_requests"] == 8
+        spans.append(
+            (
+                min(r["sent_realtime_ns"] for r in records),
+                max(r["end_realtime_ns"] for r in records),
+            )
+        )
+    assert len(spans) == 6
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
 def test_pipeline_writes_frozen_manifest_and_schedules(ran):
@@ -108,10 +156,11 @@ def test_mlflow_holds_parent_and_child_runs(ran):
     parent = parents[0]
     assert parent.data.tags["capacity_pack.manifest_sha256"] == frozen["sha256"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 6
+    assert len(children) == 18
+    stages = {"schedule", "sweep", "analysis"}
+    assert {c.data.tags["capacity_pack.stage"] for c in children} == stages
     for child in children:
         tags = child.data.tags
-        assert tags["capacity_pack.stage"] == "schedule"
         assert tags["capacity_pack.cache_state"] in {"cold", "warm"}
         assert tags["capacity_pack.repeat"] == "0"
         assert tags["capacity_pack.point"] in {"open-r10", "open-r20", "closed-c1"}
@@ -120,52 +169,62 @@ def test_mlflow_holds_parent_and_child_runs(ran):
         assert tags["capacity_pack.model.tokenizer_revision"] == "capacity-pack-ws-v1"
         assert tags["capacity_pack.section.client"] == frozen["section_sha256"]["client"]
         assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["capacity_pack.git_commit"])
-        assert child.data.metrics["scheduled_requests"] > 0
+        if tags["capacity_pack.stage"] == "schedule":
+            assert child.data.metrics["scheduled_requests"] > 0
+        elif tags["capacity_pack.stage"] == "analysis":
+            assert "interactive.attainment" in child.data.metrics
+            assert tags["capacity_pack.verdict"] in {"pass", "marginal", "fail", "inconclusive"}
+        else:
+            assert child.data.metrics["requests_recorded"] > 0
+            assert "server_prefix_hit_rate" in child.data.metrics
 
 
 def test_nothing_to_do_after_a_complete_run(ran):
     assert planned_jobs(ran) == []
 
 
-def test_changed_acceptance_reruns_freeze_only(ran):
+POINTS = [f"{p}/{c}/rep0" for c in ("cold", "warm") for p in ("open-r10", "open-r20", "closed-c1")]
+TRACKS = ["track:analysis", "track:schedule", "track:sweep"]
+
+
+def jobs_for(stages: list[str], points: list[str]) -> list[str]:
+    return [f"{stage}:{p}" for stage in stages for p in points]
+
+
+def replan(ran, mutate) -> list[str]:
     data = small_pack()
-    data["acceptance"]["class_slo_attainment_min"] = 0.99
+    mutate(data)
     write_pack(ran, data)
     try:
-        assert planned_jobs(ran) == ["freeze", "track_schedules"]
+        return planned_jobs(ran)
     finally:
         write_pack(ran, small_pack())
+
+
+def test_changed_acceptance_reanalyzes_but_never_remeasures(ran):
+    jobs = replan(ran, lambda d: d["acceptance"].__setitem__("class_slo_attainment_min", 0.99))
+    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(["analyze"], POINTS)])
 
 
 def test_added_rate_adds_only_that_rates_jobs(ran):
-    data = small_pack()
-    data["sweep"]["open_loop_rps"] = [10, 20, 30]
-    write_pack(ran, data)
-    try:
-        assert planned_jobs(ran) == [
-            "freeze",
-            "schedule:open-r30/cold/rep0",
-            "schedule:open-r30/warm/rep0",
-            "track_schedules",
-        ]
-    finally:
-        write_pack(ran, small_pack())
+    jobs = replan(ran, lambda d: d["sweep"].__setitem__("open_loop_rps", [10, 20, 30]))
+    new = ["open-r30/cold/rep0", "open-r30/warm/rep0"]
+    stages = ["analyze", "normalize", "schedule", "sweep"]
+    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(stages, new)])
+
+
+def test_changed_gate_remeasures_but_keeps_schedules(ran):
+    """The sample gate drives extension blocks, so it re-measures; schedules stay."""
+    jobs = replan(
+        ran, lambda d: d["acceptance"].__setitem__("min_successful_samples_per_class", 11)
+    )
+    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(["analyze", "normalize", "sweep"], POINTS)])
 
 
 def test_changed_seed_reruns_every_schedule(ran):
-    data = small_pack()
-    data["client"]["request_schedule_seed"] += 1
-    write_pack(ran, data)
-    try:
-        jobs = planned_jobs(ran)
-        assert jobs[0] == "freeze" and jobs[-1] == "track_schedules"
-        assert sorted(jobs[1:-1]) == sorted(
-            f"schedule:{p}/{c}/rep0"
-            for c in ("cold", "warm")
-            for p in ("open-r10", "open-r20", "closed-c1")
-        )
-    finally:
-        write_pack(ran, small_pack())
+    jobs = replan(ran, lambda d: d["client"].__setitem__("request_schedule_seed", 7))
+    stages = ["analyze", "normalize", "schedule", "sweep"]
+    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(stages, POINTS)])
 
 
 def test_new_manifest_gets_its_own_parent_with_every_child(ran):
@@ -177,7 +236,7 @@ def test_new_manifest_gets_its_own_parent_with_every_child(ran):
     write_pack(ran, data)
     try:
         snakemake(ran)
-        snakemake(ran, "--forcerun", "track_schedules")  # tracking twice logs nothing twice
+        snakemake(ran, "--forcerun", "track")  # tracking twice logs nothing twice
         client = MlflowClient(tracking_uri=f"sqlite:///{ran}/results/mlflow.db")
         exp = client.get_experiment_by_name("capacity-pack/pipeline-test")
         runs = client.search_runs([exp.experiment_id], max_results=1000)
@@ -185,8 +244,8 @@ def test_new_manifest_gets_its_own_parent_with_every_child(ran):
         assert len(parents) == 2
         for parent in parents:
             kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-            assert len(kids) == 6
-            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 6
+            assert len(kids) == 18
+            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 18
     finally:
         write_pack(ran, small_pack())
         snakemake(ran)

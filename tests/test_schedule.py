@@ -87,7 +87,7 @@ def test_same_manifest_and_point_give_byte_identical_files(tmp_path):
     assert res.returncode == 0, res.stderr
     assert out.read_bytes() == digests[0]
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert summary["phase_counts"]["measure"] == 600 and "REHEARSAL" in summary["pack_label"]
+    assert summary["phase_counts"]["measure"] == 480 and "REHEARSAL" in summary["pack_label"]
 
 
 def test_adding_a_rate_leaves_other_schedules_unchanged():
@@ -129,7 +129,7 @@ def test_poisson_mean_gap_and_warmup():
     assert gaps.mean() == pytest.approx(1 / 40, rel=0.03)
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.03)
     warm = frame[frame["phase"] == "warmup"]
-    assert len(warm) == 80  # 2 s of warm-up at 40 RPS, before every measured request
+    assert len(warm) == 40  # 1 s of warm-up at 40 RPS, before every measured request
     assert warm["scheduled_offset_ns"].max() <= measured(frame)["scheduled_offset_ns"].min()
 
 
@@ -157,12 +157,12 @@ def test_closed_loop_sizes():
     frame = S.build_schedule(
         pack, S.Point(mode="closed", concurrency=32, cache_state="cold", repeat=0)
     )
-    assert len(measured(frame)) == 4 * 32 and (frame["phase"] == "warmup").sum() == 32
+    assert len(measured(frame)) == 3 * 32 and (frame["phase"] == "warmup").sum() == 32
     assert (frame["scheduled_offset_ns"] == 0).all()
     one = S.build_schedule(
         pack, S.Point(mode="closed", concurrency=1, cache_state="cold", repeat=0)
     )
-    assert len(measured(one)) == 40  # closed_loop_min_requests
+    assert len(measured(one)) == 16  # closed_loop_min_requests
 
 
 def test_extension_blocks_continue_the_same_stream():
@@ -173,22 +173,23 @@ def test_extension_blocks_continue_the_same_stream():
     pd.testing.assert_frame_equal(extended.iloc[: len(base)], base)
     ext = extended.iloc[len(base) :]
     assert set(ext["phase"]) == {"extension"} and set(ext["block"]) == {2, 3}
-    assert len(ext) == 2 * 60  # 10% of the initial 600 per block
+    assert len(ext) == 2 * 48  # 10% of the initial 480 per block
     assert ext["scheduled_offset_ns"].min() >= base["scheduled_offset_ns"].max()
+    # 48 x 0.5/0.3/0.2 = 24/14.4/9.6 -> largest remainder 24/14/10 per block
     assert ext["class"].value_counts().to_dict() == {
-        "interactive": 60,
-        "long_context": 36,
-        "generation_heavy": 24,
+        "interactive": 48,
+        "long_context": 28,
+        "generation_heavy": 20,
     }
 
 
 def test_extension_blocks_stop_at_maximum_duration():
     d = data()
-    d["client"]["maximum_duration_seconds"] = 21  # measured block alone is ~20 s at 30 RPS
+    d["client"]["maximum_duration_seconds"] = 17  # measured block alone is ~16 s at 30 RPS
     frame = S.build_schedule(validate_pack(d), open_point(30), extension_blocks=5)
-    limit = (2 + 21) * 1e9
+    limit = (1 + 17) * 1e9
     assert frame.loc[frame["phase"] == "extension", "scheduled_offset_ns"].max() <= limit
-    assert (frame["phase"] == "extension").sum() < 5 * 60
+    assert (frame["phase"] == "extension").sum() < 5 * 48
 
 
 def test_spike_experiment_follows_its_profile():

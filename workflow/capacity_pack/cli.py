@@ -191,3 +191,210 @@ def schedule(
     frame = sched.build_schedule(pack, point, extension_blocks=extension_blocks)
     summary = sched.write_schedule(frame, pack, point, output, output.with_suffix(".json"))
     click.echo(f"{output}: {summary['requests']} requests, {summary['duration_s']:.1f} s")
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--point", "point_id", required=True, help="Point id, e.g. open-r16, closed-c8.")
+@click.option("--cache-state", type=click.Choice(["cold", "warm"]), required=True)
+@click.option("--repeat", type=int, default=0, show_default=True)
+@click.option(
+    "--schedule",
+    "schedule_path",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="Use this schedule parquet instead of generating it.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for records.jsonl, metrics.parquet and summary.json.",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Live progress line on standard error.",
+)
+@_die_on_manifest_error
+def load(
+    config: Path,
+    point_id: str,
+    cache_state: str,
+    repeat: int,
+    schedule_path: Path | None,
+    output: Path,
+    progress: bool,
+) -> None:
+    """Measure one point of CONFIG against its target; record every attempted request."""
+    import pandas as pd
+
+    from capacity_pack import schedule as sched
+    from capacity_pack.io import write_json_atomic
+    from capacity_pack.manifest import load_pack
+    from capacity_pack.sweep import measure_point
+
+    pack = load_pack(config)
+    point = sched.find_point(pack, point_id, cache_state, repeat)
+    frame = (
+        pd.read_parquet(schedule_path)
+        if schedule_path is not None
+        else sched.build_schedule(pack, point)
+    )
+    summary = measure_point(pack, point, frame, output, progress=progress)
+    write_json_atomic(output / "summary.json", summary)
+    late = summary["dispatch_lateness_ms"]["p99"]
+    click.echo(
+        f"{output}: {summary['requests_recorded']} requests recorded, "
+        f"{summary['failed']} failed, dispatch lateness p99 {late:.3f} ms"
+        + (" (CLIENT-BOUND: not a server result)" if summary["client_bound"] else "")
+    )
+
+
+@main.command()
+@click.argument("requests_csv", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("duration_seconds", type=float)
+@click.argument("queue_trend")
+@click.option(
+    "--manifest",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Take classes, cutoffs and gates from this pack (default: the seed's tutorial fixture).",
+)
+@_die_on_manifest_error
+def analyze(
+    requests_csv: Path, duration_seconds: float, queue_trend: str, manifest: Path | None
+) -> None:
+    """The seed's SLO analyzer: REQUESTS_CSV DURATION_SECONDS QUEUE_TREND (flat|growing).
+
+    Prints the report as JSON (the seed's keys and values, plus extra keys).
+    """
+    import json
+
+    from capacity_pack.analysis import AnalysisError, analyze_csv, pack_classes, pack_gates
+    from capacity_pack.manifest import load_pack
+
+    classes = gates = None
+    if manifest is not None:
+        pack = load_pack(manifest)
+        classes, gates = pack_classes(pack), pack_gates(pack)
+    try:
+        report = analyze_csv(requests_csv, duration_seconds, queue_trend, classes, gates)
+    except AnalysisError as err:
+        raise _Fail(str(err)) from None
+    click.echo(json.dumps(report, indent=2, sort_keys=True))
+
+
+def _echo_json(obj) -> None:
+    import json
+
+    click.echo(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _sizing_call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as err:
+        raise _Fail(str(err)) from None
+
+
+@main.command()
+@click.option("--peak-rps", type=float, required=True, help="Forecast peak load (RPS).")
+@click.option(
+    "--capacity-per-replica",
+    type=float,
+    required=True,
+    help="SLO-compliant capacity of one replica (RPS).",
+)
+@click.option("--target-utilization", type=float, required=True, help="e.g. 0.75")
+@click.option("--gpus-per-replica", type=int, required=True)
+@click.option(
+    "--redundancy", type=int, default=0, show_default=True, help="N+k: replicas added for failures."
+)
+@click.option(
+    "--warm-pool",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Replicas kept warm for cold starts.",
+)
+def plan(
+    peak_rps: float,
+    capacity_per_replica: float,
+    target_utilization: float,
+    gpus_per_replica: int,
+    redundancy: int,
+    warm_pool: int,
+) -> None:
+    """Replicas and GPUs for a peak load with headroom (prints JSON)."""
+    from capacity_pack.sizing import plan_replicas
+
+    result = _sizing_call(
+        plan_replicas,
+        peak_rps,
+        capacity_per_replica,
+        target_utilization,
+        gpus_per_replica,
+        redundancy_replicas=redundancy,
+        warm_pool_replicas=warm_pool,
+    )
+    _echo_json(result.model_dump())
+
+
+@main.command()
+@click.option("--memory-gb", type=float, required=True, help="Accelerator memory.")
+@click.option("--margin-gb", type=float, required=True, help="Declared margin.")
+@click.option("--weights-gb", type=float, required=True)
+@click.option("--kv-gb", type=float, required=True, help="KV cache at the target context/batch.")
+@click.option("--overhead-gb", type=float, required=True, help="Runtime overhead.")
+def fit(
+    memory_gb: float, margin_gb: float, weights_gb: float, kv_gb: float, overhead_gb: float
+) -> None:
+    """Fit probe: does weights + KV + overhead fit in memory - margin? (prints JSON)"""
+    from capacity_pack.sizing import fit_probe
+
+    _echo_json(
+        _sizing_call(fit_probe, memory_gb, margin_gb, weights_gb, kv_gb, overhead_gb).model_dump()
+    )
+
+
+@main.command()
+@click.option(
+    "--bytes-per-token-gb", type=float, required=True, help="Bytes moved per generated token (GB)."
+)
+@click.option(
+    "--effective-bandwidth-gbps",
+    type=float,
+    required=True,
+    help="Measured effective bandwidth (GB/s).",
+)
+@click.option("--spec-bandwidth-gbps", type=float, default=None, help="Vendor spec (GB/s).")
+def bandwidth(
+    bytes_per_token_gb: float, effective_bandwidth_gbps: float, spec_bandwidth_gbps: float | None
+) -> None:
+    """Decode tokens/s from effective bandwidth, and MBU (prints JSON)."""
+    from capacity_pack.sizing import bandwidth as compute
+
+    _echo_json(
+        _sizing_call(
+            compute, bytes_per_token_gb, effective_bandwidth_gbps, spec_bandwidth_gbps
+        ).model_dump()
+    )
+
+
+@main.command()
+@click.option("--rate", type=float, required=True, help="Arrival/completion rate (per s).")
+@click.option("--mean-seconds", type=float, required=True, help="Mean time in system (s).")
+def little(rate: float, mean_seconds: float) -> None:
+    """Little's Law: average in flight = rate x mean time (prints JSON)."""
+    from capacity_pack.sizing import little_in_flight
+
+    _echo_json(
+        {
+            "rate": rate,
+            "mean_seconds": mean_seconds,
+            "average_in_flight": _sizing_call(little_in_flight, rate, mean_seconds),
+        }
+    )

@@ -800,6 +800,40 @@ def write_schedule(
     return summary
 
 
+def prewarm_rows(source: Pack | ScheduleInputs, point: Point) -> pd.DataFrame:
+    """Warm-cache prewarm requests: one per shared prefix of the versioned set, sent (and
+    recorded, phase ``prewarm``) before the point's clock starts; empty for cold points.
+
+    Each is the shared prefix plus one unique token, asking for one output token, so it leaves
+    exactly the prefix's KV blocks in the cache and little else.
+    """
+    inputs = as_inputs(source, point)
+    spec = inputs.prompts.prefix
+    if point.cache_state != "warm" or spec is None:
+        return pd.DataFrame(columns=COLUMNS)
+    n = spec.shared_prefixes
+    stem = f"{point.point_id}.{point.cache_state}.rep{point.repeat}.prewarm"
+    seeds = _rng(point_entropy(inputs, point), 0, _PROMPT + 10).integers(
+        0, 2**63 - 1, size=n, dtype=np.int64
+    )
+    return pd.DataFrame(
+        {
+            "request_id": [f"{stem}.{k:04d}" for k in range(n)],
+            "seq": np.arange(-n, 0, dtype=np.int64),
+            "block": np.int64(0),
+            "phase": "prewarm",
+            "class": inputs.class_names[0],
+            "input_tokens": np.int64(spec.prefix_tokens + 1),
+            "output_tokens": np.int64(1),
+            "scheduled_offset_ns": np.int64(0),
+            "prefix_id": np.arange(n, dtype=np.int32),
+            "prefix_tokens": np.int32(spec.prefix_tokens),
+            "prompt_seed": seeds,
+            "cancel_after_ns": np.int64(-1),
+        }
+    )[COLUMNS]
+
+
 def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
     """The MLflow child run of one schedule job: keyword arguments of ``log_child_run``."""
     metrics = {

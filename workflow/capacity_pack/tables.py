@@ -29,14 +29,27 @@ def validate_table(
         return schema.validate(frame, lazy=True)
     except pandera.errors.SchemaErrors as err:
         cases = err.failure_cases
-        lines = [f"{source}: {len(cases)} validation failure(s) against {schema.name}:"]
-        for row in cases.head(max_lines).itertuples(index=False):
-            where = f"row {row.index}" if pd.notna(row.index) else "table"
-            column = row.column if pd.notna(row.column) else "<dataframe>"
-            lines.append(
-                f"  - {where}, column {column}: check {row.check} failed "
-                f"(value {row.failure_case!r})"
-            )
-        if len(cases) > max_lines:
-            lines.append(f"  ... and {len(cases) - max_lines} more")
+        lines = [f"{source}: {len(_distinct(cases))} validation failure(s) against {schema.name}:"]
+        for where, column, check, value in _distinct(cases)[:max_lines]:
+            lines.append(f"  - {where}, column {column}: check {check} failed (value {value!r})")
+        extra = len(_distinct(cases)) - max_lines
+        if extra > 0:
+            lines.append(f"  ... and {extra} more")
         raise TableValidationError("\n".join(lines), cases) from None
+
+
+def _distinct(cases: pd.DataFrame) -> list[tuple[str, str, str, object]]:
+    """One line per failure; a dataframe-level check fails once per row, not once per column."""
+    out: list[tuple[str, str, str, object]] = []
+    seen: set[tuple] = set()
+    for row in cases.itertuples(index=False):
+        frame_level = row.schema_context == "DataFrameSchema"
+        where = f"row {row.index}" if pd.notna(row.index) else "table"
+        column = "<dataframe>" if frame_level or pd.isna(row.column) else row.column
+        key = (where, column, row.check) if frame_level else (where, column, row.check, id(row))
+        if key in seen:
+            continue
+        seen.add(key)
+        # For a row-level check the first column's value (the row's id) identifies the row.
+        out.append((where, column, row.check, row.failure_case))
+    return out

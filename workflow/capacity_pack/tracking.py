@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from capacity_pack.io import sha256_hex, write_json_atomic
+from capacity_pack.io import file_sha256, sha256_hex, write_json_atomic
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -770,4 +770,66 @@ def log_child_run(
         raise
     with _writing(uri, results):
         _retry(client.set_terminated, run_id, "FINISHED")
+    return run_id
+
+
+def log_stage(
+    frozen: Mapping[str, Any],
+    stage: str,
+    summary_paths: list[Path],
+    *,
+    results_dir: str | os.PathLike[str],
+) -> dict[str, str]:
+    """One child run per job of ``stage``, from the jobs' JSON summaries; idempotent.
+
+    The stage's module (``capacity_pack.<stage>``) maps a summary to the child run's keyword
+    arguments with its ``tracking_record(summary)``; the summary itself is the run's artifact.
+    """
+    import importlib
+    import json
+
+    record_of = importlib.import_module(f"capacity_pack.{stage}").tracking_record
+    runs: dict[str, str] = {}
+    for path in summary_paths:
+        record = record_of(json.loads(Path(path).read_text()))
+        # The summary's own bytes identify the job's result: re-tracking it logs nothing new.
+        record.setdefault("fingerprint", file_sha256(path))
+        runs[record["job"]] = log_child_run(
+            frozen, artifacts=[Path(path)], results_dir=results_dir, **record
+        )
+    return runs
+
+
+def log_parent_results(
+    frozen: Mapping[str, Any],
+    *,
+    metrics: Mapping[str, Any],
+    tags: Mapping[str, Any] | None = None,
+    artifacts: list[Path] | None = None,
+    results_dir: str | os.PathLike[str],
+) -> str:
+    """Put the pack's decision on its parent run: metrics, tags and the pack files.
+
+    Metrics are overwritten by a later call with the same keys (the latest decision for this
+    manifest wins); artifacts are logged under ``pack/``.
+    """
+    _check_frozen(frozen)
+    results = Path(results_dir).resolve()
+    metric_values, withheld = _prepare_metrics(metrics)
+    secrets = _secret_values()
+    redacted: list[str] = []
+    tag_values = _scrub(
+        _clean_items(dict(tags or {}), "tags", MAX_TAG_VALUE_LENGTH), secrets, redacted
+    )
+    if withheld:
+        tag_values[METRICS_WITHHELD] = _truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
+    uri = tracking_uri(results)
+    client = _open_client(uri, results)
+    with _writing(uri, results, always=True):
+        run_id = _get_or_create_parent(client, frozen, uri, results)
+        _log_batches(client, run_id, {}, metric_values)
+        for key, value in tag_values.items():
+            _retry(client.set_tag, run_id, key, value)
+    for path in artifacts or []:
+        _retry(client.log_artifact, run_id, str(path), artifact_path="pack")
     return run_id

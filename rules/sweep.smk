@@ -1,0 +1,26 @@
+rule sweep:
+    """Measure one point against the target; every attempted request is recorded."""
+    input:
+        schedule=f"{RESULTS}/schedules/{{point}}/{{cache}}/rep{{repeat}}/schedule.parquet",
+    output:
+        records=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/records.jsonl",
+        metrics=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/metrics.parquet",
+        summary=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/summary.json",
+    params:
+        point=lambda w: w.point,
+        cache_state=lambda w: w.cache,
+        repeat=lambda w: int(w.repeat),
+        # Exactly what a measurement reads: target, model, client, request, prompts, sample gate.
+        inputs=sweep_inputs_json,
+        code=code_hash(*SWEEP_MODULES),
+    resources:
+        # One measurement at a time against one target, whatever --cores says.
+        target_slot=1,
+    conda:
+        "../workflow/envs/capacity-pack.yaml"
+    log:
+        f"{RESULTS}/logs/sweep/{{point}}/{{cache}}/rep{{repeat}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/sweep/{{point}}/{{cache}}/rep{{repeat}}.tsv"
+    script:
+        "../scripts/sweep.py"

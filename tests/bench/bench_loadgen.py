@@ -1,0 +1,244 @@
+"""Benchmark: the load generator's dispatch lateness, CPU cost and timing accuracy.
+
+Run (from the repository root, in the project's virtualenv, on a machine with >= 2 cores):
+
+    python tests/bench/bench_loadgen.py --json bench-loadgen.json
+
+or, for a quicker look, ``python tests/bench/bench_loadgen.py --rates 100 --measure-s 5
+--no-pack``.
+
+Method. One ``capacity-pack sim serve`` process (with its ground-truth log) serves every run.
+Its profile is ``small-fast`` made step-bound: bandwidth and FLOP/s raised a thousandfold,
+per-sequence overhead zero and ``step_overhead_ms = --step-ms`` (10 ms, a typical decode step),
+``max_num_seqs`` 4096, so every stream gets one token (one SSE event) per step whatever the load
+and the simulator never queues; what is measured is the client. For each rate (50, 100 and 200
+RPS by default) and each client transport (``--transports``: ``capacity_pack``, the load
+generator's own plain-HTTP transport, and ``httpx``, httpx's default httpcore transport, with
+the same SSE reader), the default pack's Poisson schedule and request mix (~56 output tokens
+mean) is run for a 1 s warm-up plus ``--measure-s`` seconds through
+:func:`capacity_pack.loadgen.run_point`, exactly as a sweep point runs it (metrics scraping
+included). Reported per run, from the run's own summary and records:
+
+- dispatch lateness p50/p99/max (actual send - due, every request of the run);
+- client CPU per 1,000 streamed tokens (process CPU time from the clock's start to the end of
+  the run, over the tokens streamed);
+- measurement error: |client TTFT - server TTFT| and |client E2E - server E2E|, p50/p99, against
+  the simulator's ground-truth log (:func:`capacity_pack.sweep.measurement_error`);
+- server CPU and other load (CPU that every other process of the machine used, in cores).
+
+Then, unless ``--no-pack``, the acceptance point: the default pack (config/config.yaml, the
+``small-fast`` profile, a fresh simulator) at its highest swept rate, open loop 30 RPS, through
+:func:`capacity_pack.sweep.measure_point`, with its measurement error.
+
+Processes are not pinned unless ``--pin`` (simulator on CPU 0, client on CPU 1). Other
+processes on the machine show up as lateness and error, so before each run the script waits
+(up to ``--quiet-wait-s``) for the machine to be idle and reports the other load it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pin(cpu: int) -> None:
+    if hasattr(os, "sched_setaffinity") and cpu < (os.cpu_count() or 1):
+        os.sched_setaffinity(0, {cpu})
+
+
+def bench_profile(workdir: Path, step_ms: float) -> Path:
+    from capacity_pack.sim.profile import load_profile
+
+    data = load_profile("small-fast").model_dump()
+    data["name"] = "bench-step-bound"
+    data["hardware"].update(bandwidth_tb_s=400.0, dense_tflops=160_000.0)
+    data["efficiency"].update(step_overhead_ms=step_ms, per_sequence_overhead_us=0.0)
+    data["engine"].update(max_num_seqs=4096, max_waiting_requests=100_000)
+    path = workdir / "bench-profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU-seconds the whole machine has spent busy (all processes), from /proc/stat."""
+    values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_wait_s: float, busy_limit: float = 0.15) -> float:
+    """Wait (up to ``max_wait_s``) until the machine uses under ``busy_limit`` of a core."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        b0, t0 = machine_busy_cpu_s(), time.monotonic()
+        time.sleep(1.0)
+        busy = (machine_busy_cpu_s() - b0) / (time.monotonic() - t0)
+        if busy < busy_limit or time.monotonic() > deadline:
+            return busy
+
+
+def load_pack(measure_s: float | None = None):
+    from capacity_pack.manifest import validate_pack
+
+    data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    if measure_s is not None:
+        # A measured block of rate x measure_s requests after a 1 s warm-up, no fixed counts.
+        data["client"].update(initial_scheduled_requests=1, warmup_seconds=1.0,
+                              minimum_duration_seconds=measure_s)  # fmt: skip
+        data["client"].pop("class_schedule_counts", None)
+    return validate_pack(data)
+
+
+def ms(summary_part: dict, key: str) -> float:
+    v = summary_part.get(key)
+    return float("nan") if v is None else float(v)
+
+
+def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: Path) -> dict:
+    from capacity_pack import schedule as S
+    from capacity_pack.loadgen import run_point
+    from capacity_pack.sweep import SweepInputs, load_settings, measurement_error
+
+    point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=repeat)
+    schedule = S.build_schedule(pack, point)
+    settings = load_settings(SweepInputs.for_point(pack, point), point, sim.url, progress=False)
+    settings.transport = transport
+    records = out / f"r{rate:g}-{transport}.jsonl"
+    busy0, srv0, own0, t0 = (
+        machine_busy_cpu_s(), cpu_seconds(sim.pid), cpu_seconds(os.getpid()), time.monotonic(),
+    )  # fmt: skip
+    summary = run_point(schedule, settings, records)
+    busy1, srv1, own1, t1 = (
+        machine_busy_cpu_s(), cpu_seconds(sim.pid), cpu_seconds(os.getpid()), time.monotonic(),
+    )  # fmt: skip
+    time.sleep(0.3)  # the server logs a request just after its last byte
+    err = measurement_error(records, gt)
+    wall = t1 - t0
+    return {
+        "rate_rps": rate,
+        "transport": transport,
+        "requests": summary["sent"],
+        "failed": summary["failed"],
+        "streamed_tokens": summary["streamed_tokens"],
+        "lateness_ms": summary["dispatch_lateness_ms"],
+        "event_loop_lag_ms": summary["event_loop_lag_ms"],
+        "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
+        "client_bound": summary["client_bound"],
+        "measurement_error": err,
+        "server_cpu_cores": (srv1 - srv0) / wall,
+        "other_cpu_cores": ((busy1 - busy0) - (srv1 - srv0) - (own1 - own0)) / wall,
+    }
+
+
+def pack_point(out: Path) -> dict:
+    from capacity_pack import schedule as S
+    from capacity_pack.sweep import measure_point, measurement_error
+
+    pack = load_pack()
+    point = S.Point(mode="open", rate_rps=30, cache_state="cold", repeat=0)
+    busy0, own0, t0 = machine_busy_cpu_s(), cpu_seconds(os.getpid()), time.monotonic()
+    summary = measure_point(pack, point, S.build_schedule(pack, point), out)
+    wall = time.monotonic() - t0
+    # The simulator ran in its own process; all of the machine's other CPU is listed together.
+    other = ((machine_busy_cpu_s() - busy0) - (cpu_seconds(os.getpid()) - own0)) / wall
+    err = measurement_error(out / "records.jsonl", out / "ground_truth.jsonl")
+    return {
+        "rate_rps": 30,
+        "transport": "capacity_pack",
+        "requests": summary["sent"],
+        "failed": summary["failed"],
+        "streamed_tokens": summary["streamed_tokens"],
+        "lateness_ms": summary["dispatch_lateness_ms"],
+        "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
+        "measurement_error": err,
+        "server_and_other_cpu_cores": other,
+    }
+
+
+def line(r: dict) -> str:
+    late, err = r["lateness_ms"], r["measurement_error"]
+    ttft, e2e = err.get("ttft_abs_error_ms", {}), err.get("e2e_abs_error_ms", {})
+    other = r.get("other_cpu_cores", r.get("server_and_other_cpu_cores", float("nan")))
+    server = r.get("server_cpu_cores")
+    return (
+        f"{r['rate_rps']:5g} RPS  {r['transport']:<13} lateness p50 {ms(late, 'p50'):6.3f} "
+        f"p99 {ms(late, 'p99'):7.3f} ms  CPU {r['client_cpu_ms_per_1k_tokens'] or 0:6.1f} ms/1k "
+        f"tokens  |dTTFT| p50 {ms(ttft, 'p50'):6.3f} p99 {ms(ttft, 'p99'):7.3f} ms  "
+        f"|dE2E| p50 {ms(e2e, 'p50'):6.3f} p99 {ms(e2e, 'p99'):7.3f} ms  "
+        f"failed {r['failed']}/{r['requests']}  "
+        + (f"server {server:4.2f} cores  " if server is not None else "")
+        + f"other {other:4.2f} cores"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", default="50,100,200", help="Comma-separated open-loop RPS.")
+    parser.add_argument("--transports", default="capacity_pack,httpx")
+    parser.add_argument("--measure-s", type=float, default=10.0)
+    parser.add_argument("--step-ms", type=float, default=10.0, help="Modelled decode step.")
+    parser.add_argument("--no-pack", action="store_true", help="Skip the default-pack point.")
+    parser.add_argument("--pin", action="store_true", help="Simulator on CPU 0, client on 1.")
+    parser.add_argument("--quiet-wait-s", type=float, default=60.0)
+    parser.add_argument("--json", type=Path, default=None, help="Write the results here.")
+    args = parser.parse_args()
+    rates = [float(x) for x in args.rates.split(",") if x]
+    transports = [x for x in args.transports.split(",") if x]
+
+    from capacity_pack.sim.process import SimProcess
+
+    results: list[dict] = []
+    conditions = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg_before": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "pinned": args.pin,
+    }
+    print(f"conditions: {conditions}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-loadgen-") as tmp:
+        out = Path(tmp)
+        gt = out / "ground_truth.jsonl"
+        profile = bench_profile(out, args.step_ms)
+        pack = load_pack(args.measure_s)
+        sim_args = ["--profile", str(profile), "--model-name", "sim-small", "--ground-truth", gt]
+        with SimProcess(*map(str, sim_args)) as sim:
+            if args.pin:
+                os.sched_setaffinity(sim.pid, {0})
+                _pin(1)
+            for rate in rates:
+                for k, transport in enumerate(transports):
+                    wait_for_quiet(args.quiet_wait_s)
+                    r = run_one(pack, rate, transport, k, sim, gt, out)
+                    print(line(r), flush=True)
+                    results.append(r)
+        if args.pin:
+            os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        if not args.no_pack:
+            wait_for_quiet(args.quiet_wait_s)
+            r = pack_point(out / "pack")
+            print("default pack, open loop:", flush=True)
+            print(line(r), flush=True)
+            results.append(r)
+    conditions["loadavg_after"] = os.getloadavg()
+    if args.json:
+        text = json.dumps({"conditions": conditions, "results": results}, indent=2)
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Capacity selection across repeats, the closed-loop operating point, and the plan."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from capacity_pack.capacity import (
+    build_capacity,
+    build_plan,
+    closed_loop_curve,
+    decision_metrics,
+    mix_p95_context,
+    rate_status,
+    select_open_loop,
+    t_interval,
+)
+from capacity_pack.manifest import load_pack, validate_pack
+
+from .test_schedule import DEFAULT, TUTORIAL
+
+CLASSES = ["interactive", "long_context", "generation_heavy"]
+
+
+def report(rate, repeat, verdict, *, state="cold", attainment=0.99, mode="open", conc=None,
+           reasons=(), goodput=None):  # fmt: skip
+    point = f"open-r{rate:g}" if mode == "open" else f"closed-c{conc}"
+    return {
+        "mode": mode, "offered_rps": rate, "concurrency": conc, "cache_state": state,
+        "repeat": repeat, "point": point, "key": f"{point}/{state}/rep{repeat}",
+        "verdict": verdict, "verdict_reasons": list(reasons),
+        "observed_goodput_rps": goodput if goodput is not None else (rate or conc) * attainment,
+        "output_throughput_tps": (rate or conc) * 100.0,
+        "request_throughput_rps": float(rate or conc),
+        "error_rate": 0.0, "all_class_slos_pass": verdict == "pass",
+        "classes": {c: {"attainment": attainment, "p95_ttft_ms": 100.0 + (rate or conc),
+                        "p95_tpot_ms": 20.0, "p95_e2e_ms": 900.0} for c in CLASSES},
+    }  # fmt: skip
+
+
+def test_seed_worked_example_selects_24_not_28():
+    # 16/20/24 pass in every repeat; 28 fails (78% attainment, errors, growing queue).
+    reports = [report(r, k, "pass") for r in (16, 20, 24) for k in range(3)]
+    reports += [report(28, k, "fail", attainment=0.78,
+                       reasons=["interactive: attainment 0.7800 < 0.95", "queue trend growing"])
+                for k in range(3)]  # fmt: skip
+    sel = select_open_loop(reports, CLASSES, replicas=4, gpus=8)["cold"]
+    assert sel["capacity_rps"] == 24
+    assert sel["capacity_per_replica_rps"] == 6  # the seed's 24 RPS / 4 replicas
+    assert sel["goodput_per_gpu_rps"] == 3
+    assert sel["next_rate_up"]["offered_rps"] == 28
+    assert "queue trend growing" in sel["next_rate_up"]["limited_by"]
+    assert "28 RPS" in sel["decision"] and "24 RPS" in sel["decision"]
+
+
+def test_a_rate_must_pass_in_every_repeat():
+    assert rate_status([{"verdict": "pass"}, {"verdict": "fail"}]) == "inconsistent"
+    assert rate_status([{"verdict": "pass"}, {"verdict": "marginal"}]) == "inconsistent"
+    assert rate_status([{"verdict": "marginal"}] * 2) == "marginal"
+    assert rate_status([{"verdict": "pass"}, {"verdict": "inconclusive"}]) == "inconclusive"
+    reports = [report(16, 0, "pass"), report(16, 1, "pass"),
+               report(20, 0, "pass"), report(20, 1, "fail")]  # fmt: skip
+    sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
+    assert sel["capacity_rps"] == 16
+    assert sel["next_rate_up"]["status"] == "inconsistent"
+
+
+def test_a_pass_above_a_failure_is_not_selected():
+    reports = [report(16, 0, "pass"), report(20, 0, "fail"), report(24, 0, "pass")]
+    sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
+    assert sel["capacity_rps"] == 16 and sel["non_monotonic_passes_rps"] == [24]
+
+
+def test_variation_is_disclosed_not_the_best_run():
+    reports = [report(16, k, "pass", goodput=g) for k, g in enumerate([15.0, 15.5, 16.0])]
+    row = select_open_loop(reports, CLASSES, 1, 1)["cold"]["rates"][0]
+    g = row["variation"]["observed_goodput_rps"]
+    assert (g["mean"], g["min"], g["max"]) == pytest.approx((15.5, 15.0, 16.0))
+    # t(0.975, 2) = 4.3027; s = 0.5; half = 4.3027 x 0.5 / sqrt(3) = 1.2421
+    assert g["ci_low"] == pytest.approx(15.5 - 1.2421, abs=1e-3)
+    assert t_interval([1.0])["ci_low"] is None
+
+
+def test_cold_and_warm_are_selected_separately():
+    reports = [
+        report(16, 0, "pass"),
+        report(20, 0, "fail"),
+        report(16, 0, "pass", state="warm"),
+        report(20, 0, "pass", state="warm"),
+    ]
+    sel = select_open_loop(reports, CLASSES, 1, 1)
+    assert sel["cold"]["capacity_rps"] == 16 and sel["warm"]["capacity_rps"] == 20
+    assert "highest rate tested" in sel["warm"]["decision"]
+
+
+def test_closed_loop_operating_point_and_single_user():
+    reports = [report(None, 0, "pass", mode="closed", conc=c, attainment=a)
+               for c, a in ((1, 1.0), (8, 0.99), (32, 0.97), (64, 0.6))]  # fmt: skip
+    for r, tps in zip(reports, (100.0, 700.0, 2000.0, 2600.0), strict=True):
+        r["output_throughput_tps"] = tps
+    cur = closed_loop_curve(reports, CLASSES, 0.95)["cold"]
+    assert cur["operating_point"]["concurrency"] == 32
+    assert cur["single_user"]["concurrency"] == 1
+    assert cur["saturation_tps"] == 2600.0
+
+
+def test_plan_from_the_tutorial_pack_gives_the_seeds_8_replicas():
+    pack = load_pack(TUTORIAL)
+    reports = [report(r, k, "pass") for r in (16, 20, 24) for k in range(3)]
+    reports += [report(28, k, "fail") for k in range(3)]
+    capacity = build_capacity(reports, pack)
+    assert capacity["primary_cache_state"] == "cold"
+    plan = build_plan(capacity, reports, pack)
+    assert plan["throughput"]["replicas_for_load"] == 8
+    assert plan["required_replicas"] >= 8 and plan["required_gpus"] == 2 * plan["required_replicas"]
+    metrics = decision_metrics(capacity, plan)
+    assert metrics["cold.capacity_rps"] == 24 and metrics["cold.capacity_per_replica_rps"] == 6
+
+
+def test_no_capacity_means_no_plan():
+    pack = load_pack(DEFAULT)
+    reports = [report(20, 0, "fail", reasons=["error rate 0.5 > 0.01"])]
+    capacity = build_capacity(reports, pack)
+    plan = build_plan(capacity, reports, pack)
+    assert plan["required_replicas"] is None and "no SLO-compliant capacity" in plan["reason"]
+    assert "error rate 0.5" in capacity["open_loop"]["cold"]["decision"]
+
+
+def test_mix_p95_context():
+    assert mix_p95_context(load_pack(TUTORIAL)) == 8192 + 256  # 70% + 20% reach the long class
+    data = yaml.safe_load(DEFAULT.read_text())
+    data["workload"][1]["mix"], data["workload"][2]["mix"] = 0.46, 0.04
+    data["client"].pop("class_schedule_counts")
+    assert mix_p95_context(validate_pack(data)) == 1024 + 48

@@ -1,0 +1,378 @@
+"""Normalization: raw load-generator records -> validated, reconciled request tables.
+
+Tables (one pandera ``DataFrameModel`` each, strict and coercing, validated lazily so every
+failure is reported at once):
+
+- ``RequestsTable``: one row per attempted request of a point (prewarm, warm-up, measured and
+  extension rows alike), with raw nanosecond stamps and derived milliseconds:
+  TTFT = first - sent, E2E = last - sent, TPOT = (E2E - TTFT) / (O - 1) for O > 1 (0 otherwise,
+  the seed's convention for rows it cannot define), client scheduling delay = sent - due,
+  and latencies from the *scheduled* arrival (first - due, last - due), so a late client cannot
+  hide queueing. Failed rows carry zeros in the latency columns, as in the seed's requests.csv.
+- ``ChunksTable``: long format, one row per streamed chunk: request_id, chunk index, arrival
+  offset from the request's send, tokens in the chunk, gap to the previous chunk (ITL).
+- ``ServerMetricsTable``: the scraped time series (server signals and the client's backlog).
+
+Dataframe checks carry the seed's rules: unique non-empty IDs, known classes, recognized terminal
+statuses, finite non-negative latencies on ``ok`` rows, ``ok`` output length equal to the class's
+fixed length (fixed-length classes only), and E2E = TTFT + TPOT x (O - 1) within 0.5 ms.
+
+Reconciliation against the precommitted schedule: every scheduled request (the schedule file,
+the extension blocks the run used, the prewarm rows) appears exactly once; a missing or extra ID
+is an error, never silently dropped. The only rows of the schedule allowed to be absent are the
+tail of the last extension block cut at the declared maximum duration, and they are counted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+from pandera.typing import Series
+
+from capacity_pack.loadgen import STATUSES, read_records
+from capacity_pack.tables import validate_table
+
+NS_PER_MS = 1e6
+PHASES = ("prewarm", "warmup", "measure", "extension")
+MEASURED = ("measure", "extension")
+
+
+class NormalizeError(ValueError):
+    """Records that cannot be normalized (reconciliation or parsing); names file and IDs."""
+
+
+class RequestsTable(pa.DataFrameModel):
+    """One row per attempted request of one point."""
+
+    request_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
+    class_: Series[str] = pa.Field(alias="class")
+    point: Series[str]
+    cache_state: Series[str] = pa.Field(isin=["cold", "warm"])
+    repeat: Series[np.int64] = pa.Field(ge=0)
+    phase: Series[str] = pa.Field(isin=list(PHASES))
+    block: Series[np.int64] = pa.Field(ge=0)
+    seq: Series[np.int64]
+    status: Series[str] = pa.Field(isin=list(STATUSES))
+    http_status: Series[pd.Int64Dtype] = pa.Field(nullable=True)
+    error: Series[str] = pa.Field(nullable=True)
+    input_tokens: Series[np.int64] = pa.Field(gt=0)
+    output_tokens_expected: Series[np.int64] = pa.Field(gt=0)
+    output_tokens: Series[np.int64] = pa.Field(ge=0)
+    prompt_tokens: Series[pd.Int64Dtype] = pa.Field(nullable=True, ge=0)
+    cached_tokens: Series[pd.Int64Dtype] = pa.Field(nullable=True, ge=0)
+    scheduled_offset_ns: Series[np.int64] = pa.Field(ge=0)
+    due_offset_ns: Series[np.int64]
+    sent_offset_ns: Series[np.int64]
+    client_delay_ms: Series[float] = pa.Field(nullable=True)
+    ttft_ms: Series[float]
+    tpot_ms: Series[float]
+    e2e_ms: Series[float]
+    ttft_from_scheduled_ms: Series[float] = pa.Field(nullable=True)
+    e2e_from_scheduled_ms: Series[float] = pa.Field(nullable=True)
+    chunks: Series[np.int64] = pa.Field(ge=0)
+    sent_ns: Series[np.int64]
+    end_ns: Series[np.int64]
+    sent_realtime_ns: Series[np.int64]
+    end_realtime_ns: Series[np.int64]
+    warmup: Series[bool]
+
+    class Config:
+        strict = True
+        coerce = True
+
+    @pa.dataframe_check(error="ok rows need finite, non-negative TTFT, TPOT and E2E")
+    def ok_latencies_finite(cls, df: pd.DataFrame) -> pd.Series:
+        ok = df["status"] == "ok"
+        lat = df[["ttft_ms", "tpot_ms", "e2e_ms"]]
+        good = np.isfinite(lat).all(axis=1) & (lat >= 0).all(axis=1)
+        return ~ok | good
+
+    @pa.dataframe_check(error="ok rows: E2E must equal TTFT + TPOT x (O - 1) within 0.5 ms")
+    def ok_metric_convention(cls, df: pd.DataFrame) -> pd.Series:
+        ok = (df["status"] == "ok") & (df["output_tokens"] > 1)
+        gap = (df["e2e_ms"] - (df["ttft_ms"] + df["tpot_ms"] * (df["output_tokens"] - 1))).abs()
+        return ~ok | (gap <= 0.5)
+
+    @pa.dataframe_check(error="ok rows must have the class's fixed output length")
+    def ok_fixed_length(cls, df: pd.DataFrame) -> pd.Series:
+        ok = df["status"] == "ok"
+        return ~ok | (df["output_tokens"] == df["output_tokens_expected"])
+
+    @pa.dataframe_check(error="a terminal end cannot precede the send")
+    def end_after_send(cls, df: pd.DataFrame) -> pd.Series:
+        return df["end_ns"] >= df["sent_ns"]
+
+
+class ChunksTable(pa.DataFrameModel):
+    """One row per streamed chunk (long format)."""
+
+    request_id: Series[str] = pa.Field(str_length={"min_value": 1})
+    chunk_index: Series[np.int64] = pa.Field(ge=0)
+    arrival_offset_ns: Series[np.int64] = pa.Field(ge=0)
+    tokens: Series[np.int64] = pa.Field(ge=1)
+    gap_ms: Series[float] = pa.Field(nullable=True, ge=0)
+
+    class Config:
+        strict = True
+        coerce = True
+
+    @pa.dataframe_check(error="chunk indices must be unique per request")
+    def unique_chunks(cls, df: pd.DataFrame) -> pd.Series:
+        return ~df.duplicated(["request_id", "chunk_index"])
+
+
+class ServerMetricsTable(pa.DataFrameModel):
+    """The scraped time series of a point (long format)."""
+
+    t_offset_ns: Series[np.int64]
+    realtime_ns: Series[np.int64]
+    source: Series[str] = pa.Field(isin=["server", "client"])
+    metric: Series[str] = pa.Field(str_length={"min_value": 1})
+    value: Series[float]
+
+    class Config:
+        strict = True
+        coerce = True
+
+
+def requests_schema(class_names: list[str], fixed: dict[str, int | None]):
+    """RequestsTable with the pack's classes (fixed lengths are enforced per row)."""
+    return RequestsTable.to_schema().update_column("class", checks=[pa.Check.isin(class_names)])
+
+
+def expected_ids(
+    schedule: pd.DataFrame, extension: pd.DataFrame | None, prewarm: pd.DataFrame | None
+) -> pd.DataFrame:
+    parts = [schedule]
+    if extension is not None and len(extension):
+        parts.append(extension)
+    if prewarm is not None and len(prewarm):
+        parts.append(prewarm)
+    return pd.concat(parts, ignore_index=True)
+
+
+def reconcile(records: pd.DataFrame, expected: pd.DataFrame, source: str) -> dict[str, Any]:
+    """Every expected request exactly once; only the cut tail of the last block may be absent."""
+    dup = records["request_id"][records["request_id"].duplicated()]
+    if len(dup):
+        raise NormalizeError(
+            f"{source}: {len(dup)} request ID(s) recorded more than once, e.g. {dup.iloc[0]!r}"
+        )
+    got = set(records["request_id"])
+    want = set(expected["request_id"])
+    extra = sorted(got - want)
+    if extra:
+        raise NormalizeError(
+            f"{source}: {len(extra)} recorded request ID(s) are not in the schedule, "
+            f"e.g. {extra[:3]}"
+        )
+    missing = expected[~expected["request_id"].isin(got)]
+    cut = 0
+    if len(missing):
+        last_block = int(expected["block"].max())
+        tail = expected[expected["block"] == last_block].sort_values("seq")
+        allowed = (
+            set(tail["request_id"].iloc[len(tail) - len(missing) :]) if last_block >= 2 else set()
+        )
+        if last_block < 2 or not set(missing["request_id"]) <= allowed:
+            sample = missing["request_id"].head(3).tolist()
+            raise NormalizeError(
+                f"{source}: {len(missing)} scheduled request(s) have no record (no terminal "
+                f"status), e.g. {sample}"
+            )
+        cut = len(missing)
+    return {
+        "expected": int(len(expected)),
+        "recorded": int(len(records)),
+        "cut_at_max_duration": cut,
+    }
+
+
+def records_frame(path: str | Path) -> pd.DataFrame:
+    recs = read_records(path)
+    if not recs:
+        return pd.DataFrame(columns=["request_id"])
+    return pd.DataFrame.from_records(recs)
+
+
+def normalize(
+    records: pd.DataFrame,
+    *,
+    point: str,
+    cache_state: str,
+    repeat: int,
+    class_names: list[str],
+    fixed_output: dict[str, int | None],
+    source: str,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Requests and chunks tables of one point (validated)."""
+    r = records
+    n = len(r)
+    sent = r["sent_ns"].to_numpy(dtype=np.int64)
+    end = r["end_ns"].to_numpy(dtype=np.int64)
+    t0 = r["t0_ns"].to_numpy(dtype=np.int64)
+    due = r["due_ns"].to_numpy(dtype=np.int64)
+    first = pd.to_numeric(r["first_token_ns"], errors="coerce").to_numpy(dtype=float)
+    last = pd.to_numeric(r["last_token_ns"], errors="coerce").to_numpy(dtype=float)
+    out = r["output_tokens"].to_numpy(dtype=np.int64)
+    ok = (r["status"] == "ok").to_numpy()
+    ttft = (first - sent) / NS_PER_MS
+    e2e = (last - sent) / NS_PER_MS
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), 0.0)
+    # Failed rows carry zeros (the seed's requests.csv convention); their raw stamps stay.
+    ttft = np.where(ok, ttft, 0.0)
+    e2e = np.where(ok, e2e, 0.0)
+    tpot = np.where(ok, tpot, 0.0)
+    has_due = due > 0
+    delay = np.where(has_due, (sent - due) / NS_PER_MS, np.nan)
+    ttft_sched = np.where(ok & has_due, (first - due) / NS_PER_MS, np.nan)
+    e2e_sched = np.where(ok & has_due, (last - due) / NS_PER_MS, np.nan)
+    klass = r["class"].astype(str)
+    # The class's fixed length is the contract; prewarm rows ask for one token on purpose.
+    fixed_len = klass.map(lambda c: fixed_output.get(c)).astype("Float64").to_numpy(na_value=np.nan)
+    use_fixed = ~np.isnan(fixed_len) & (r["phase"] != "prewarm").to_numpy()
+    expected_col = np.where(
+        use_fixed, np.nan_to_num(fixed_len), r["output_tokens_expected"].to_numpy()
+    ).astype(np.int64)
+    requests = pd.DataFrame(
+        {
+            "request_id": r["request_id"].astype(str),
+            "class": klass,
+            "point": point,
+            "cache_state": cache_state,
+            "repeat": np.int64(repeat),
+            "phase": r["phase"].astype(str),
+            "block": r["block"].astype(np.int64),
+            "seq": r["seq"].astype(np.int64),
+            "status": r["status"].astype(str),
+            "http_status": pd.array(r["http_status"], dtype="Int64"),
+            "error": r["error"].astype(object),
+            "input_tokens": r["input_tokens"].astype(np.int64),
+            "output_tokens_expected": expected_col,
+            "output_tokens": out,
+            "prompt_tokens": pd.array(r["prompt_tokens"], dtype="Int64"),
+            "cached_tokens": pd.array(r["cached_tokens"], dtype="Int64"),
+            "scheduled_offset_ns": r["scheduled_offset_ns"].astype(np.int64),
+            "due_offset_ns": np.where(has_due, due - t0, 0),
+            "sent_offset_ns": sent - t0,
+            "client_delay_ms": delay,
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "ttft_from_scheduled_ms": ttft_sched,
+            "e2e_from_scheduled_ms": e2e_sched,
+            "chunks": r["chunk_ns"].map(len).astype(np.int64) if n else np.zeros(0, np.int64),
+            "sent_ns": sent,
+            "end_ns": end,
+            "sent_realtime_ns": r["sent_realtime_ns"].astype(np.int64),
+            "end_realtime_ns": r["end_realtime_ns"].astype(np.int64),
+            "warmup": r["phase"].isin(["warmup", "prewarm"]).to_numpy(),
+        }
+    )
+    requests = validate_table(
+        requests, requests_schema(class_names, fixed_output), f"{source} (requests)"
+    )
+    chunks = chunks_frame(r)
+    chunks = validate_table(chunks, ChunksTable.to_schema(), f"{source} (chunks)")
+    return requests, chunks
+
+
+def chunks_frame(records: pd.DataFrame) -> pd.DataFrame:
+    """Explode per-request chunk lists into the long chunks table (vectorized)."""
+    if not len(records):
+        return pd.DataFrame(
+            {"request_id": [], "chunk_index": [], "arrival_offset_ns": [], "tokens": [],
+             "gap_ms": []}
+        )  # fmt: skip
+    counts = records["chunk_ns"].map(len).to_numpy()
+    times = np.concatenate([np.asarray(x, dtype=np.int64) for x in records["chunk_ns"]] or [[]])
+    tokens = np.concatenate(
+        [np.asarray(x, dtype=np.int64) for x in records["chunk_tokens"]] or [[]]
+    )
+    rid = np.repeat(records["request_id"].to_numpy(dtype=object), counts)
+    sent = np.repeat(records["sent_ns"].to_numpy(dtype=np.int64), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    index = np.arange(times.size) - starts
+    gaps = np.empty(times.size, dtype=float)
+    if times.size:
+        gaps[1:] = np.diff(times) / NS_PER_MS
+        gaps[0] = np.nan
+    gaps[index == 0] = np.nan
+    return pd.DataFrame(
+        {
+            "request_id": rid,
+            "chunk_index": index.astype(np.int64),
+            "arrival_offset_ns": times - sent,
+            "tokens": tokens,
+            "gap_ms": gaps,
+        }
+    )
+
+
+def seed_csv_frame(requests: pd.DataFrame) -> pd.DataFrame:
+    """The seed's requests.csv layout: measured rows, zeros on failed rows."""
+    m = requests[requests["phase"].isin(MEASURED)]
+    return pd.DataFrame(
+        {
+            "request_id": m["request_id"],
+            "class": m["class"],
+            # Full precision: rounding TPOT would break E2E = TTFT + TPOT x (O - 1) at O ~ 1000.
+            "ttft_ms": m["ttft_ms"],
+            "tpot_ms": m["tpot_ms"],
+            "e2e_ms": m["e2e_ms"],
+            "output_tokens": np.where(m["status"] == "ok", m["output_tokens"], 0),
+            "status": m["status"],
+        }
+    )
+
+
+def normalize_point(
+    records_path: str | Path,
+    schedule_path: str | Path,
+    metrics_path: str | Path,
+    sweep_summary: dict[str, Any],
+    inputs,
+    point,
+) -> dict[str, Any]:
+    """Normalize one measured point; returns the tables and the reconciliation facts.
+
+    ``inputs`` is the point's :class:`capacity_pack.schedule.ScheduleInputs` (to rebuild the
+    extension blocks and prewarm rows the run used), ``point`` its
+    :class:`capacity_pack.schedule.Point`.
+    """
+    from capacity_pack.schedule import build_schedule, prewarm_rows
+
+    source = str(records_path)
+    records = records_frame(records_path)
+    schedule = pd.read_parquet(schedule_path)
+    k = int(sweep_summary.get("extension_blocks", 0))
+    extension = None
+    if k:
+        full = build_schedule(inputs, point, extension_blocks=k)
+        extension = full[full["block"] >= 2]
+    expected = expected_ids(schedule, extension, prewarm_rows(inputs, point))
+    if not len(records):
+        raise NormalizeError(f"{source}: no records at all for {len(expected)} scheduled requests")
+    facts = reconcile(records, expected, source)
+    fixed = {
+        c.name: (c.output_tokens if isinstance(c.output_tokens, int) else None)
+        for c in inputs.workload
+    }
+    requests, chunks = normalize(
+        records,
+        point=point.point_id,
+        cache_state=point.cache_state,
+        repeat=point.repeat,
+        class_names=inputs.class_names,
+        fixed_output=fixed,
+        source=source,
+    )
+    metrics = validate_table(
+        pd.read_parquet(metrics_path), ServerMetricsTable.to_schema(), f"{metrics_path}"
+    )
+    return {"requests": requests, "chunks": chunks, "metrics": metrics, "reconciliation": facts}

@@ -1,0 +1,422 @@
+"""The capacity pack a person reads: decision, plan, plots and the seed's files.
+
+``results/<pack>/pack/`` holds ``workload-manifest.yaml`` (the frozen manifest), ``requests.csv``
+and ``slo-report.json`` of the selected point, ``capacity.json`` (selection, variation, curves),
+``plan.json`` (replicas and GPUs from throughput and from memory, cost), the plots, and a
+``README.md`` that states the decision, the gates, the evidence and its limits in plain words.
+
+Plots (matplotlib, PNG, cold and warm side by side):
+
+- ``throughput.png``: offered RPS against raw request throughput and observed goodput;
+- ``attainment.png``: per-class joint attainment with its confidence interval, and the gate;
+- ``latency.png``: P95 TTFT and P95 TPOT per class against their cutoffs;
+- ``closed_loop.png``: the latency-throughput curve with the chosen operating point;
+- ``timeseries.png``: queue depth and KV usage over time, one panel per open-loop point.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
+
+STATE_STYLE = {"cold": ("tab:blue", "o"), "warm": ("tab:orange", "s")}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+
+
+def plot_throughput(selection: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    top = 0.0
+    for state, sel in selection.items():
+        color, marker = STATE_STYLE.get(state, ("gray", "x"))
+        rates = [r["offered_rps"] for r in sel["rates"]]
+        thr = [r["variation"]["observed_goodput_rps"] for r in sel["rates"]]
+        raw = [_mean_of(r, "request_throughput_rps") for r in sel["rates"]]
+        ax.plot(rates, raw, color=color, marker=marker, ls="--", label=f"{state}: raw throughput")
+        _errorline(ax, rates, thr, color, marker, f"{state}: observed goodput")
+        if sel["capacity_rps"] is not None:
+            ax.axvline(sel["capacity_rps"], color=color, lw=1, alpha=0.5)
+        top = max([top, *rates])
+    ax.plot([0, top], [0, top], color="gray", lw=0.8, ls=":", label="offered = served")
+    ax.set_xlabel("offered load (RPS)")
+    ax.set_ylabel("requests per second")
+    ax.set_title("Throughput and goodput by offered rate (vertical line: selected capacity)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _mean_of(rate_row: dict[str, Any], key: str) -> float | None:
+    return rate_row.get("means", {}).get(key)
+
+
+def _errorline(ax, x, stats, color, marker, label) -> None:
+    mean = [s["mean"] for s in stats]
+    lo = [s["mean"] - s["min"] if s["mean"] is not None else 0 for s in stats]
+    hi = [s["max"] - s["mean"] if s["mean"] is not None else 0 for s in stats]
+    ax.errorbar(x, mean, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label)
+
+
+def plot_attainment(
+    reports: list[dict[str, Any]], classes: list[str], gate: float, path: Path
+) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(classes), figsize=(4.2 * len(classes), 3.8), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, c in zip(axes, classes, strict=True):
+        for state in sorted({r["cache_state"] for r in reports}):
+            color, marker = STATE_STYLE.get(state, ("gray", "x"))
+            rows = sorted(
+                (r for r in reports if r["cache_state"] == state and r.get("mode") == "open"),
+                key=lambda r: (r["offered_rps"], r["repeat"]),
+            )
+            if not rows:
+                continue
+            x = [r["offered_rps"] + 0.15 * r["repeat"] for r in rows]
+            y = [r["classes"][c]["attainment"] or 0.0 for r in rows]
+            ci = [r["classes"][c]["attainment_ci"] or [v, v] for r, v in zip(rows, y, strict=True)]
+            err = [[v - lo for v, (lo, _) in zip(y, ci, strict=True)],
+                   [hi - v for v, (_, hi) in zip(y, ci, strict=True)]]  # fmt: skip
+            ax.errorbar(x, y, yerr=err, color=color, marker=marker, ls="none", capsize=3,
+                        label=state)  # fmt: skip
+        ax.axhline(gate, color="red", lw=1, ls="--", label=f"gate {gate:g}")
+        ax.set_title(c)
+        ax.set_xlabel("offered RPS (repeats offset)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("joint TTFT+TPOT attainment (95% CI)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Per-class SLO attainment, every repeat")
+    _save(fig, path)
+
+
+def plot_latency(
+    reports: list[dict[str, Any]], classes: list[str], cutoffs: dict[str, tuple[float, float]],
+    path: Path,
+) -> None:  # fmt: skip
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(classes), figsize=(4.2 * len(classes), 6.5), sharex=True)
+    axes = np.atleast_2d(axes)
+    for j, c in enumerate(classes):
+        for i, (metric, cutoff) in enumerate((("p95_ttft_ms", cutoffs[c][0]),
+                                              ("p95_tpot_ms", cutoffs[c][1]))):  # fmt: skip
+            ax = axes[i, j]
+            for state in sorted({r["cache_state"] for r in reports}):
+                color, marker = STATE_STYLE.get(state, ("gray", "x"))
+                rows = [r for r in reports if r["cache_state"] == state and r.get("mode") == "open"]
+                ax.scatter([r["offered_rps"] for r in rows],
+                           [r["classes"][c][metric] or np.nan for r in rows],
+                           color=color, marker=marker, label=state)  # fmt: skip
+            ax.axhline(cutoff, color="red", lw=1, ls="--", label="cutoff")
+            ax.set_title(f"{c}: {metric.replace('_ms', '').replace('_', ' ').upper()} (ms)")
+            ax.grid(alpha=0.3)
+            if i == 1:
+                ax.set_xlabel("offered RPS")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("P95 latency against the per-request cutoffs (every repeat)")
+    _save(fig, path)
+
+
+def plot_closed_loop(curves: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for state, cur in curves.items():
+        color, marker = STATE_STYLE.get(state, ("gray", "x"))
+        pts = cur["curve"]
+        x = [p["output_throughput_tps"] for p in pts]
+        y = [max(v for v in p["p95_ttft_ms"].values() if v is not None) for p in pts]
+        ax.plot(x, y, color=color, marker=marker, label=f"{state}")
+        for p, xi, yi in zip(pts, x, y, strict=True):
+            ax.annotate(f"c={p['concurrency']}", (xi, yi), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")  # fmt: skip
+        op = cur["operating_point"]
+        if op is not None:
+            yi = max(v for v in op["p95_ttft_ms"].values() if v is not None)
+            ax.scatter([op["output_throughput_tps"]], [yi], s=180, facecolors="none",
+                       edgecolors=color, lw=2, label=f"{state} operating point")  # fmt: skip
+    ax.set_xlabel("output throughput (tokens/s)")
+    ax.set_ylabel("worst class P95 TTFT (ms)")
+    ax.set_title("Closed-loop latency-throughput curve")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> None:
+    plt = _plt()
+    keys = sorted(series)
+    cols = min(3, max(1, len(keys)))
+    rows = max(1, (len(keys) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.8 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        s = series[key]
+        srv = s[s["source"] == "server"]
+        q = srv[srv["metric"] == "queue_depth"]
+        kv = srv[srv["metric"] == "kv_usage"]
+        ax.plot(q["t_offset_ns"] / 1e9, q["value"], color="tab:red", label="queue depth")
+        ax2 = ax.twinx()
+        ax2.plot(kv["t_offset_ns"] / 1e9, kv["value"], color="tab:green", label="KV usage")
+        ax2.set_ylim(0, 1.05)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("s")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], color="tab:red"), plt.Line2D([], [], color="tab:green")]
+    labels = ["queue depth (left axis)", "KV usage 0..1 (right axis)"]
+    fig.legend(handles, labels, loc="lower center", ncol=2)
+    fig.suptitle("Queue depth and KV usage over time, open-loop points")
+    _save(fig, path)
+
+
+def write_pack(
+    out_dir: Path,
+    *,
+    frozen: dict[str, Any],
+    capacity: dict[str, Any],
+    plan: dict[str, Any],
+    reports: list[dict[str, Any]],
+    selected_tables: Path | None,
+    selected_report: dict[str, Any] | None,
+    series: dict[str, pd.DataFrame],
+    extra_files: list[Path] | None = None,
+) -> list[Path]:
+    """Write the pack folder; returns the files written."""
+    import yaml
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = frozen["manifest"]
+    classes = [c["name"] for c in manifest["workload"]]
+    cutoffs = {
+        c["name"]: (c["request_ttft_cutoff_ms"], c["request_tpot_cutoff_ms"])
+        for c in manifest["workload"]
+    }
+    gate = manifest["acceptance"]["class_slo_attainment_min"]
+    files = []
+    text = yaml.safe_dump(
+        {"frozen_sha256": frozen["sha256"], **manifest}, sort_keys=False, width=100
+    )
+    write_text_atomic(out_dir / "workload-manifest.yaml", text)
+    files.append(out_dir / "workload-manifest.yaml")
+    write_json_atomic(out_dir / "capacity.json", capacity)
+    write_json_atomic(out_dir / "plan.json", plan)
+    files += [out_dir / "capacity.json", out_dir / "plan.json"]
+    if selected_report is not None:
+        write_json_atomic(out_dir / "slo-report.json", selected_report)
+        files.append(out_dir / "slo-report.json")
+    if selected_tables is not None and (selected_tables / "requests.csv").exists():
+        with atomic_path(out_dir / "requests.csv") as tmp:
+            shutil.copyfile(selected_tables / "requests.csv", tmp)
+        files.append(out_dir / "requests.csv")
+    plots = {
+        "throughput.png": lambda p: plot_throughput(capacity["open_loop"], p),
+        "attainment.png": lambda p: plot_attainment(reports, classes, gate, p),
+        "latency.png": lambda p: plot_latency(reports, classes, cutoffs, p),
+        "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p),
+        "timeseries.png": lambda p: plot_timeseries(series, p),
+    }
+    for name, draw in plots.items():
+        if name == "closed_loop.png" and not capacity["closed_loop"]:
+            continue
+        if name == "timeseries.png" and not series:
+            continue
+        draw(out_dir / name)
+        files.append(out_dir / name)
+    for f in extra_files or []:
+        if f.exists():
+            with atomic_path(out_dir / f.name) as tmp:
+                shutil.copyfile(f, tmp)
+            files.append(out_dir / f.name)
+    readme = render_readme(frozen, capacity, plan, selected_report, [f.name for f in files])
+    write_text_atomic(out_dir / "README.md", readme)
+    files.append(out_dir / "README.md")
+    return files
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return str(v)
+
+
+def render_readme(
+    frozen: dict[str, Any],
+    capacity: dict[str, Any],
+    plan: dict[str, Any],
+    selected: dict[str, Any] | None,
+    files: list[str],
+) -> str:
+    m = frozen["manifest"]
+    pack = m["pack"]
+    acc = m["acceptance"]
+    lines = [f"# Capacity pack: {pack['title']}", ""]
+    if pack["size"] == "rehearsal":
+        lines += [
+            "> **REHEARSAL-SIZE PACK.** Its sample gates and durations are scaled down so the",
+            "> whole pipeline runs in minutes; its numbers exercise the method and are **not a",
+            "> capacity claim**.",
+            "",
+        ]
+    primary = capacity["primary_cache_state"]
+    sel = capacity["open_loop"].get(primary, {})
+    cap = sel.get("capacity_rps")
+    lines += ["## Decision", ""]
+    if cap is None:
+        lines.append(f"**No SLO-compliant capacity** among the tested rates ({primary} cache).")
+    else:
+        lines.append(
+            f"**SLO-compliant capacity ({primary} cache): {cap:g} RPS** for "
+            f"{m['engine']['placement']['replicas']} replica(s), i.e. "
+            f"**{sel['capacity_per_replica_rps']:g} RPS per replica** and "
+            f"{sel['goodput_per_gpu_rps']:g} RPS per GPU (goodput per GPU, DistServe's sense)."
+        )
+    lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
+    if plan.get("required_replicas") is not None:
+        lines += [
+            "## Replica plan",
+            "",
+            f"For a peak of **{m['plan']['peak_rps']:g} RPS** at a target utilization of "
+            f"{plan['throughput']['target_utilization']:g}: "
+            f"**{plan['required_replicas']} replicas, {plan['required_gpus']} GPUs** "
+            f"(bound by {plan['bound_by']}; {plan['throughput']['replicas_for_load']} replicas "
+            f"for the load by throughput"
+            + (f", {plan['memory']['replicas_for_memory']} by KV memory" if plan.get("memory")
+               else "")
+            + f", + {plan['throughput']['redundancy_replicas']} redundancy, "
+            f"+ {plan['throughput']['warm_pool_replicas']} warm pool).",
+            "",
+            "required_replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)); "
+            "the memory bound comes from Little's Law (peak x P95 latency in flight) and KV bytes "
+            "per request at the P95 context.",
+            "",
+        ]  # fmt: skip
+        if plan.get("cost"):
+            c = plan["cost"]
+            lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour; "
+                      f"{_fmt(c['cost_per_request'])} per successful request.", ""]  # fmt: skip
+    elif plan.get("reason"):
+        lines += ["## Replica plan", "", plan["reason"], ""]
+    lines += [
+        "## Gates",
+        "",
+        f"A rate passes when, in **every repeat**, every class has joint TTFT+TPOT attainment "
+        f">= {acc['class_slo_attainment_min']} among successful requests (with its "
+        f"{int(100 * 0.95)}% CI lower bound above it too), at least "
+        f"{acc['min_successful_samples_per_class']} successful requests, the global error rate is "
+        f"<= {acc['error_rate_max']}, the queue trend is flat (Mann-Kendall on queue depth and the "
+        "client backlog), and the client kept its schedule (dispatch lateness under its bound).",
+        "",
+        "| class | TTFT cutoff (ms) | TPOT cutoff (ms) |",
+        "|---|---:|---:|",
+        *[f"| {c['name']} | {c['request_ttft_cutoff_ms']:g} | {c['request_tpot_cutoff_ms']:g} |"
+          for c in m["workload"]],
+        "",
+        "## Evidence",
+        "",
+    ]  # fmt: skip
+    for state, s in capacity["open_loop"].items():
+        lines += [f"### Open loop, {state} cache", "",
+                  "| offered RPS | status | verdicts | goodput RPS (mean, min-max) | limited by |",
+                  "|---:|---|---|---|---|"]  # fmt: skip
+        for r in s["rates"]:
+            g = r["variation"]["observed_goodput_rps"]
+            lines.append(
+                f"| {r['offered_rps']:g} | {r['status']} | {', '.join(r['verdicts'])} | "
+                f"{_fmt(g['mean'])} ({_fmt(g['min'])}-{_fmt(g['max'])}) | "
+                f"{'; '.join(r['reasons'][:3]) or '-'} |"
+            )
+        lines.append("")
+    for state, cur in capacity["closed_loop"].items():
+        op = cur["operating_point"]
+        single = cur["single_user"]
+        lines += [f"### Closed loop, {state} cache", ""]
+        lines.append(
+            f"Operating point: concurrency {op['concurrency']} at "
+            f"{_fmt(op['output_throughput_tps'])} output tokens/s." if op else
+            "No concurrency level met the latency gates."
+        )  # fmt: skip
+        if single:
+            ttft = ", ".join(f"{k} {_fmt(v)} ms" for k, v in single["p95_ttft_ms"].items())
+            tpot = ", ".join(f"{k} {_fmt(v)} ms" for k, v in single["p95_tpot_ms"].items())
+            lines.append(f"Single user (concurrency 1): P95 TTFT {ttft}; P95 TPOT {tpot}.")
+        lines.append("")
+    if selected is not None:
+        lines += [
+            "## The selected point",
+            "",
+            f"`slo-report.json` and `requests.csv` are point `{selected['key']}` "
+            f"(verdict {selected['verdict']}): {selected['attempted']} attempted, "
+            f"{selected['successful']} successful, error rate {_fmt(selected['error_rate'])}, "
+            f"observed goodput {_fmt(selected['observed_goodput_rps'])} RPS, queue trend "
+            f"{selected['queue_trend']}, prefix-cache hit rate "
+            f"{_fmt(selected.get('prefix_cache_hit_rate'))}.",
+            "",
+        ]
+    lines += [
+        "## Limits",
+        "",
+        "- The capacity holds only for this workload mix, cache state, placement, engine "
+        "configuration and scaling regime; the per-replica figure is not a universal constant.",
+        "- The replica plan assumes linear scaling: validate the planned topology with a live "
+        "benchmark before procurement (load balancing, network paths and cache locality can "
+        "prevent it).",
+        "- Percentiles are nearest-rank; P99 is withheld below "
+        f"{acc['p99_min_samples']} successful requests per class, and the 2,000/10,000 sample "
+        "thresholds are reporting policies, not statistical guarantees.",
+        f"- Target: {m['target']['kind']}"
+        + (f" (simulated engine, profile `{m['target']['profile']}`): latencies come from a "
+           "performance model, not hardware." if m["target"]["kind"] == "sim" else "."),
+        "",
+        "## Files",
+        "",
+        *[f"- `{f}`" for f in files],
+        "",
+        f"Frozen manifest sha256 `{frozen['sha256']}`.",
+        "",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def load_reports(paths: list[Path]) -> list[dict[str, Any]]:
+    return [json.loads(Path(p).read_text()) for p in paths]
+
+
+def selected_point(
+    capacity: dict[str, Any], reports: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The report of the selected capacity point (primary cache state, repeat 0); without a
+    capacity, the lowest tested rate, so the pack still shows why it failed."""
+    state = capacity["primary_cache_state"]
+    sel = capacity["open_loop"].get(state)
+    if not sel or not sel["rates"]:
+        return None
+    rate = (
+        sel["capacity_rps"] if sel["capacity_rps"] is not None else sel["rates"][0]["offered_rps"]
+    )
+    candidates = [
+        r for r in reports
+        if r.get("mode") == "open" and r["cache_state"] == state and r["offered_rps"] == rate
+    ]  # fmt: skip
+    return min(candidates, key=lambda r: r["repeat"]) if candidates else None

@@ -1,0 +1,225 @@
+"""Sizing arithmetic: replicas and GPUs from throughput and from memory, fit, bandwidth, cost.
+
+Formulas (seeds 000 "Worked Capacity Plan With Headroom", 001 "From throughput to GPUs" and
+"Little's Law for capacity", 004 section 8):
+
+- throughput sizing: replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)),
+  GPUs = replicas x GPUs per replica; then N+k redundancy and a warm pool add whole replicas
+  (36 RPS, 6 RPS/replica, 0.75, TP2 -> 8 replicas, 16 GPUs);
+- GPU-seconds form: GPUs = ceil(peak_rps x GPU-seconds per request / target_utilization)
+  (50 RPS x 0.2 GPU-s / 0.6 -> 17 GPUs);
+- Little's Law: in-flight L = lambda x W (20 RPS x 2 s p95 -> 40 in flight);
+- memory sizing: in-flight at peak = peak_rps x P95 latency; KV bytes per request = KV bytes per
+  token x P95 context (prompt + output); KV capacity per replica = usable memory - weights -
+  overhead; requests per replica = floor(capacity / KV per request); replicas =
+  ceil(in-flight at peak / requests per replica). The plan takes the larger of the throughput
+  and memory replica counts and says which one bound it;
+- fit probe: weights + KV + overhead <= memory - margin; headroom = budget - need;
+  ``fits`` (headroom > 0), ``zero-headroom`` (== 0 within 1e-9), ``does-not-fit`` (< 0)
+  (24 GB with a 2 GB margin: 12+4+2 = 18 fits with 4 GB; 12+8+2 = 22 zero; 12+12+2 = 26 no);
+- effective bandwidth: tokens/s = effective bandwidth / bytes moved per token,
+  MBU = effective / spec (20 GB/token at 600 GB/s -> 30 tokens/s, MBU 0.67 of 900 GB/s);
+- cost: GPU-hours per hour = GPUs provisioned; cost per completed request =
+  GPUs x price per GPU-hour / (3600 x successful requests per second at the planned load), which
+  counts the idle headroom, failures and retries because only successes divide the bill; a task
+  of k requests costs k times that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _ceil(x: float) -> int:
+    # 36 / (6 x 0.75) = 8.000000000000002 in floating point; it is 8 replicas, not 9.
+    return math.ceil(round(x, 9))
+
+
+class ThroughputPlan(_Model):
+    peak_rps: float = Field(description="Forecast peak offered load.")
+    capacity_per_replica_rps: float = Field(description="SLO-compliant capacity of one replica.")
+    target_utilization: float = Field(description="Planned utilization (headroom policy).")
+    gpus_per_replica: int = Field(description="GPUs in one replica.")
+    replicas_for_load: int = Field(description="ceil(peak / (capacity x utilization)).")
+    redundancy_replicas: int = Field(description="N+k: replicas added for failures.")
+    warm_pool_replicas: int = Field(description="Replicas kept warm for cold starts.")
+    required_replicas: int = Field(description="Load + redundancy + warm pool.")
+    required_gpus: int = Field(description="required_replicas x gpus_per_replica.")
+    planned_utilization: float = Field(description="peak / (replicas_for_load x capacity).")
+
+
+def plan_replicas(
+    peak_rps: float,
+    capacity_per_replica_rps: float,
+    target_utilization: float,
+    gpus_per_replica: int,
+    *,
+    redundancy_replicas: int = 0,
+    warm_pool_replicas: int = 0,
+) -> ThroughputPlan:
+    if peak_rps < 0 or capacity_per_replica_rps <= 0:
+        raise ValueError("peak_rps must be >= 0 and capacity_per_replica_rps > 0")
+    if not 0 < target_utilization <= 1:
+        raise ValueError("target_utilization must be in (0, 1]")
+    if gpus_per_replica < 1 or redundancy_replicas < 0 or warm_pool_replicas < 0:
+        raise ValueError("gpus_per_replica >= 1; redundancy and warm pool >= 0")
+    for_load = max(1, _ceil(peak_rps / (capacity_per_replica_rps * target_utilization)))
+    total = for_load + redundancy_replicas + warm_pool_replicas
+    return ThroughputPlan(
+        peak_rps=peak_rps,
+        capacity_per_replica_rps=capacity_per_replica_rps,
+        target_utilization=target_utilization,
+        gpus_per_replica=gpus_per_replica,
+        replicas_for_load=for_load,
+        redundancy_replicas=redundancy_replicas,
+        warm_pool_replicas=warm_pool_replicas,
+        required_replicas=total,
+        required_gpus=total * gpus_per_replica,
+        planned_utilization=peak_rps / (for_load * capacity_per_replica_rps),
+    )
+
+
+def gpus_from_gpu_seconds(
+    peak_rps: float, gpu_seconds_per_request: float, utilization: float
+) -> int:
+    """Seed 001: ceil(peak x GPU-seconds per request / utilization)."""
+    if not 0 < utilization <= 1:
+        raise ValueError("utilization must be in (0, 1]")
+    return _ceil(peak_rps * gpu_seconds_per_request / utilization)
+
+
+def little_in_flight(rate_rps: float, mean_seconds: float) -> float:
+    if rate_rps < 0 or mean_seconds < 0:
+        raise ValueError("rate and time must be non-negative")
+    return rate_rps * mean_seconds
+
+
+class FitResult(_Model):
+    memory_gb: float
+    margin_gb: float
+    budget_gb: float = Field(description="memory - margin")
+    need_gb: float = Field(description="weights + KV + overhead")
+    headroom_gb: float = Field(description="budget - need")
+    fits: bool
+    verdict: Literal["fits", "zero-headroom", "does-not-fit"]
+
+
+def fit_probe(
+    memory_gb: float, margin_gb: float, weights_gb: float, kv_gb: float, overhead_gb: float
+) -> FitResult:
+    if min(memory_gb, margin_gb, weights_gb, kv_gb, overhead_gb) < 0:
+        raise ValueError("memory sizes must be non-negative")
+    budget = memory_gb - margin_gb
+    need = weights_gb + kv_gb + overhead_gb
+    headroom = round(budget - need, 9)
+    verdict = "fits" if headroom > 0 else "zero-headroom" if headroom == 0 else "does-not-fit"
+    return FitResult(
+        memory_gb=memory_gb,
+        margin_gb=margin_gb,
+        budget_gb=budget,
+        need_gb=need,
+        headroom_gb=headroom,
+        fits=headroom >= 0,
+        verdict=verdict,
+    )
+
+
+class BandwidthResult(_Model):
+    bytes_per_token_gb: float
+    effective_bandwidth_gbps: float
+    spec_bandwidth_gbps: float | None
+    tokens_per_second: float = Field(description="effective bandwidth / bytes per token")
+    mbu: float | None = Field(description="effective / spec bandwidth")
+
+
+def bandwidth(
+    bytes_per_token_gb: float, effective_bandwidth_gbps: float, spec_bandwidth_gbps: float | None
+) -> BandwidthResult:
+    if bytes_per_token_gb <= 0 or effective_bandwidth_gbps < 0:
+        raise ValueError("bytes per token must be > 0 and bandwidth >= 0")
+    return BandwidthResult(
+        bytes_per_token_gb=bytes_per_token_gb,
+        effective_bandwidth_gbps=effective_bandwidth_gbps,
+        spec_bandwidth_gbps=spec_bandwidth_gbps,
+        tokens_per_second=effective_bandwidth_gbps / bytes_per_token_gb,
+        mbu=effective_bandwidth_gbps / spec_bandwidth_gbps if spec_bandwidth_gbps else None,
+    )
+
+
+def kv_bytes_per_token(
+    layers: int, kv_heads: int, head_dim: int, bytes_per_element: float
+) -> float:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    return 2.0 * layers * kv_heads * head_dim * bytes_per_element
+
+
+class MemoryPlan(_Model):
+    in_flight_at_peak: float = Field(description="peak_rps x p95 latency (Little's Law)")
+    kv_bytes_per_request: float = Field(description="KV bytes per token x p95 context")
+    kv_capacity_bytes_per_replica: float
+    requests_per_replica: int = Field(description="KV capacity / KV per request (floor)")
+    replicas_for_memory: int
+
+
+def plan_memory(
+    peak_rps: float,
+    p95_latency_s: float,
+    kv_bytes_token: float,
+    p95_context_tokens: float,
+    memory_gb_per_replica: float,
+    weights_gb: float,
+    overhead_gb: float,
+    memory_utilization: float = 0.9,
+) -> MemoryPlan:
+    in_flight = little_in_flight(peak_rps, p95_latency_s)
+    per_request = kv_bytes_token * p95_context_tokens
+    capacity = (memory_gb_per_replica * memory_utilization - weights_gb - overhead_gb) * 1e9
+    if capacity <= 0:
+        raise ValueError("weights and overhead leave no KV memory on a replica")
+    per_replica = int(capacity // per_request) if per_request > 0 else 10**9
+    if per_replica < 1:
+        raise ValueError("one request's KV at the p95 context does not fit on a replica")
+    return MemoryPlan(
+        in_flight_at_peak=in_flight,
+        kv_bytes_per_request=per_request,
+        kv_capacity_bytes_per_replica=capacity,
+        requests_per_replica=per_replica,
+        replicas_for_memory=max(1, _ceil(in_flight / per_replica)),
+    )
+
+
+def combine(throughput: ThroughputPlan, memory: MemoryPlan | None) -> dict[str, Any]:
+    """The plan: the larger replica count of the two calculations, and which one bound it."""
+    out: dict[str, Any] = {"throughput": throughput.model_dump()}
+    load = throughput.replicas_for_load
+    bound = "throughput"
+    if memory is not None:
+        out["memory"] = memory.model_dump()
+        if memory.replicas_for_memory > load:
+            load, bound = memory.replicas_for_memory, "memory"
+    replicas = load + throughput.redundancy_replicas + throughput.warm_pool_replicas
+    out.update(
+        bound_by=bound,
+        required_replicas=replicas,
+        required_gpus=replicas * throughput.gpus_per_replica,
+    )
+    return out
+
+
+def cost(
+    gpus: int, price_per_gpu_hour: float, successful_rps: float, requests_per_task: float = 1.0
+) -> dict[str, float | None]:
+    per_hour = gpus * price_per_gpu_hour
+    per_request = per_hour / (3600 * successful_rps) if successful_rps > 0 else None
+    return {
+        "cost_per_hour": per_hour,
+        "cost_per_request": per_request,
+        "cost_per_task": per_request * requests_per_task if per_request is not None else None,
+    }

@@ -1,0 +1,280 @@
+"""One measurement point end to end: target up, cache state prepared, schedule run, facts kept.
+
+:class:`SweepInputs` is exactly the manifest content a measurement reads (target, model, client,
+request shape, prompts and the sample gate that drives extension blocks); the sweep rule passes
+it in its params, so a changed acceptance threshold does not re-measure anything, while a changed
+timeout or target does.
+
+Cache-state facts in the summary:
+
+- ``cold``: how the cache was emptied (fresh simulated process, restart, reset endpoint) and that
+  the engine was idle with no KV blocks in use before the first request;
+- ``warm``: the prewarm requests (one per shared prefix) sent before the clock started;
+- both: the prefix-cache hit rate of the measured window, from the server's counters
+  (delta hits / delta queries, in tokens) and from the client's usage (cached / prompt tokens of
+  measured successful requests), and the eviction count where the engine exposes one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.io import canonical_json
+from capacity_pack.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.manifest import (
+    Client,
+    Model,
+    OpenAITarget,
+    Pack,
+    Prompts,
+    RequestShape,
+    SimTarget,
+)
+from capacity_pack.schedule import (
+    Point,
+    ScheduleInputs,
+    build_schedule,
+    prewarm_rows,
+)
+
+
+class SweepInputs(BaseModel):
+    """The manifest content one measurement depends on (beyond its schedule)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: ScheduleInputs = Field(description="To rebuild extension blocks and prewarm rows.")
+    target: SimTarget | OpenAITarget = Field(discriminator="kind")
+    model: Model
+    client: Client
+    request: RequestShape
+    prompts: Prompts
+    min_successful_samples_per_class: int = Field(description="Sample gate for extensions.")
+
+    @classmethod
+    def for_point(cls, pack: Pack, point: Point) -> SweepInputs:
+        return cls(
+            schedule=ScheduleInputs.for_point(pack, point),
+            target=pack.target,
+            model=pack.model,
+            client=pack.client,
+            request=pack.request,
+            prompts=pack.prompts,
+            min_successful_samples_per_class=pack.acceptance.min_successful_samples_per_class,
+        )
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+
+def load_settings(
+    inputs: SweepInputs, point: Point, base_url: str, *, progress: bool
+) -> LoadSettings:
+    c, r = inputs.client, inputs.request
+    sampling: dict[str, Any] = {"temperature": r.sampling.temperature, "top_p": r.sampling.top_p}
+    if r.sampling.top_k != -1:
+        sampling["top_k"] = r.sampling.top_k
+    if r.sampling.seed is not None:
+        sampling["seed"] = r.sampling.seed
+    prefix = inputs.prompts.prefix
+    return LoadSettings(
+        base_url=base_url,
+        model=inputs.model.served_name or inputs.model.id,
+        endpoint=c.endpoint,
+        api_key_env=getattr(inputs.target, "api_key_env", None),
+        mode=point.mode,
+        concurrency=point.concurrency,
+        request_timeout_s=c.request_timeout_seconds,
+        max_in_flight=c.max_in_flight,
+        lateness_bound_ms=c.lateness_bound_ms,
+        metrics_interval_s=c.metrics_interval_seconds,
+        sampling=sampling,
+        ignore_eos=r.stop.ignore_eos,
+        stop_sequences=r.stop.stop_sequences,
+        include_usage=r.include_usage,
+        prefix_revision=prefix.revision if prefix else None,
+        corpus_revision=inputs.prompts.corpus_revision,
+        cold_unique_prefix_tokens=inputs.prompts.cold_unique_prefix_tokens,
+        min_successful_per_class=inputs.min_successful_samples_per_class,
+        maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
+        progress=progress,
+    )
+
+
+def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Prefix-cache hit rate of the measured window, from the server and from the client."""
+    out: dict[str, Any] = {}
+    server = series[(series["source"] == "server") & (series["t_offset_ns"] >= 0)]
+
+    def delta(metric: str) -> float | None:
+        s = server.loc[server["metric"] == metric, "value"]
+        return float(s.iloc[-1] - s.iloc[0]) if len(s) >= 2 else None
+
+    hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
+    out["server_prefix_hit_rate"] = hits / queries if hits is not None and queries else None
+    out["server_prefix_cache_queries_tokens"] = queries
+    out["prefix_cache_evictions"] = delta("prefix_cache_evictions")
+    measured = [
+        r for r in records if r["phase"] in ("measure", "extension") and r["status"] == "ok"
+    ]
+    prompt = sum(r["prompt_tokens"] or 0 for r in measured)
+    cached = [r["cached_tokens"] for r in measured]
+    reported = any(c is not None for c in cached)
+    out["client_cached_token_fraction"] = (
+        sum(c or 0 for c in cached) / prompt if prompt and reported else (0.0 if prompt else None)
+    )
+    out["prompt_tokens_mismatches"] = sum(bool(r["prompt_tokens_mismatch"]) for r in records)
+    return out
+
+
+def measure_point(
+    pack_or_inputs: Pack | SweepInputs,
+    point: Point,
+    schedule: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files)."""
+    from capacity_pack.target import open_target
+
+    inputs = (
+        pack_or_inputs
+        if isinstance(pack_or_inputs, SweepInputs)
+        else SweepInputs.for_point(pack_or_inputs, point)
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records_path = out / "records.jsonl"
+    if records_path.exists():
+        records_path.unlink()  # a rerun starts a new cohort, never appends to an old one
+    is_sim = isinstance(inputs.target, SimTarget)
+    ground_truth = out / "ground_truth.jsonl" if is_sim and inputs.target.ground_truth else None
+    if ground_truth is not None and ground_truth.exists():
+        ground_truth.unlink()
+    prewarm = prewarm_rows(inputs.schedule, point)
+    with open_target(
+        inputs.target,
+        inputs.model.served_name or inputs.model.id,
+        point.cache_state,
+        ground_truth=ground_truth,
+        log_path=out / "server.log" if is_sim else None,
+    ) as (base_url, facts):
+        settings = load_settings(inputs, point, base_url, progress=progress)
+
+        def extension(block: int) -> pd.DataFrame:
+            full = build_schedule(inputs.schedule, point, extension_blocks=block - 1)
+            return full[full["block"] == block]
+
+        settings.extension_block = extension
+        summary = run_point(
+            schedule,
+            settings,
+            records_path,
+            metrics_path=out / "metrics.parquet",
+            prewarm=prewarm if len(prewarm) else None,
+        )
+    records = read_records(records_path)
+    series = pd.read_parquet(out / "metrics.parquet")
+    summary.update(facts)
+    summary.update(hit_rates(series, records))
+    summary.update(
+        point=point.point_id,
+        key=point.key,
+        cache_state=point.cache_state,
+        repeat=point.repeat,
+        offered_rps=point.rate_rps,
+        prewarm_requests=int(len(prewarm)),
+        pack=inputs.schedule.pack.name,
+        pack_label=inputs.schedule.pack.label,
+        target_kind=inputs.target.kind,
+        ground_truth=ground_truth.name if ground_truth is not None else None,
+    )
+    statuses = pd.Series([r["status"] for r in records]).value_counts().to_dict()
+    summary["status_counts"] = {k: int(v) for k, v in statuses.items()}
+    return summary
+
+
+def measurement_error(records_path: str | Path, ground_truth_path: str | Path) -> dict[str, Any]:
+    """Client vs server timing for the same requests (the simulator's ground-truth log).
+
+    Both processes read CLOCK_MONOTONIC, so server times (epoch - clock offset) and client
+    perf_counter_ns stamps are directly comparable; the errors are
+    |client TTFT - server TTFT| and |client E2E - server E2E| with the server's TTFT measured
+    from its arrival to its first token *sent*, and E2E to its last token sent.
+    """
+    import json
+
+    client = pd.DataFrame(
+        [r for r in read_records(records_path) if r["status"] == "ok" and r["phase"] != "prewarm"]
+    )
+    with Path(ground_truth_path).open() as fh:
+        server = pd.DataFrame([json.loads(line) for line in fh if line.endswith("\n")])
+    if client.empty or server.empty:
+        return {"matched": 0}
+    m = client.merge(server, on="request_id", suffixes=("", "_srv"))
+    mono = lambda col: m[col] - m["clock_offset_ns"]  # noqa: E731
+    c_ttft = m["first_token_ns"] - m["sent_ns"]
+    c_e2e = m["last_token_ns"] - m["sent_ns"]
+    s_ttft = mono("first_token_sent_ns") - mono("arrival_ns")
+    s_e2e = mono("last_token_sent_ns") - mono("arrival_ns")
+    err_ttft = (c_ttft - s_ttft).abs().to_numpy() / 1e6
+    err_e2e = (c_e2e - s_e2e).abs().to_numpy() / 1e6
+    return {
+        "matched": int(len(m)),
+        "ttft_abs_error_ms": {"p50": float(np.percentile(err_ttft, 50)),
+                              "p99": float(np.percentile(err_ttft, 99)),
+                              "max": float(err_ttft.max())},
+        "e2e_abs_error_ms": {"p50": float(np.percentile(err_e2e, 50)),
+                             "p99": float(np.percentile(err_e2e, 99)),
+                             "max": float(err_e2e.max())},
+    }  # fmt: skip
+
+
+def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow child run of one measurement job: keyword arguments of ``log_child_run``."""
+    late, lag = summary["dispatch_lateness_ms"], summary["event_loop_lag_ms"]
+    metrics = {
+        "requests_recorded": summary["requests_recorded"],
+        "failed_requests": summary["failed"],
+        "streamed_tokens": summary["streamed_tokens"],
+        "wall_s": summary["wall_s"],
+        "client_cpu_s": summary["client_cpu_s"],
+        "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
+        "dispatch_lateness_p50_ms": late["p50"],
+        "dispatch_lateness_p99_ms": late["p99"],
+        "event_loop_lag_p99_ms": lag["p99"],
+        "client_bound": float(summary["client_bound"]),
+        "server_prefix_hit_rate": summary.get("server_prefix_hit_rate"),
+        "client_cached_token_fraction": summary.get("client_cached_token_fraction"),
+        "prefix_cache_evictions": summary.get("prefix_cache_evictions"),
+        "extension_blocks": summary["extension_blocks"],
+        "prewarm_requests": summary["prewarm_requests"],
+    }
+    metrics.update({f"status_{k}_requests": v for k, v in summary.get("status_counts", {}).items()})
+    params = {
+        "mode": summary["mode"],
+        "offered_rps": summary.get("offered_rps"),
+        "concurrency": summary.get("concurrency"),
+        "target_kind": summary["target_kind"],
+        "cache_preparation": summary.get("cache_preparation"),
+        "lateness_bound_ms": summary["lateness_bound_ms"],
+    }
+    tags = {"capacity_pack.client_bound": str(summary["client_bound"]).lower()}
+    if "cache_empty_verified" in summary:
+        tags["capacity_pack.cache_empty_verified"] = str(summary["cache_empty_verified"]).lower()
+    return {
+        "stage": "sweep",
+        "job": f"sweep/{summary['key']}",
+        "point": summary["point"],
+        "cache_state": summary["cache_state"],
+        "repeat": summary["repeat"],
+        "params": {k: v for k, v in params.items() if v is not None},
+        "metrics": metrics,
+        "tags": tags,
+    }
