@@ -128,6 +128,26 @@ def test_measurements_are_recorded_and_serialized(ran):
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
+def test_the_pack_states_its_decision(ran):
+    pack = ran / "results" / "pipeline-test" / "pack"
+    names = {p.name for p in pack.iterdir()}
+    assert {"README.md", "workload-manifest.yaml", "capacity.json", "plan.json",
+            "slo-report.json", "requests.csv", "throughput.png", "attainment.png",
+            "latency.png", "closed_loop.png", "timeseries.png"} <= names  # fmt: skip
+    readme = (pack / "README.md").read_text()
+    assert "REHEARSAL-SIZE PACK" in readme and "## Decision" in readme
+    assert "capacity" in readme.lower() and "## Limits" in readme
+    capacity = json.loads((pack / "capacity.json").read_text())
+    assert set(capacity["open_loop"]) == {"cold", "warm"}
+    for sel in capacity["open_loop"].values():
+        assert [r["offered_rps"] for r in sel["rates"]] == [10.0, 20.0]
+        assert all(len(r["verdicts"]) == 1 for r in sel["rates"])
+    header = (pack / "requests.csv").read_text().splitlines()[0]
+    assert header == "request_id,class,ttft_ms,tpot_ms,e2e_ms,output_tokens,status"
+    for png in pack.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
 def test_pipeline_writes_frozen_manifest_and_schedules(ran):
     results = ran / "results" / "pipeline-test"
     frozen = json.loads((results / "manifest" / "frozen.json").read_text())
@@ -184,7 +204,8 @@ def test_nothing_to_do_after_a_complete_run(ran):
 
 
 POINTS = [f"{p}/{c}/rep0" for c in ("cold", "warm") for p in ("open-r10", "open-r20", "closed-c1")]
-TRACKS = ["track:analysis", "track:schedule", "track:sweep"]
+# Jobs that follow any manifest change: tracking per stage, the decision and the pack.
+TRACKS = ["capacity", "report", "track:analysis", "track:schedule", "track:sweep"]
 
 
 def jobs_for(stages: list[str], points: list[str]) -> list[str]:

@@ -202,14 +202,15 @@ class _SeedSummary:
 def _fast_seed_summary(path: Path, classes: list[ClassSpec]) -> _SeedSummary | None:
     """The summary of a requests.csv on which every seed rule holds, or None.
 
-    pyarrow parses the file typed (request_id as bytes, class and status dictionary-encoded,
-    latencies float64, output_tokens int64; multi-threaded). None at the first doubt: a file
-    pyarrow cannot read this way (a value outside its number grammar, a missing column), any rule
-    failing on any row, a null on an ok row, or two equal ID hashes; the caller then runs the
-    exact path (:func:`validate_seed_table`), which words the error. pyarrow's numbers are a
-    subset of Python's float() and int() with the same (correctly rounded) values, except
-    "nan(...)", which reads as NaN here and fails the finite-latency rule, so whatever passes here
-    passes the seed with the same values.
+    pyarrow parses the file typed (request_id as bytes, class, status and output_tokens
+    dictionary-encoded, latencies float64; multi-threaded). None at the first doubt: a file
+    pyarrow cannot read this way (a latency outside its number grammar, a missing column), any
+    rule failing on any row, a null on an ok row, or two equal ID hashes; the caller then runs
+    the exact path (:func:`validate_seed_table`), which words the error. pyarrow's floats are a
+    subset of Python's float() with the same (correctly rounded) values, except NaN payloads
+    ("nan(1)"), which read as NaN here and fail the finite-latency rule; output_tokens go through
+    :func:`_parse_numbers` once per distinct value. So whatever passes here passes the seed, with
+    the same values.
 
     Then two threads (pyarrow and numpy release the GIL) share the work: the ID check, and the
     other rules with the gathering of each class's successful latencies, in tasks of about
@@ -223,7 +224,9 @@ def _fast_seed_summary(path: Path, classes: list[ClassSpec]) -> _SeedSummary | N
     import pyarrow.csv as pacsv
 
     text = pa.dictionary(pa.int32(), pa.string())
-    types = {"request_id": pa.binary(), "class": text, "status": text, "output_tokens": pa.int64()}
+    # output_tokens as text, dictionary-encoded, for Python's int() on each distinct value:
+    # pyarrow's integers include hexadecimal ones.
+    types = {"request_id": pa.binary(), "class": text, "status": text, "output_tokens": text}
     types |= {c: pa.float64() for c in ("ttft_ms", "tpot_ms", "e2e_ms")}
     try:
         table = pacsv.read_csv(
@@ -289,14 +292,22 @@ def _summarize_batches(
             return None
         ok = status == 0
         values = []
-        for column in ("ttft_ms", "tpot_ms", "e2e_ms", "output_tokens"):
+        for column in ("ttft_ms", "tpot_ms", "e2e_ms"):
             array = batch.column(column)
             if array.null_count:
                 if (ok & pc.is_null(array).to_numpy(zero_copy_only=False)).any():
                     return None
                 array = array.fill_null(0)
             values.append(array.to_numpy())
-        ttft, tpot, e2e, out = values
+        ttft, tpot, e2e = values
+        tokens_text = batch.column("output_tokens")
+        entries, unparsed = _parse_numbers(
+            tokens_text.dictionary, np.ones(len(tokens_text.dictionary), bool), integer=True
+        )
+        which = tokens_text.indices.to_numpy()
+        if (ok & unparsed[which]).any():
+            return None
+        out = entries[which]  # float64: exact for any plausible length (< 2^53)
         with np.errstate(invalid="ignore"):
             # NaN propagates through minimum and maximum and fails both comparisons.
             low, high = np.minimum(ttft, tpot), np.maximum(ttft, tpot)
@@ -354,30 +365,28 @@ def _expected_outputs(classes: list[ClassSpec]) -> np.ndarray:
     return np.array(fixed, np.int64)
 
 
-def _surely_unique(ids, longest: int) -> bool:
-    """True when no two IDs (a pyarrow binary array) are equal; False on a repeated 64-bit hash,
-    a duplicate or (rarely) a collision, for the exact path to decide.
+def _row_hashes(ids, longest: int) -> np.ndarray:
+    """A 64-bit hash of each ID of a pyarrow binary or string array (chunked or not).
 
     The hash of an ID of L bytes starts at L and folds in its little-endian 8-byte words w_k
     (the last one zero-padded): h = m(h XOR w_k), m(x) = y XOR (y >> 29) with
     y = x * 0x9E3779B97F4A7C15 mod 2^64, for k < ceil(L_max / 8), L_max = ``longest`` over the
-    whole column (so equal IDs always get equal hashes). Sorting the hashes finds a repeat in
-    O(n log n) with numpy's vectorized sort, several times faster than a hash set of the strings.
+    whole array (so equal IDs always get equal hashes). Little-endian machines only.
     """
-    import sys
+    import pyarrow as pa
 
-    import pyarrow.compute as pc
-
-    if sys.byteorder != "little":  # the word masks below assume little-endian loads
-        return len(pc.unique(ids)) == len(ids)
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
     rounds = -(-longest // 8)
     hashes, at = np.empty(len(ids), np.uint64), 0
-    for chunk in ids.chunks:
+    for chunk in chunks:
         n = len(chunk)
         if n == 0:
             continue
+        large = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
+        width = 8 if large else 4
         _, offsets_buf, data_buf = chunk.buffers()
-        offsets = np.frombuffer(offsets_buf, np.int32, n + 1, chunk.offset * 4).astype(np.int64)
+        offsets = np.frombuffer(offsets_buf, f"<i{width}", n + 1, chunk.offset * width)
+        offsets = offsets.astype(np.int64)
         length = np.diff(offsets)
         size = int(offsets[-1] - offsets[0])
         data = np.frombuffer(data_buf, np.uint8, size, int(offsets[0]))
@@ -396,12 +405,53 @@ def _surely_unique(ids, longest: int) -> bool:
                 h ^= w
                 h *= _MIX
                 h ^= h >> np.uint64(29)
+    return hashes
+
+
+def _surely_unique(ids, longest: int) -> bool:
+    """True when no two IDs (a pyarrow binary array; ``longest``: the longest's length) are
+    equal; False on a repeated :func:`_row_hashes` value, a duplicate or (rarely) a collision, for
+    the exact path to decide. Sorting the hashes finds a repeat in O(n log n) with numpy's
+    vectorized sort, several times faster than a hash set of the strings."""
+    import sys
+
+    import pyarrow.compute as pc
+
+    if sys.byteorder != "little":
+        return len(pc.unique(ids)) == len(ids)
+    hashes = _row_hashes(ids, longest)
     hashes.sort()
     return not (hashes[1:] == hashes[:-1]).any()
 
 
+def _repeats(text: pd.Series) -> np.ndarray:
+    """The rows whose value equals an earlier row's (pandas' ``duplicated(keep="first")``),
+    comparing as strings only the rows whose :func:`_row_hashes` value another row shares."""
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if sys.byteorder != "little":
+        return text.duplicated(keep="first").to_numpy()
+    arr = pa.array(text)
+    repeats = np.zeros(len(arr), bool)
+    if len(arr) < 2:
+        return repeats
+    hashes = _row_hashes(arr, pc.max(pc.binary_length(arr)).as_py() or 0)
+    order = np.argsort(hashes)
+    shared = hashes[order[1:]] == hashes[order[:-1]]
+    if shared.any():
+        suspects = np.zeros(len(arr), bool)
+        suspects[order[1:][shared]] = suspects[order[:-1][shared]] = True
+        rows = np.flatnonzero(suspects)  # in file order
+        repeats[rows] = text.iloc[rows].duplicated(keep="first").to_numpy()
+    return repeats
+
+
 def _id_words(data: np.ndarray, start: np.ndarray, length: np.ndarray, rounds: int):
-    """The k-th little-endian 8-byte word of each ID of varying length, zero past its end."""
+    """Word k = 0, 1, ... ``rounds`` - 1 of IDs of varying lengths: bytes [8k, 8k + 8) of each,
+    little-endian, zero past its end (the IDs lie back to back in ``data``)."""
     # Zero-padded words: a read past an ID (and past the buffer) sees bytes that are masked.
     words = np.zeros((data.size + 8 * rounds) // 8 + 2, np.uint64)
     words.view(np.uint8)[: data.size] = data
@@ -439,18 +489,41 @@ def _numeric(
     text: pd.Series, rows: np.ndarray, integer: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Python's float() (int() if ``integer``) of a text column: the values as float64 (NaN
-    where unparsed) and the mask of ``rows`` on which Python would raise.
-
-    ASCII text is matched against Python's grammar and the matches are converted by pyarrow once
-    spaces and underscores are dropped; only non-ASCII text that fails the match (Unicode digits
-    or spaces, which Python also accepts) goes through Python, once per distinct string.
-    """
+    where unparsed) and the mask of ``rows`` on which Python would raise (see
+    :func:`_parse_numbers`)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     arr = pa.array(text.astype(str))
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    return _parse_numbers(arr, rows, integer)
+
+
+def _parse_numbers(arr, rows: np.ndarray, integer: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_numeric` of a pyarrow string array.
+
+    A float column pyarrow converts whole is taken as converted (its grammar is a subset of
+    Python's, with the same values, except NaN payloads such as "nan(1)", which are checked).
+    Otherwise, and always for integers (pyarrow also reads hexadecimal ones), ASCII text is
+    matched against Python's grammar and the matches are converted by pyarrow once spaces and
+    underscores are dropped; only non-ASCII text that fails the match (Unicode digits or spaces,
+    which Python also accepts) goes through Python, once per distinct string.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        parsed = None if integer else pc.cast(arr, pa.float64())
+    except pa.ArrowInvalid:
+        parsed = None
+    if parsed is not None and not parsed.null_count:
+        values = np.array(parsed.to_numpy(zero_copy_only=False), dtype=float)
+        bad = rows & np.isnan(values)
+        if bad.any():
+            where = np.flatnonzero(bad)
+            nan = pc.match_substring_regex(arr.take(where), _FLOAT_RE).fill_null(False)
+            bad[where] = ~nan.to_numpy(zero_copy_only=False)
+        return values, bad
     fits = pc.match_substring_regex(arr, _INT_RE if integer else _FLOAT_RE).fill_null(False)
     clean = pc.replace_substring(pc.utf8_trim(arr, " \t\n\r\x0b\x0c"), "_", "")
     values = pc.cast(pc.if_else(fits, clean, "nan"), pa.float64()).to_numpy(zero_copy_only=False)
@@ -496,7 +569,7 @@ def validate_seed_table(
     rid = frame["request_id"].astype(str)
     code = _codes(pa.array(frame["class"].astype(str)), [c.name for c in classes])
     status = _codes(pa.array(frame["status"].astype(str)), list(STATUSES))
-    bad_id = (rid.str.len() == 0).to_numpy() | rid.duplicated(keep="first").to_numpy()
+    bad_id = (rid.str.len() == 0).to_numpy() | _repeats(rid)
     bad_class, bad_status = code < 0, status < 0
     first = _first(bad_id | bad_class | bad_status)
     if first is not None:

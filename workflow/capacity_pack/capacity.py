@@ -68,6 +68,7 @@ def rate_status(reports: list[dict[str, Any]]) -> str:
 def variation(reports: list[dict[str, Any]], classes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "observed_goodput_rps": t_interval([r["observed_goodput_rps"] for r in reports]),
+        "request_throughput_rps": t_interval([r["request_throughput_rps"] for r in reports]),
         "output_throughput_tps": t_interval([r["output_throughput_tps"] for r in reports]),
         "error_rate": t_interval([r["error_rate"] for r in reports]),
         "classes": {},

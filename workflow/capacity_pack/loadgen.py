@@ -41,6 +41,7 @@ import bisect
 import contextlib
 import gc
 import heapq
+import http.cookiejar
 import ipaddress
 import json
 import math
@@ -555,9 +556,9 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
             send_at = request.extensions.get(SEND_AT)
             if send_at is not None and self.scheduler is not None:
                 conn.pending = _TimedWrite(conn, data, gate)
-                if send_at - time.perf_counter_ns() > _TIMED_WRITE_MIN_NS:
-                    self.scheduler.write_at(send_at, conn.pending)
-                else:
+                if send_at - time.perf_counter_ns() <= _TIMED_WRITE_MIN_NS or (
+                    not self.scheduler.write_at(send_at, conn.pending)
+                ):
                     conn.pending.fire(in_loop=True)  # already due: no hand-over
             else:
                 if gate is not None and not gate(time.perf_counter_ns()):
@@ -1023,9 +1024,6 @@ class _Connection:
             head.set_exception(exc)
         elif self.body is not None and not self.body.done:
             self.body.finish(exc)
-        w = self.write_waiter
-        if w is not None and not w.done():
-            w.set_exception(exc)
 
     def _lost(self, exc: Exception | None) -> None:
         if self.lost:
@@ -1252,7 +1250,8 @@ class Run:
         self.t0_realtime_ns = 0
         self.blocks_sent = 0
         self.extension_rebase_ns: list[int] = []
-        self._bodies: dict[str, bytes] = {}
+        self._requests: dict[str, httpx.Request] = {}
+        self._client: httpx.AsyncClient | None = None
         # Counters the dispatcher thread updates too (at a timed send) are changed under it.
         self._lock = threading.Lock()
         self._dispatcher: _Dispatcher | None = None
@@ -1290,10 +1289,20 @@ class Run:
     def _body(self, row: dict[str, Any]) -> bytes:
         return json.dumps(self._payload(row, self._prompt(row)), separators=(",", ":")).encode()
 
+    def _request(self, row: dict[str, Any]) -> httpx.Request:
+        assert self._client is not None
+        return self._client.build_request(
+            "POST",
+            self._url,
+            content=self._body(row),
+            headers={**self._headers, "X-Request-Id": row["request_id"]},
+        )
+
     def _prepare(self, rows: list[dict[str, Any]]) -> None:
-        """Build request bodies before the clock starts, so dispatch never waits on text."""
+        """Build the requests (prompt text, JSON body, httpx.Request) before the clock starts,
+        so dispatch never waits on them."""
         for row in rows:
-            self._bodies[row["request_id"]] = self._body(row)
+            self._requests[row["request_id"]] = self._request(row)
 
     def _prompt(self, row: dict[str, Any]) -> str:
         return build_prompt(
@@ -1323,7 +1332,7 @@ class Run:
             due_ns=due_ns,
         )
         st, lock, ceiling = self.state, self._lock, self.s.max_in_flight
-        body = self._bodies.pop(a.request_id, None) or self._body(row)
+        request = self._requests.pop(a.request_id, None) or self._request(row)
         cancel_after = int(row.get("cancel_after_ns", -1))
         # Until the request is written (it may be prepared ahead of its due time): a request
         # that never is (no connection) keeps the later of now and its due time.
@@ -1349,34 +1358,31 @@ class Run:
             sent = True
             return True
 
-        extensions: dict[str, Any] = {}
         if self._own_transport:
-            extensions[SENT_HOOK] = gate
+            request.extensions[SENT_HOOK] = gate
             if due_ns and self._lead_ns:
-                extensions[SEND_AT] = due_ns
+                request.extensions[SEND_AT] = due_ns
         elif not gate(time.perf_counter_ns()):
             self._reject(a)
             return
-        headers = {**self._headers, "X-Request-Id": a.request_id}
         limit_s = self.s.request_timeout_s
         cancel_s = cancel_after / NS if cancel_after >= 0 else None
         deadline_s = min(limit_s, cancel_s) if cancel_s is not None else limit_s
         # Both limits count from the send, not from the early preparation of a timed send.
         deadline_s += max(0, due_ns - time.perf_counter_ns()) / NS
         try:
-            async with (
-                asyncio.timeout(deadline_s),
-                client.stream(
-                    "POST", self._url, content=body, headers=headers, extensions=extensions
-                ) as resp,
-            ):
-                a.http_status = resp.status_code
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode("utf-8", "replace")
-                    a.status = "rejected" if resp.status_code in (429, 503) else "error"
-                    a.error = f"HTTP {resp.status_code}: {_error_message(text)}"
-                else:
-                    await self._consume(resp, a)
+            async with asyncio.timeout(deadline_s):
+                resp = await client.send(request, stream=True)
+                try:
+                    a.http_status = resp.status_code
+                    if resp.status_code != 200:
+                        text = (await resp.aread()).decode("utf-8", "replace")
+                        a.status = "rejected" if resp.status_code in (429, 503) else "error"
+                        a.error = f"HTTP {resp.status_code}: {_error_message(text)}"
+                    else:
+                        await self._consume(resp, a)
+                finally:
+                    await resp.aclose()
         except RequestWithdrawn:
             self._reject(a)
             return
@@ -1482,16 +1488,34 @@ class Run:
             if i == len(rows) - 1 and not all_handed.done():
                 all_handed.set_result(None)
 
-        assert self._dispatcher is not None
-        # With timed sends each arrival is handed over early and written at its due time.
-        self._dispatcher.arrivals([t - self._lead_ns for t in due], start)
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        feeder = None
+        if self._lead_ns:
+            # Timed sends: the loop starts each request a lead early (its own timers, to the
+            # millisecond, are enough for that); the thread writes it at its due time.
+            dispatcher.expect(due)
+            feeder = loop.create_task(self._feed([t - self._lead_ns for t in due], start))
+        else:
+            dispatcher.arrivals(due, start)
         try:
             if rows:
                 await all_handed
             while tasks:
                 await asyncio.wait(set(tasks))
         finally:
-            self._dispatcher.arrivals([], None)
+            if feeder is not None:
+                feeder.cancel()
+            dispatcher.arrivals([], None)
+            dispatcher.expect([])
+
+    @staticmethod
+    async def _feed(times: list[int], start: Callable[[int], None]) -> None:
+        for i, t in enumerate(times):
+            delay_ns = t - time.perf_counter_ns()
+            if delay_ns > 0:
+                await asyncio.sleep(delay_ns / NS)
+            start(i)
 
     async def _closed_loop(self, client, rows: list[dict[str, Any]]) -> None:
         it = iter(rows)
@@ -1607,15 +1631,18 @@ class Run:
         watchers: list[asyncio.Task] = []
         frozen = False
         try:
-            rows = self.schedule.to_dict("records")
-            self._prepare(rows)
             async with httpx.AsyncClient(
                 transport=transport,
                 limits=limits,
                 timeout=timeout,
                 # A compressed event stream would hold events back in the server's compressor.
                 headers={"Accept-Encoding": "identity"},
+                # Requests are independent: no cookie (a load balancer's stickiness) carries over.
+                cookies=_NoCookies(),
             ) as client:
+                self._client = client
+                rows = self.schedule.to_dict("records")
+                self._prepare(rows)
                 if self.prewarm is not None and len(self.prewarm):
                     await asyncio.gather(
                         *(self._send(client, r, 0) for r in self.prewarm.to_dict("records"))
@@ -1731,6 +1758,10 @@ class Run:
             },
             "event_loop_lag_ms": {"p50": pct(lag, 50), "p99": pct(lag, 99), "max": pct(lag, 100)},
             "lateness_bound_ms": self.s.lateness_bound_ms,
+            "client_transport": "capacity_pack" if self._own_transport else "httpx",
+            "dispatcher_scheduling": (
+                self._dispatcher.scheduling if self._dispatcher is not None else None
+            ),
             "client_bound": late_p99 is not None and late_p99 > self.s.lateness_bound_ms,
             "extension_blocks": max(0, self.blocks_sent - 1),
             "extension_rebase_offset_ns": self.extension_rebase_ns,
@@ -1739,13 +1770,18 @@ class Run:
 
 
 class _Dispatcher(threading.Thread):
-    """The dispatcher thread: sleeps until the next deadline, an arrival to hand to the loop
-    (``call_soon_threadsafe``) or a prepared request to write (``_TimedWrite.fire``).
+    """The dispatcher thread: sleeps until the next deadline, then acts on it.
+
+    Two uses. Timed sends (our transport): the thread wakes once at each expected due time
+    (``expect``) and writes the prepared requests due by then (``write_at``, no wake-up needed
+    to register one); a request registered after its due time was checked is written by the
+    caller at once. Hand-overs (httpx's transport): ``start(i)`` goes to the loop through
+    ``call_soon_threadsafe`` at ``times[i]``.
 
     ``threading.Condition.wait`` sleeps outside the GIL and wakes within tens of microseconds
-    (the thread's timer slack is set to 1 us where Linux allows); the lowered switch interval
-    bounds its wait for the GIL while the loop works. Writes come before hand-overs due at the
-    same instant: they are the ones on time.
+    (the thread's timer slack is set to 1 us where Linux allows, and it asks for SCHED_FIFO
+    where permitted, so a busy machine does not hold its wake-up back); the lowered switch
+    interval bounds its wait for the GIL while the loop works.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -1755,9 +1791,14 @@ class _Dispatcher(threading.Thread):
         self.times: list[int] = []
         self.next = 0
         self.start_cb: Callable[[int], None] | None = None
+        self.expected: list[int] = []
+        self.next_expected = 0
         self.writes: list[tuple[int, int, _TimedWrite]] = []
         self.seq = 0
+        self.checked_ns = 0  # every write due by then has been taken
+        self.wake_ns = 0  # when the sleeping thread means to wake
         self.stopped = False
+        self.scheduling = "normal"
 
     def arrivals(self, times: list[int], start: Callable[[int], None] | None) -> None:
         """Hand ``start(i)`` to the loop at ``times[i]`` (perf_counter_ns), in order."""
@@ -1765,12 +1806,22 @@ class _Dispatcher(threading.Thread):
             self.times, self.next, self.start_cb = times, 0, start
             self.cond.notify()
 
-    def write_at(self, t_ns: int, write: _TimedWrite) -> None:
+    def expect(self, due: list[int]) -> None:
+        """The (sorted) due times that timed writes will be registered for."""
         with self.cond:
+            self.expected, self.next_expected = due, 0
+            self.cond.notify()
+
+    def write_at(self, t_ns: int, write: _TimedWrite) -> bool:
+        """Register a timed write; False if ``t_ns`` is already past (write it now yourself)."""
+        with self.cond:
+            if t_ns <= self.checked_ns:
+                return False
             heapq.heappush(self.writes, (t_ns, self.seq, write))
             self.seq += 1
-            if self.writes[0][2] is write:
-                self.cond.notify()
+            if t_ns < self.wake_ns:
+                self.cond.notify()  # not an expected due time: wake earlier for it
+            return True
 
     def stop(self) -> None:
         with self.cond:
@@ -1779,40 +1830,74 @@ class _Dispatcher(threading.Thread):
         self.join(timeout=5)
 
     def run(self) -> None:
-        _fine_timer_slack()
-        clock, cond = time.perf_counter_ns, self.cond
+        self.scheduling = _dispatcher_priority()
+        clock, cond, writes = time.perf_counter_ns, self.cond, self.writes
         while True:
+            due: list[_TimedWrite] = []
+            start, i = None, 0
             with cond:
                 while True:
                     if self.stopped:
                         return
                     now = clock()
-                    t_write = self.writes[0][0] if self.writes else None
-                    t_hand = self.times[self.next] if self.next < len(self.times) else None
-                    if t_write is not None and t_write <= now:
-                        write, start = heapq.heappop(self.writes)[2], None
-                        break
-                    if t_hand is not None and t_hand <= now:
-                        write, start, i = None, self.start_cb, self.next
+                    while writes and writes[0][0] <= now:
+                        due.append(heapq.heappop(writes)[2])
+                    self.checked_ns = now
+                    if self.next < len(self.times) and self.times[self.next] <= now:
+                        start, i = self.start_cb, self.next
                         self.next += 1
+                    if due or start is not None:
                         break
-                    wake = min(t for t in (t_write, t_hand, now + NS) if t is not None)
+                    expected, k = self.expected, self.next_expected
+                    while k < len(expected) and expected[k] <= now:
+                        k += 1
+                    self.next_expected = k
+                    wake = now + NS
+                    if k < len(expected):
+                        wake = min(wake, expected[k])
+                    if writes:
+                        wake = min(wake, writes[0][0])
+                    if self.next < len(self.times):
+                        wake = min(wake, self.times[self.next])
+                    self.wake_ns = wake
                     cond.wait((wake - now) / NS)
-            if write is not None:
+                    self.wake_ns = 0
+            for write in due:
                 write.fire()
-            elif start is not None:
+            if start is not None:
                 try:
                     self.loop.call_soon_threadsafe(start, i)
                 except RuntimeError:  # the loop is closed: the run is over
                     return
 
 
-def _fine_timer_slack() -> None:
-    """Let this thread's sleeps end on time (Linux timer slack is 50 us by default)."""
+class _NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: Any) -> None:
+        return None
+
+
+def _dispatcher_priority() -> str:
+    """Make the calling thread's wake-ups punctual; returns its scheduling policy's name.
+
+    Timer slack 1 us (Linux's default of 50 us lets a sleep end that much late), then
+    SCHED_FIFO at the lowest real-time priority where the process may (root, CAP_SYS_NICE):
+    the thread then preempts ordinary work when its deadline comes instead of queueing behind
+    it. It runs for tens of microseconds per request, so it takes nothing from anyone.
+    """
     with contextlib.suppress(Exception):
         import ctypes
 
         ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in nanoseconds
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (AttributeError, OSError):
+        return "normal"
+    return "SCHED_FIFO"
 
 
 def _error_message(text: str) -> str:

@@ -22,6 +22,8 @@ schedule row and the manifest, so a rerun sends byte-identical prompts.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -136,3 +138,132 @@ def build_prompt(
     unique = min(cold_unique_prefix_tokens, input_tokens)
     words = unique_head(prompt_seed, unique) + body(prompt_seed, input_tokens - unique)
     return " ".join(words)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real targets: exact token counts under the target's own tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+class TokenCounter:
+    """Counts a prompt's tokens the way the target does."""
+
+    name = "abstract"
+
+    def count(self, text: str) -> int:
+        raise NotImplementedError
+
+
+class WhitespaceCounter(TokenCounter):
+    """The project tokenizer (the simulated engine's): one token per whitespace-separated word."""
+
+    name = "capacity-pack-ws-v1"
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+
+class FileTokenizerCounter(TokenCounter):
+    """A local ``tokenizer.json`` (Hugging Face ``tokenizers``), without special tokens: the
+    count a completions endpoint reports for a raw prompt, minus the BOS it may add (measured
+    once per run by comparing with the server's usage)."""
+
+    def __init__(self, path: str | Path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as err:  # an optional dependency: say how to get it
+            raise RuntimeError(
+                "a tokenizer.json target needs the 'tokenizers' package: pip install tokenizers"
+            ) from err
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"tokenizer file {self.path} does not exist")
+        self._tok = Tokenizer.from_file(str(self.path))
+        self.name = f"tokenizer.json:{self.path.name}"
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+class EndpointCounter(TokenCounter):
+    """The server's own ``POST /tokenize`` (vLLM, SGLang): ``{"model", "prompt"} -> {"count"}``."""
+
+    def __init__(self, base_url: str, model: str, headers: dict[str, str] | None = None):
+        import httpx
+
+        self.name = f"{base_url}/tokenize"
+        self._client = httpx.Client(base_url=base_url, headers=headers or {}, timeout=30)
+        self.model = model
+
+    def count(self, text: str) -> int:
+        resp = self._client.post(
+            "/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False}
+        )
+        resp.raise_for_status()
+        body = resp.json()
+        return int(body["count"] if "count" in body else len(body["tokens"]))
+
+
+PADS = ("the", "a", "of", "and", ".", ",", "x", "1")
+
+
+def fit_words(words: list[str], n_tokens: int, counter: TokenCounter) -> str:
+    """The longest prefix of ``words`` with at most ``n_tokens`` tokens, then padded with short
+    common words until the count is exactly ``n_tokens``.
+
+    Binary search over the word count (token counts grow with appended words for BPE/unigram
+    tokenizers, up to merges at the boundary, which the padding step absorbs), then padding with
+    the first of ``PADS`` that does not overshoot. Raises ``ValueError`` when the exact count
+    cannot be reached.
+    """
+    lo, hi = 0, len(words)
+    while lo < hi:  # largest k with count(words[:k]) <= n
+        mid = (lo + hi + 1) // 2
+        if counter.count(" ".join(words[:mid])) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    text = " ".join(words[:lo])
+    count = counter.count(text) if text else 0
+    for _ in range(2 * n_tokens + 8):
+        if count == n_tokens:
+            return text
+        for pad in PADS:
+            candidate = f"{text} {pad}" if text else pad
+            c = counter.count(candidate)
+            if count < c <= n_tokens:
+                text, count = candidate, c
+                break
+        else:
+            if not text:
+                break
+            # Every pad overshoots after this word: drop it and pad instead.
+            text = text.rsplit(" ", 1)[0] if " " in text else ""
+            count = counter.count(text) if text else 0
+    raise ValueError(f"cannot build a prompt of exactly {n_tokens} tokens with {counter.name}")
+
+
+def build_prompt_for(counter: TokenCounter | None, **row: Any) -> str:
+    """:func:`build_prompt` under the project tokenizer, or fitted to a target's tokenizer.
+
+    With a real tokenizer the shared prefix is fitted on its own to ``prefix_tokens`` and the
+    body after a newline to the remaining count, then the whole prompt is checked (and refitted
+    as one piece if the boundary changed the total).
+    """
+    if counter is None or isinstance(counter, WhitespaceCounter):
+        return build_prompt(**row)
+    n = int(row["input_tokens"])
+    seed = int(row["prompt_seed"])
+    # Generous word supply: real tokenizers usually need fewer words than tokens.
+    supply = body(seed, n + 16, row.get("corpus_revision", CORPUS_REVISION))
+    if int(row["prefix_id"]) >= 0:
+        k = int(row["prefix_tokens"])
+        prefix_words = shared_prefix(row["prefix_revision"], int(row["prefix_id"]), k + 16).split()
+        head = fit_words(prefix_words, k, counter)
+        tail = fit_words(supply, n - k, counter)
+        text = head + "\n" + tail
+        if counter.count(text) == n:
+            return text
+        return fit_words((head + "\n" + tail).split(" ") + supply, n, counter)
+    unique = unique_head(seed, min(row["cold_unique_prefix_tokens"], n))
+    return fit_words(unique + supply, n, counter)

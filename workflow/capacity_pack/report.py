@@ -52,7 +52,7 @@ def plot_throughput(selection: dict[str, Any], path: Path) -> None:
         color, marker = STATE_STYLE.get(state, ("gray", "x"))
         rates = [r["offered_rps"] for r in sel["rates"]]
         thr = [r["variation"]["observed_goodput_rps"] for r in sel["rates"]]
-        raw = [_mean_of(r, "request_throughput_rps") for r in sel["rates"]]
+        raw = [r["variation"]["request_throughput_rps"]["mean"] for r in sel["rates"]]
         ax.plot(rates, raw, color=color, marker=marker, ls="--", label=f"{state}: raw throughput")
         _errorline(ax, rates, thr, color, marker, f"{state}: observed goodput")
         if sel["capacity_rps"] is not None:
@@ -65,10 +65,6 @@ def plot_throughput(selection: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     _save(fig, path)
-
-
-def _mean_of(rate_row: dict[str, Any], key: str) -> float | None:
-    return rate_row.get("means", {}).get(key)
 
 
 def _errorline(ax, x, stats, color, marker, label) -> None:
@@ -186,6 +182,7 @@ def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> None:
     labels = ["queue depth (left axis)", "KV usage 0..1 (right axis)"]
     fig.legend(handles, labels, loc="lower center", ncol=2)
     fig.suptitle("Queue depth and KV usage over time, open-loop points")
+    fig.subplots_adjust(hspace=0.55, wspace=0.35)
     _save(fig, path)
 
 
@@ -257,7 +254,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return f"{v:.{digits}g}" if abs(v) < 1e3 else f"{v:,.0f}"
     return str(v)
 
 

@@ -171,7 +171,12 @@ def measure_point(
             full = build_schedule(inputs.schedule, point, extension_blocks=block - 1)
             return full[full["block"] == block]
 
-        settings.extension_block = extension
+        # The seed's extension rule is for open-loop rate points: a closed-loop level traces the
+        # frontier and a load-shape experiment is its profile, so neither is extended.
+        if point.mode == "open":
+            settings.extension_block = extension
+        else:
+            settings.min_successful_per_class = None
         summary = run_point(
             schedule,
             settings,
