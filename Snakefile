@@ -37,6 +37,17 @@ if FINDINGS := lint_pack(PACK):
         + "\n".join(f"  - {f.code}: {f.message} (why: {f.reason})" for f in FINDINGS)
     )
 
+# The fit probe: a pack whose longest request cannot fit its accelerator stops here too.
+from capacity_pack.capacity import preflight_fit
+
+FIT = preflight_fit(PACK)
+if FIT["checked"] and FIT["verdict"] == "does-not-fit":
+    raise WorkflowError(
+        f"{CONFIG_SOURCE}: fit probe: does-not-fit: a {FIT['context_tokens']}-token request "
+        f"needs {FIT['need_gb']:.2f} GB of {FIT['budget_gb']:.2f} GB"
+        + (f" ({FIT['reason']})" if FIT.get("reason") else "")
+    )
+
 # Measurement jobs take one `target_slot` each, so no two ever load one target at once.
 workflow.global_resources.setdefault("target_slot", 1)
 

@@ -23,6 +23,7 @@ rule report:
     """The pack a person reads: README, plots, the seed's files; the decision on MLflow."""
     input:
         frozen=FROZEN,
+        fit=f"{RESULTS}/manifest/fit-probe.json",
         capacity=f"{RESULTS}/capacity/capacity.json",
         plan=f"{RESULTS}/capacity/plan.json",
         reports=report_targets(),

@@ -2,11 +2,12 @@ rule freeze:
     """Lint the pack, refuse mutable revisions, write the frozen manifest, open the MLflow parent run."""
     output:
         frozen=FROZEN,
+        fit=f"{RESULTS}/manifest/fit-probe.json",
     params:
         manifest=MANIFEST_JSON,
         source=CONFIG_SOURCE,
         results_root=results_root,
-        code=code_hash("manifest", "lint", "tracking"),
+        code=code_hash("manifest", "lint", "tracking", "capacity", "sizing"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -3,6 +3,7 @@
 import json
 
 from capacity_pack import tracking
+from capacity_pack.capacity import preflight_fit
 from capacity_pack.io import write_json_atomic
 from capacity_pack.lint import lint_data
 from capacity_pack.logs import job_logging
@@ -15,7 +16,12 @@ with job_logging(snakemake.log[0]) as log:
     if findings:
         lines = [f"{source}: {f.code}: {f.message} (why: {f.reason})" for f in findings]
         raise SystemExit("benchmark anti-patterns found; fix the pack:\n" + "\n".join(lines))
-    frozen = freeze(validate_pack(data, source), source)
+    pack = validate_pack(data, source)
+    fit = preflight_fit(pack)
+    if fit["checked"] and fit["verdict"] == "does-not-fit":
+        raise SystemExit(f"fit probe: does-not-fit: {fit}")
+    frozen = freeze(pack, source)
+    write_json_atomic(snakemake.output.fit, fit)
     write_json_atomic(snakemake.output.frozen, frozen)
     run_id = tracking.ensure_parent_run(frozen, results_dir=snakemake.params.results_root)
     log.info("froze %s (sha256 %s), MLflow parent run %s", source, frozen["sha256"], run_id)

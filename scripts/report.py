@@ -33,6 +33,7 @@ with job_logging(snakemake.log[0]) as log:
         selected_tables=tables / selected["key"] if selected else None,
         selected_report=selected,
         series=series,
+        extra_files=[Path(i.fit)],
     )
     tracking.log_parent_results(
         frozen,

@@ -132,3 +132,30 @@ def test_mix_p95_context():
     data["workload"][1]["mix"], data["workload"][2]["mix"] = 0.46, 0.04
     data["client"].pop("class_schedule_counts")
     assert mix_p95_context(validate_pack(data)) == 1024 + 48
+
+
+@pytest.mark.parametrize(("kv_gb", "verdict"), [(4, "fits"), (8, "zero-headroom"),
+                                                (12, "does-not-fit")])  # fmt: skip
+def test_preflight_fit_probe_with_the_seed_numbers(kv_gb, verdict):
+    from capacity_pack.capacity import max_context_tokens, preflight_fit
+
+    data = yaml.safe_load(DEFAULT.read_text())
+    pack = validate_pack(data)
+    context = max_context_tokens(pack)
+    assert context == 1024 + 48
+    data["plan"]["memory"] = {
+        "accelerator_memory_gb": 24, "margin_gb": 2, "weights_gb": 12, "overhead_gb": 2,
+        "memory_utilization": 1.0, "kv_bytes_per_token": kv_gb * 1e9 / context,
+    }  # fmt: skip
+    fit = preflight_fit(validate_pack(data))
+    assert fit["checked"] and fit["verdict"] == verdict
+    assert fit["headroom_gb"] == pytest.approx(8 - kv_gb)
+
+
+def test_preflight_refuses_a_context_beyond_the_model_limit():
+    from capacity_pack.capacity import preflight_fit
+
+    data = yaml.safe_load(DEFAULT.read_text())
+    data["workload"][1]["input_tokens"] = 9000  # small-fast's max_model_len is 8192
+    fit = preflight_fit(validate_pack(data))
+    assert fit["verdict"] == "does-not-fit" and "max_model_len 8192" in fit["reason"]

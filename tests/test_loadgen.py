@@ -18,7 +18,7 @@ import yaml
 from capacity_pack import schedule as S
 from capacity_pack.loadgen import LoadSettings, read_records, run_point
 from capacity_pack.manifest import SimTarget, validate_pack
-from capacity_pack.sweep import measure_point
+from capacity_pack.sweep import measure_point, measurement_error
 from capacity_pack.target import SimProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,9 +69,11 @@ def by_status(records):
     return {st: sum(r["status"] == st for r in records) for st in {r["status"] for r in records}}
 
 
-def test_ok_requests_have_exact_lengths_and_seed_metrics(server, tmp_path):
+@pytest.mark.parametrize("transport", ["capacity_pack", "httpx"])
+def test_ok_requests_have_exact_lengths_and_seed_metrics(server, tmp_path, transport):
     out = tmp_path / "r.jsonl"
-    summary = run_point(constant_schedule(20, 20), settings(server), out)
+    summary = run_point(constant_schedule(20, 20), settings(server, transport=transport), out)
+    assert summary["client_transport"] == transport
     recs = read_records(out)
     assert len(recs) == 20 and by_status(recs) == {"ok": 20}
     for r in recs:
@@ -260,3 +262,39 @@ def test_extension_blocks_until_the_gate_or_the_time_limit(tmp_path):
         "long_context",
         "generation_heavy",
     }
+
+
+def test_chat_completions_stream(server, tmp_path):
+    out = tmp_path / "r.jsonl"
+    summary = run_point(
+        constant_schedule(10, 20, output_tokens=12), settings(server, endpoint="chat_completions"),
+        out,
+    )  # fmt: skip
+    recs = read_records(out)
+    assert by_status(recs) == {"ok": 10} and summary["streamed_tokens"] == 120
+    assert all(r["finish_reason"] == "length" and r["completion_tokens"] == 12 for r in recs)
+
+
+def test_client_stamps_agree_with_the_servers_ground_truth(tmp_path):
+    """Send and chunk stamps against the simulator's own log (same CLOCK_MONOTONIC): causal
+    (the server reads a request after it was sent; the client reads a token after it was
+    sent) and close. The bounds are loose for a shared CI machine; tests/bench/bench_loadgen.py
+    measures the error properly."""
+    gt = tmp_path / "gt.jsonl"
+    with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small", ground_truth=gt) as s:
+        out = tmp_path / "r.jsonl"
+        summary = run_point(constant_schedule(40, 20, output_tokens=8), settings(s.base_url), out)
+        time.sleep(0.3)  # the server logs a request just after its last byte
+    assert summary["failed"] == 0
+    server = {x["request_id"]: x for x in map(json.loads, gt.read_text().splitlines())}
+    sent_to_arrival, last_sent_to_read = [], []
+    for r in read_records(out):
+        g = server[r["request_id"]]
+        mono = lambda k: g[k] - g["clock_offset_ns"]  # noqa: B023, E731
+        sent_to_arrival.append(mono("arrival_ns") - r["sent_ns"])
+        # The server stamps a token after its send returned: the client may read it first.
+        last_sent_to_read.append(r["last_token_ns"] - mono("last_token_sent_ns"))
+    assert min(sent_to_arrival) > 0 and min(last_sent_to_read) > -1_000_000
+    assert np.median(sent_to_arrival) < 3e6 and np.median(np.abs(last_sent_to_read)) < 3e6
+    err = measurement_error(out, gt)
+    assert err["matched"] == 40 and err["e2e_abs_error_ms"]["p50"] < 3

@@ -282,6 +282,17 @@ def test_invalid_config_fails_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_fit_probe_stops_the_pipeline(tmp_path):
+    data = small_pack()
+    data["plan"]["memory"] = {"accelerator_memory_gb": 24, "margin_gb": 2, "weights_gb": 20,
+                              "overhead_gb": 3, "kv_bytes_per_token": 1e6}  # fmt: skip
+    write_pack(tmp_path, data)
+    res = snakemake(tmp_path, check=False)
+    assert res.returncode != 0
+    assert "fit probe: does-not-fit" in res.stderr + res.stdout
+    assert not (tmp_path / "results").exists()
+
+
 def test_lint_findings_stop_the_pipeline(tmp_path):
     data = small_pack()
     data["client"]["warmup_seconds"] = 0

@@ -33,6 +33,13 @@ Then, unless ``--no-pack``, the acceptance point: the default pack (config/confi
 Processes are not pinned unless ``--pin`` (simulator on CPU 0, client on CPU 1). Other
 processes on the machine show up as lateness and error, so before each run the script waits
 (up to ``--quiet-wait-s``) for the machine to be idle and reports the other load it saw.
+
+``--sim-nodelay`` starts every simulator with TCP_NODELAY on its listening socket (through a
+``sitecustomize`` on the children's PYTHONPATH). The simulator binds its own socket with
+protocol 0, so asyncio does not set TCP_NODELAY on the accepted connections; a token written
+after the response head then waits, under Nagle's algorithm, for the client's delayed ACK of
+the head (up to ~40 ms), which the server's log does not see. The flag measures the client
+as it will be once the simulator sets the option itself.
 """
 
 from __future__ import annotations
@@ -107,6 +114,32 @@ def ms(summary_part: dict, key: str) -> float:
     return float("nan") if v is None else float(v)
 
 
+NODELAY_SITECUSTOMIZE = """\
+import socket
+
+_listen = socket.socket.listen
+
+
+def listen(self, *args):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and self.type == socket.SOCK_STREAM:
+        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return _listen(self, *args)
+
+
+socket.socket.listen = listen
+"""
+
+
+def sim_nodelay(workdir: Path) -> None:
+    """Children (the simulators) import this sitecustomize; this process is not affected."""
+    site = workdir / "nodelay"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NODELAY_SITECUSTOMIZE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+
+
 def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: Path) -> dict:
     from capacity_pack import schedule as S
     from capacity_pack.loadgen import run_point
@@ -137,6 +170,7 @@ def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: 
         "event_loop_lag_ms": summary["event_loop_lag_ms"],
         "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
         "client_bound": summary["client_bound"],
+        "dispatcher_scheduling": summary.get("dispatcher_scheduling"),
         "measurement_error": err,
         "server_cpu_cores": (srv1 - srv0) / wall,
         "other_cpu_cores": ((busy1 - busy0) - (srv1 - srv0) - (own1 - own0)) / wall,
@@ -163,6 +197,7 @@ def pack_point(out: Path) -> dict:
         "streamed_tokens": summary["streamed_tokens"],
         "lateness_ms": summary["dispatch_lateness_ms"],
         "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
+        "dispatcher_scheduling": summary.get("dispatcher_scheduling"),
         "measurement_error": err,
         "server_and_other_cpu_cores": other,
     }
@@ -178,7 +213,7 @@ def line(r: dict) -> str:
         f"p99 {ms(late, 'p99'):7.3f} ms  CPU {r['client_cpu_ms_per_1k_tokens'] or 0:6.1f} ms/1k "
         f"tokens  |dTTFT| p50 {ms(ttft, 'p50'):6.3f} p99 {ms(ttft, 'p99'):7.3f} ms  "
         f"|dE2E| p50 {ms(e2e, 'p50'):6.3f} p99 {ms(e2e, 'p99'):7.3f} ms  "
-        f"failed {r['failed']}/{r['requests']}  "
+        f"failed {r['failed']}/{r['requests']}  {r.get('dispatcher_scheduling')}  "
         + (f"server {server:4.2f} cores  " if server is not None else "")
         + f"other {other:4.2f} cores"
     )
@@ -192,6 +227,9 @@ def main() -> int:
     parser.add_argument("--step-ms", type=float, default=10.0, help="Modelled decode step.")
     parser.add_argument("--no-pack", action="store_true", help="Skip the default-pack point.")
     parser.add_argument("--pin", action="store_true", help="Simulator on CPU 0, client on 1.")
+    parser.add_argument(
+        "--sim-nodelay", action="store_true", help="TCP_NODELAY on the simulators' sockets."
+    )
     parser.add_argument("--quiet-wait-s", type=float, default=60.0)
     parser.add_argument("--json", type=Path, default=None, help="Write the results here.")
     args = parser.parse_args()
@@ -207,10 +245,13 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "pinned": args.pin,
+        "sim_nodelay": args.sim_nodelay,
     }
     print(f"conditions: {conditions}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-loadgen-") as tmp:
         out = Path(tmp)
+        if args.sim_nodelay:
+            sim_nodelay(out)
         gt = out / "ground_truth.jsonl"
         profile = bench_profile(out, args.step_ms)
         pack = load_pack(args.measure_s)

@@ -378,3 +378,42 @@ def decision_metrics(capacity: dict[str, Any], plan: dict[str, Any]) -> dict[str
         out[f"{state}.operating_point_output_tps"] = op["output_throughput_tps"] if op else None
         out[f"{state}.saturation_output_tps"] = cur["saturation_tps"]
     return out
+
+
+def max_context_tokens(pack) -> int:
+    """The longest request the pack can send: max prompt + max output over its classes."""
+    from capacity_pack.manifest import length_stats
+
+    return max(length_stats(c.input_tokens).max + length_stats(c.output_tokens).max
+               for c in pack.workload)  # fmt: skip
+
+
+def preflight_fit(pack) -> dict[str, Any]:
+    """Fit probe before any measurement: does one request at the pack's longest context fit
+    next to the weights and overhead (``does-not-fit`` stops the pack), and is the context
+    within the simulated model's limit?"""
+    from capacity_pack import sizing
+
+    mem = memory_inputs(pack)
+    context = max_context_tokens(pack)
+    if mem is None:
+        return {"checked": False, "context_tokens": context,
+                "reason": "no model shape or accelerator declared (plan.memory)"}  # fmt: skip
+    kv_gb = mem["kv_bytes_per_token"] * context / 1e9
+    result = sizing.fit_probe(
+        mem["accelerator_memory_gb"] * mem["memory_utilization"],
+        mem["margin_gb"],
+        mem["weights_gb"],
+        kv_gb,
+        mem["overhead_gb"],
+    ).model_dump()
+    out: dict[str, Any] = {"checked": True, "context_tokens": context, "kv_gb": kv_gb, **result}
+    if pack.target.kind == "sim":
+        from capacity_pack.sim.profile import load_profile
+
+        limit = load_profile(pack.target.profile).model.max_model_len
+        out["max_model_len"] = limit
+        if context > limit:
+            reason = f"context {context} exceeds the model's max_model_len {limit}"
+            out.update(fits=False, verdict="does-not-fit", reason=reason)
+    return out

@@ -312,6 +312,8 @@ class SSEReader:
 
     def feed(self, data: bytes, now_ns: int, a: Attempt) -> int:
         """Read the events that ``data`` completes; returns the tokens they carried."""
+        if not data:
+            return 0
         if self.cr or b"\r" in data:
             data = self._lf(data)
         buf = self.buf + data if self.buf else data
