@@ -159,3 +159,19 @@ def test_preflight_refuses_a_context_beyond_the_model_limit():
     data["workload"][1]["input_tokens"] = 9000  # small-fast's max_model_len is 8192
     fit = preflight_fit(validate_pack(data))
     assert fit["verdict"] == "does-not-fit" and "max_model_len 8192" in fit["reason"]
+
+
+def test_effective_bandwidth_from_the_single_user_tpot():
+    from capacity_pack.capacity import effective_bandwidth, memory_inputs
+
+    pack = load_pack(DEFAULT)
+    closed = [report(None, 0, "pass", mode="closed", conc=1)]
+    for c in closed[0]["classes"].values():
+        c["p95_tpot_ms"] = 10.0  # 100 tokens/s
+    capacity = build_capacity(closed, pack)
+    bw = effective_bandwidth(capacity, pack)
+    weights = memory_inputs(pack)["weights_gb"]
+    assert bw["tokens_per_second"] == pytest.approx(100.0)
+    assert bw["effective_bandwidth_gbps"] == pytest.approx(100.0 * weights)
+    # small-fast: 0.4 TB/s spec; 2.47 GB x 100/s = 247 GB/s -> MBU ~0.62
+    assert bw["mbu"] == pytest.approx(100.0 * weights / 400.0)

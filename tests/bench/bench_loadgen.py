@@ -23,12 +23,16 @@ included). Reported per run, from the run's own summary and records:
 - client CPU per 1,000 streamed tokens (process CPU time from the clock's start to the end of
   the run, over the tokens streamed);
 - measurement error: |client TTFT - server TTFT| and |client E2E - server E2E|, p50/p99, against
-  the simulator's ground-truth log (:func:`capacity_pack.sweep.measurement_error`);
+  the simulator's ground-truth log (:func:`capacity_pack.sweep.measurement_error`), and where
+  it arises: "to handler" = server arrival - client send (the request's way into the server's
+  handler: the simulator's own reading delay, invisible to its log), "to client" = |client
+  read stamp - server send stamp| of first and last tokens (the client's share);
 - server CPU and other load (CPU that every other process of the machine used, in cores).
 
 Then, unless ``--no-pack``, the acceptance point: the default pack (config/config.yaml, the
-``small-fast`` profile, a fresh simulator) at its highest swept rate, open loop 30 RPS, through
-:func:`capacity_pack.sweep.measure_point`, with its measurement error.
+``small-fast`` profile, a fresh simulator) at its highest swept open-loop rate, cold, through
+:func:`capacity_pack.sweep.measure_point`, exactly as the sweep runs it, with its measurement
+error.
 
 Processes are not pinned unless ``--pin`` (simulator on CPU 0, client on CPU 1). Other
 processes on the machine show up as lateness and error, so before each run the script waits
@@ -158,7 +162,7 @@ def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: 
         machine_busy_cpu_s(), cpu_seconds(sim.pid), cpu_seconds(os.getpid()), time.monotonic(),
     )  # fmt: skip
     time.sleep(0.3)  # the server logs a request just after its last byte
-    err = measurement_error(records, gt)
+    err = measurement_error(records, gt) | split_error(records, gt)
     wall = t1 - t0
     return {
         "rate_rps": rate,
@@ -177,20 +181,53 @@ def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: 
     }
 
 
+def split_error(records: Path, gt: Path) -> dict:
+    """p50/p99 (ms) of server arrival - client send, and of |client stamp - server send| of
+    the first and last tokens."""
+    import numpy as np
+
+    from capacity_pack.loadgen import read_records
+
+    server = {}
+    with gt.open() as fh:
+        for line in fh:
+            if line.endswith("\n"):
+                g = json.loads(line)
+                server[g["request_id"]] = g
+    to_handler, to_client = [], []
+    for r in read_records(records):
+        g = server.get(r["request_id"])
+        if r["status"] != "ok" or g is None or g.get("first_token_sent_ns") is None:
+            continue
+        off = g["clock_offset_ns"]
+        to_handler.append(g["arrival_ns"] - off - r["sent_ns"])
+        to_client.append(abs(r["first_token_ns"] - (g["first_token_sent_ns"] - off)))
+        to_client.append(abs(r["last_token_ns"] - (g["last_token_sent_ns"] - off)))
+    if not to_handler:
+        return {}
+    q = lambda x, p: float(np.percentile(np.array(x) / 1e6, p))  # noqa: E731
+    return {
+        "to_handler_ms": {"p50": q(to_handler, 50), "p99": q(to_handler, 99)},
+        "to_client_ms": {"p50": q(to_client, 50), "p99": q(to_client, 99)},
+    }
+
+
 def pack_point(out: Path) -> dict:
     from capacity_pack import schedule as S
     from capacity_pack.sweep import measure_point, measurement_error
 
     pack = load_pack()
-    point = S.Point(mode="open", rate_rps=30, cache_state="cold", repeat=0)
+    rate = max(pack.sweep.open_loop_rps)
+    point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)
     busy0, own0, t0 = machine_busy_cpu_s(), cpu_seconds(os.getpid()), time.monotonic()
     summary = measure_point(pack, point, S.build_schedule(pack, point), out)
     wall = time.monotonic() - t0
     # The simulator ran in its own process; all of the machine's other CPU is listed together.
     other = ((machine_busy_cpu_s() - busy0) - (cpu_seconds(os.getpid()) - own0)) / wall
-    err = measurement_error(out / "records.jsonl", out / "ground_truth.jsonl")
+    records, gt = out / "records.jsonl", out / "ground_truth.jsonl"
+    err = measurement_error(records, gt) | split_error(records, gt)
     return {
-        "rate_rps": 30,
+        "rate_rps": rate,
         "transport": "capacity_pack",
         "requests": summary["sent"],
         "failed": summary["failed"],
@@ -206,6 +243,7 @@ def pack_point(out: Path) -> dict:
 def line(r: dict) -> str:
     late, err = r["lateness_ms"], r["measurement_error"]
     ttft, e2e = err.get("ttft_abs_error_ms", {}), err.get("e2e_abs_error_ms", {})
+    handler, client = err.get("to_handler_ms", {}), err.get("to_client_ms", {})
     other = r.get("other_cpu_cores", r.get("server_and_other_cpu_cores", float("nan")))
     server = r.get("server_cpu_cores")
     return (
@@ -213,6 +251,7 @@ def line(r: dict) -> str:
         f"p99 {ms(late, 'p99'):7.3f} ms  CPU {r['client_cpu_ms_per_1k_tokens'] or 0:6.1f} ms/1k "
         f"tokens  |dTTFT| p50 {ms(ttft, 'p50'):6.3f} p99 {ms(ttft, 'p99'):7.3f} ms  "
         f"|dE2E| p50 {ms(e2e, 'p50'):6.3f} p99 {ms(e2e, 'p99'):7.3f} ms  "
+        f"(to handler p99 {ms(handler, 'p99'):7.3f}, to client p99 {ms(client, 'p99'):6.3f})  "
         f"failed {r['failed']}/{r['requests']}  {r.get('dispatcher_scheduling')}  "
         + (f"server {server:4.2f} cores  " if server is not None else "")
         + f"other {other:4.2f} cores"

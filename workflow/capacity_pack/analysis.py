@@ -212,11 +212,10 @@ def _fast_seed_summary(path: Path, classes: list[ClassSpec]) -> _SeedSummary | N
     :func:`_parse_numbers` once per distinct value. So whatever passes here passes the seed, with
     the same values.
 
-    Then two threads (pyarrow and numpy release the GIL) share the work: the ID check, and the
-    other rules with the gathering of each class's successful latencies, in tasks of about
-    ``_TASK_ROWS`` rows. A task whose rows start at row r writes its c values of a class to rows
-    [r, r + c) of that class's buffers (sized for the whole file; only the pages written are ever
-    allocated), which no other task touches; the pieces are then moved together.
+    Then two threads (pyarrow and numpy release the GIL) share the work, in tasks of about
+    ``_TASK_ROWS`` rows: the ID check; the other rules, which also count each task's successful
+    rows per class; then, each task's share of a class's buffer known, the gathering of the
+    successful latencies straight to their place.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -243,48 +242,48 @@ def _fast_seed_summary(path: Path, classes: list[ClassSpec]) -> _SeedSummary | N
         )
     except Exception:  # the exact path reads the file again and words the error
         return None
-    n = table.num_rows
-    tasks: list[tuple[int, list]] = []  # (first row, record batches)
-    row = 0
+    tasks: list[list] = []
+    rows = 0
     for batch in table.drop_columns(["request_id"]).to_batches():
-        if not tasks or row - tasks[-1][0] >= _TASK_ROWS:
-            tasks.append((row, []))
-        tasks[-1][1].append(batch)
-        row += batch.num_rows
-    buffers = [[np.empty(n), np.empty(n), np.empty(n)] for _ in classes]
+        if not tasks or rows >= _TASK_ROWS:
+            tasks.append([])
+            rows = 0
+        tasks[-1].append(batch)
+        rows += batch.num_rows
     with ThreadPoolExecutor(2) as pool:
         ids_ok = pool.submit(_ids_valid, table.column("request_id"))
-        parts = [pool.submit(_summarize_batches, b, first, buffers, classes) for first, b in tasks]
-        done = [part.result() for part in parts]
-        if not ids_ok.result() or any(d is None for d in done):
+        checked = [f.result() for f in [pool.submit(_check_batches, t, classes) for t in tasks]]
+        if any(c is None for c in checked):
             return None
-    samples = []
-    for i, class_buffers in enumerate(buffers):
-        at = 0
-        for (first, _), (counts, _, _) in zip(tasks, done, strict=True):
-            if at != first:
-                for buffer in class_buffers:  # numpy copes with the overlap (at < first)
-                    buffer[at : at + counts[i]] = buffer[first : first + counts[i]]
-            at += counts[i]
-        ttft, tpot, e2e = (buffer[:at] for buffer in class_buffers)
-        passed, tokens = sum(d[1][i] for d in done), sum(d[2][i] for d in done)
-        samples.append(_ClassSample(ttft, tpot, e2e, passed, tokens))
-    return _SeedSummary(n, sum(s.ttft.size for s in samples), samples)
+        counts = np.array([c[1] for c in checked], np.int64).reshape(len(tasks), len(classes))
+        starts = np.cumsum(counts, axis=0) - counts  # each task's first row in each class
+        buffers = [[np.empty(total) for _ in range(3)] for total in counts.sum(axis=0)]
+        gathered = [
+            pool.submit(_gather_batches, t, c[0], first, buffers, classes)
+            for t, c, first in zip(tasks, checked, starts, strict=True)
+        ]
+        passed = np.zeros(len(classes), np.int64)
+        for g in gathered:
+            passed += g.result()
+        if not ids_ok.result():
+            return None
+    tokens = [sum(c[2][i] for c in checked) for i in range(len(classes))]
+    samples = [_ClassSample(*b, int(p), t) for b, p, t in zip(buffers, passed, tokens, strict=True)]
+    return _SeedSummary(table.num_rows, int(counts.sum()), samples)
 
 
-def _summarize_batches(
-    batches: list, first: int, buffers: list[list[np.ndarray]], classes: list[ClassSpec]
-) -> tuple[list[int], list[int], list[int]] | None:
-    """One task of :func:`_fast_seed_summary`: the rules other than the IDs' over ``batches``
-    (record batches from row ``first`` on; one per parsed block, ~150k rows, so temporaries stay
-    in the CPU cache), and each class's successful latencies compressed into ``buffers`` from
-    row ``first`` on. Returns per class the successful, passing and output-token counts, or None
-    when a rule fails."""
+def _check_batches(
+    batches: list, classes: list[ClassSpec]
+) -> tuple[list[np.ndarray], list[int], list[int]] | None:
+    """The rules other than the IDs' over ``batches`` (record batches, one per parsed block,
+    ~150k rows, so temporaries stay in the CPU cache). Returns each batch's row classes (index
+    in ``classes``, -1 for a failed row), and per class the successful rows and their output
+    tokens; None when a rule fails."""
     import pyarrow.compute as pc
 
     names = [c.name for c in classes]
     fixed = _expected_outputs(classes)
-    counts, passed, tokens = [0] * len(classes), [0] * len(classes), [0] * len(classes)
+    codes, counts, tokens = [], [0] * len(classes), [0] * len(classes)
     for batch in batches:
         code = _codes(batch.column("class"), names)
         status = _codes(batch.column("status"), list(STATUSES))
@@ -322,21 +321,43 @@ def _summarize_batches(
         if not (good | ~ok).all():
             return None
         code[~ok] = -1  # from here on, a row's class counts only if it succeeded
+        codes.append(code)
+        for i in range(len(classes)):
+            mine = code == i
+            k = int(np.count_nonzero(mine))
+            counts[i] += k
+            # Every successful output of a fixed-length class has that length (checked above).
+            tokens[i] += k * int(fixed[i]) if fixed[i] >= 0 else int(out.sum(where=mine))
+    return codes, counts, tokens
+
+
+def _gather_batches(
+    batches: list,
+    codes: list[np.ndarray],
+    starts: np.ndarray,
+    buffers: list[list[np.ndarray]],
+    classes: list[ClassSpec],
+) -> list[int]:
+    """Copy each class's successful TTFT, TPOT and E2E of ``batches`` (rows classed by
+    ``codes``) into ``buffers`` from row ``starts[class]`` on; returns per class how many pass
+    both cutoffs."""
+    at, passed = starts.copy(), [0] * len(classes)
+    for batch, code in zip(batches, codes, strict=True):
+        ttft, tpot, e2e = (
+            batch.column(c).to_numpy(zero_copy_only=False) for c in ("ttft_ms", "tpot_ms", "e2e_ms")
+        )
         for i, c in enumerate(classes):
             mine = code == i
             k = int(np.count_nonzero(mine))
             if k == 0:
                 continue
-            at = first + counts[i]
-            x, y, z = (buffer[at : at + k] for buffer in buffers[i])
+            x, y, z = (buffer[at[i] : at[i] + k] for buffer in buffers[i])
             np.compress(mine, ttft, out=x)
             np.compress(mine, tpot, out=y)
             np.compress(mine, e2e, out=z)
-            counts[i] += k
+            at[i] += k
             passed[i] += int(np.count_nonzero((x <= c.ttft_cutoff_ms) & (y <= c.tpot_cutoff_ms)))
-            # Every successful output of a fixed-length class has that length (checked above).
-            tokens[i] += k * int(fixed[i]) if fixed[i] >= 0 else int(out.sum(where=mine))
-    return counts, passed, tokens
+    return passed
 
 
 def _ids_valid(ids) -> bool:
@@ -850,9 +871,18 @@ def trend_of(
 ) -> dict[str, Any]:
     """Queue trend over [t_start, t_end] from a series with columns t_offset_ns and value."""
     window = series[(series["t_offset_ns"] >= t_start_ns) & (series["t_offset_ns"] <= t_end_ns)]
-    values = window.sort_values("t_offset_ns")["value"].to_numpy(dtype=float)
+    window = window.sort_values("t_offset_ns")
+    values = window["value"].to_numpy(dtype=float)
     mk = mann_kendall(values)
-    result: dict[str, Any] = {"samples": int(values.size), **mk}
+    result: dict[str, Any] = {
+        "samples": int(values.size),
+        **mk,
+        # The evidence itself, so a reader can redo the test.
+        "series": {
+            "t_offset_s": (window["t_offset_ns"].to_numpy() / 1e9).round(3).tolist(),
+            "value": values.tolist(),
+        },
+    }
     if values.size < min_samples:
         result["trend"] = "inconclusive"
         return result

@@ -345,10 +345,48 @@ def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) ->
             mem["overhead_gb"],
         ).model_dump()  # fmt: skip
     if pack.plan.price_per_gpu_hour is not None:
+        # Only successes divide the bill: failures at the capacity point raise the unit cost.
+        error_rate = max((r["error_rate"] or 0.0) for r in at_capacity) if at_capacity else 0.0
         plan["cost"] = sizing.cost(
-            plan["required_gpus"], pack.plan.price_per_gpu_hour, pack.plan.peak_rps
+            plan["required_gpus"],
+            pack.plan.price_per_gpu_hour,
+            pack.plan.peak_rps * (1 - error_rate),
+            pack.plan.requests_per_task,
         )
+        plan["cost"]["error_rate_at_capacity"] = error_rate
+    bw = effective_bandwidth(capacity, pack)
+    if bw is not None:
+        plan["effective_bandwidth"] = bw
     return plan
+
+
+def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None:
+    """Decode-bound effective bandwidth from the measured single-user TPOT (seed 004 section 8):
+    tokens/s = 1000 / the lowest class P95 TPOT at concurrency 1 (a conservative decode rate),
+    bytes moved per token = the replica's weights, effective bandwidth = tokens/s x bytes per
+    token, MBU = effective / spec bandwidth."""
+    from capacity_pack import sizing
+
+    mem = memory_inputs(pack)
+    single = None
+    for cur in capacity["closed_loop"].values():
+        single = single or cur.get("single_user")
+    if mem is None or single is None:
+        return None
+    tpots = [v for v in single["p95_tpot_ms"].values() if v]
+    if not tpots:
+        return None
+    tokens_per_s = 1000.0 / min(tpots)
+    bytes_gb = mem["weights_gb"]
+    spec = None
+    if pack.target.kind == "sim":
+        from capacity_pack.sim.profile import load_profile
+
+        prof = load_profile(pack.target.profile)
+        spec = prof.hardware.bandwidth_tb_s * 1000 * prof.engine.tensor_parallel
+    result = sizing.bandwidth(bytes_gb, tokens_per_s * bytes_gb, spec).model_dump()
+    result["measured_from"] = "single-user P95 TPOT (closed loop, concurrency 1)"
+    return result
 
 
 def decision_metrics(capacity: dict[str, Any], plan: dict[str, Any]) -> dict[str, float | None]:

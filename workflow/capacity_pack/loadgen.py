@@ -1,37 +1,62 @@
 """The load generator: sends a point's schedule to an OpenAI-compatible endpoint, records all.
 
 Open loop (``mode == "open"``/``"exp"``): each request is sent at its scheduled offset regardless
-of completions. A dispatcher thread sleeps until each arrival (``time.sleep`` releases the GIL and
-wakes within tens of microseconds) and hands the request to the asyncio loop; nothing ever holds
-a scheduled arrival behind a concurrency cap. An optional in-flight ceiling
-(``client.max_in_flight``) answers an arrival beyond it with a client-side ``rejected`` record.
-Closed loop (``mode == "closed"``): N workers, each sending its next request when the previous
-one ends, in schedule order.
+of completions; nothing ever holds a scheduled arrival behind a concurrency cap. An optional
+in-flight ceiling (``client.max_in_flight``; in flight = written and not yet ended) answers an
+arrival beyond it, at its due time, with a client-side ``rejected`` record. Closed loop
+(``mode == "closed"``): N workers, each sending its next request when the previous one ends, in
+schedule order.
+
+Client: one ``httpx.AsyncClient`` per run (keep-alive, explicit ``httpx.Timeout``, ``httpx.Limits``
+without connection caps, ``Accept-Encoding: identity``, no cookie carried between requests) over
+:class:`PlainHTTPTransport` for ``http://`` targets, httpx's default transport for ``https://``
+(``LoadSettings.transport`` overrides). The plain-HTTP transport exists because httpx's own
+stack costs ~100 us of CPU per SSE chunk and stamps chunks late; see its docstring.
+
+Timed sends (open loop, our transport). Requests are built before the clock starts. The loop
+starts each one ``LEAD_NS`` (5 ms) ahead of its due time: connection taken from the pool (or
+opened), bytes ready. The dispatcher thread (:class:`_Dispatcher`) sleeps until the due time and
+writes them to the socket itself, stamping the send there, so the loop's backlog and httpx's
+request handling never delay the send. The thread sleeps outside the GIL with 1 us timer slack
+and SCHED_FIFO priority where the process may (``dispatcher_scheduling`` in the summary); the GIL
+switch interval is lowered to 0.2 ms during a run so it gets the GIL promptly. With httpx's
+transport the thread hands each arrival to the loop at its due time instead.
 
 Per request, from one monotonic clock (``time.perf_counter_ns``, CLOCK_MONOTONIC on Linux, the
 same clock in every process of the machine) plus a realtime stamp (``time.time_ns``) at send and
-at end: scheduled offset, actual send time, every streamed chunk's arrival and its token count,
-HTTP status, terminal status (``ok``, ``error``, ``timeout``, ``rejected``, ``cancelled``), error
-text, usage (prompt, completion, cached tokens). Derived exactly as the seed defines, with
-s = send, f = first non-empty chunk, e = last non-empty chunk, O = output tokens:
+at end: scheduled offset, actual send time (when the request's bytes were written), every
+streamed chunk's arrival and its token count, HTTP status, terminal status (``ok``, ``error``,
+``timeout``, ``rejected``, ``cancelled``), error text, usage (prompt, completion, cached tokens).
+A chunk's arrival is the kernel's receive time of the socket read that completed it
+(``SO_TIMESTAMPNS``, moved onto the monotonic clock), so a busy loop does not blur it; events
+read together share it. Derived exactly as the seed defines, with s = send, f = first
+non-empty chunk, e = last non-empty chunk, O = output tokens:
 
     TTFT = f - s        E2E = e - s        TPOT = (E2E - TTFT) / (O - 1)  for O > 1
     ITL_j = t_j - t_(j-1) over chunks (gaps between observed chunks, not invented per token)
     client scheduling delay (dispatch lateness) = s - (t0 + scheduled offset)
+
+A request that is never written (no connection) keeps the later of its start and due time as s.
+Timeouts and cancellation deadlines run from the due time (from the start in closed loop).
 
 Records are appended to a JSONL file and flushed as each request ends, so a killed run keeps
 every finished request. No automatic retries, ever.
 
 A request counts as ``ok`` only when the stream ended normally with the class's exact output
 length (the workload contract of ``ignore_eos`` fixed-length classes); a short or long output is
-an ``error`` whose text says so, never silently a success.
+an ``error`` whose text says so, never silently a success. Streams are read by
+:class:`SSEReader` (OpenAI chunk shapes; ``json.loads`` only where its exact byte-template
+check cannot vouch for an event).
 
 The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
-and its own CPU time; when lateness p99 exceeds ``client.lateness_bound_ms`` the summary labels
-the point ``client_bound`` and the analysis treats it as invalid. ``/metrics`` is scraped every
-``client.metrics_interval_seconds`` into a long time series (queue depth, running, KV usage,
-prefix-cache queries/hits, preemptions) through a name map for vLLM, SGLang and the simulator,
-with the client's own backlog series (due but unsent, in flight) alongside.
+and its own CPU time from the clock's start (request building before it is not counted); when
+lateness p99 exceeds ``client.lateness_bound_ms`` the summary labels the point ``client_bound``
+and the analysis treats it as invalid. Objects alive at the clock's start are frozen out of the
+garbage collector (``gc.freeze``), so a full collection cannot pause the loop for tens of
+milliseconds. ``/metrics`` is scraped every ``client.metrics_interval_seconds`` into a long time
+series (queue depth, running, KV usage, prefix-cache queries/hits, preemptions) through a name
+map for vLLM, SGLang and the simulator, with the client's own backlog series (due but unsent, in
+flight) alongside.
 """
 
 from __future__ import annotations
@@ -468,7 +493,8 @@ SENT_HOOK = "capacity_pack.on_sent"
 # Request extension: the ``perf_counter_ns`` instant to write the request at (the transport
 # needs a ``scheduler``); everything else (connection, bytes) is made ready before it.
 SEND_AT = "capacity_pack.send_at_ns"
-# Response extension: the body stream; ``arrival_ns`` is the read time of the bytes last yielded.
+# Response extension: the body stream (``_Body``); ``arrival_ns`` is the read time of the bytes
+# last yielded.
 BODY_EXTENSION = "capacity_pack.body"
 
 # Connection states: between requests, reading a response head, then its body framing.
@@ -504,10 +530,13 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
     """An ``httpx.AsyncBaseTransport`` for plain-HTTP/1.1 keep-alive streaming on asyncio.
 
     Built because httpx's default stack (httpcore, h11, anyio) costs ~100 us of CPU per SSE
-    chunk. Here each socket read is one ``asyncio.Protocol.data_received`` call that stamps the
-    read (``time.perf_counter_ns``) before anything else and decodes the response framing
-    (chunked, ``Content-Length`` or close-delimited) into the body stream's queue, which
-    yields one item per read with its stamp (``BODY_EXTENSION``).
+    chunk (two reads per event, cancel scopes, context managers) and stamps a chunk only when
+    the reading task gets round to it. Here each connection is a non-blocking socket that the
+    event loop watches (``add_reader``); a read is one ``recvmsg`` that also returns the
+    kernel's receive time (:class:`_Connection`), and the response framing (chunked,
+    ``Content-Length`` or close-delimited) is decoded right there. The body stream
+    (:class:`_Body`, ``BODY_EXTENSION``) yields one item per read, or hands each read to a
+    callback as it arrives (``_Body.feed``), so streaming costs no task switch per chunk.
 
     Pool: idle keep-alive connections per origin, most recently used first, no cap on their
     number (``limits.keepalive_expiry`` closes those idle longer); a connection goes back only
@@ -517,13 +546,13 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
     Timeouts (``request.extensions["timeout"]``): connect, write (only if the socket's buffer
     is full), read (no byte for that long while a head or body read waits). Errors are the
     exceptions httpx's own transport raises (``ConnectError``, ``ConnectTimeout``,
-    ``ReadTimeout``, ``WriteTimeout``, ``ReadError``, ``RemoteProtocolError``), with h11's
-    wording. No retries. Only ``http://``; TLS targets keep httpx's default transport.
+    ``ReadTimeout``, ``WriteTimeout``, ``WriteError``, ``ReadError``, ``RemoteProtocolError``),
+    with h11's wording. No retries. Only ``http://``; TLS targets keep httpx's default one.
 
     Timed sends (``SEND_AT`` and a ``scheduler``, the run's dispatcher thread): the request is
     prepared early (connection taken or opened, bytes built) and the scheduler's thread writes
-    it at the due instant with ``os.write`` on the socket, stamping it there, so neither the
-    event loop's backlog nor httpx's request handling delays or blurs the send. A lock per
+    it at the due instant (``socket.send``), calling the ``SENT_HOOK`` gate there, so neither
+    the event loop's backlog nor httpx's request handling delays or blurs the send. A lock per
     timed write keeps the socket from being closed between the thread's check and its write.
     """
 
@@ -609,11 +638,8 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(timeout_s):
                 try:
-                    family = (
-                        socket.AF_INET6
-                        if ipaddress.ip_address(host).version == 6
-                        else (socket.AF_INET)
-                    )
+                    version = ipaddress.ip_address(host).version
+                    family = socket.AF_INET6 if version == 6 else socket.AF_INET
                     addresses = [(family, (host, port))]
                 except ValueError:  # a name: resolve it (in asyncio's executor)
                     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -714,7 +740,7 @@ class _Body(httpx.AsyncByteStream):
     """A response body stream (``httpx.AsyncByteStream``): one item per socket read.
 
     Besides iteration, :meth:`feed` hands every read, as it arrives, to a callback run inside
-    the protocol's ``data_received``, so a streamed response costs no task switch per chunk.
+    the connection's read callback, so a streamed response costs no task switch per chunk.
     """
 
     __slots__ = ("conn", "queue", "queued", "done", "exc", "waiter", "arrival_ns",
@@ -936,7 +962,14 @@ class _Connection:
             self.loop.remove_writer(self.fd)
             self.sock.close()
             if not self.lost:
-                self._lost(None)
+                # Closed from this side: whoever still waits is told so (a cancelled waiter
+                # needs nothing).
+                self.lost = True
+                head = self.head_waiter
+                if head is not None and not head.done():
+                    head.cancel()
+                if self.body is not None and not self.body.done:
+                    self.body.finish(httpx.ReadError("connection closed by the client"))
         self.pool._forget(self)
 
     # -- the request side ------------------------------------------------------------------

@@ -489,7 +489,22 @@ class OpenAITarget(_Model):
     restart_command: list[str] | None = Field(
         default=None, description="argv that restarts the engine (cache_reset: restart)."
     )
-    tokenizer_path: str | None = Field(default=None, description="Local tokenizer.json.")
+    tokenizer_path: str | None = Field(
+        default=None,
+        description="Local tokenizer.json: prompts get exactly the scheduled input tokens.",
+    )
+    tokenize_endpoint: bool = Field(
+        default=False,
+        description="Fit prompts with the server's POST /tokenize instead (vLLM, SGLang).",
+    )
+
+    @model_validator(mode="after")
+    def _one_tokenizer(self) -> OpenAITarget:
+        if self.tokenizer_path is not None and self.tokenize_endpoint:
+            raise ValueError("give tokenizer_path or tokenize_endpoint, not both")
+        if self.tokenizer_path is not None and not Path(self.tokenizer_path).is_file():
+            raise ValueError(f"tokenizer file {self.tokenizer_path!r} does not exist")
+        return self
 
     @model_validator(mode="after")
     def _check(self) -> OpenAITarget:
@@ -610,6 +625,9 @@ class Plan(_Model):
     warm_pool_replicas: int = Field(default=0, ge=0, description="Warm pool for cold starts.")
     price_per_gpu_hour: float | None = Field(
         default=None, ge=0, description="GPU-hour price for cost per request (any currency)."
+    )
+    requests_per_task: float = Field(
+        default=1.0, gt=0, description="Requests one completed task takes (agents: several)."
     )
     memory: MemorySpec | None = Field(
         default=None,

@@ -312,7 +312,16 @@ def render_readme(
         if plan.get("cost"):
             c = plan["cost"]
             lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour; "
-                      f"{_fmt(c['cost_per_request'])} per successful request.", ""]  # fmt: skip
+                      f"{_fmt(c['cost_per_request'])} per successful request; "
+                      f"{_fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
+        if plan.get("effective_bandwidth"):
+            b = plan["effective_bandwidth"]
+            lines += [f"Effective bandwidth (from the single-user TPOT): "
+                      f"{_fmt(b['effective_bandwidth_gbps'])} GB/s for "
+                      f"{_fmt(b['tokens_per_second'])} tokens/s at "
+                      f"{_fmt(b['bytes_per_token_gb'])} GB per token"
+                      + (f"; MBU {_fmt(b['mbu'])} of the spec" if b.get("mbu") else "") + ".",
+                      ""]  # fmt: skip
     elif plan.get("reason"):
         lines += ["## Replica plan", "", plan["reason"], ""]
     lines += [
