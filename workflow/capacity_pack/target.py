@@ -140,11 +140,22 @@ def reset_prefix_cache(target: OpenAITarget, base_url: str, *, timeout_s: float 
             time.sleep(0.5)
         return "restart"
     path = "/reset_prefix_cache" if target.cache_reset == "vllm" else "/flush_cache"
-    wait_idle(base_url, timeout_s=timeout_s)
-    resp = httpx.post(f"{base_url}{path}", timeout=30)
-    if resp.status_code >= 400:
-        raise TargetError(f"POST {path} answered {resp.status_code}: {resp.text[:300]}")
-    return path
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wait_idle(base_url, timeout_s=timeout_s)
+        resp = httpx.post(f"{base_url}{path}", timeout=30)
+        if resp.status_code >= 400:
+            raise TargetError(f"POST {path} answered {resp.status_code}: {resp.text[:300]}")
+        # vLLM answers 200 even when it refuses (blocks still in use); a JSON body says so.
+        try:
+            refused = resp.json().get("reset") is False
+        except (ValueError, AttributeError):
+            refused = False
+        if not refused:
+            return path
+        if time.monotonic() > deadline:
+            raise TargetError(f"POST {path} kept refusing for {timeout_s} s: {resp.text[:300]}")
+        time.sleep(0.5)
 
 
 def wait_idle(base_url: str, *, timeout_s: float = 60.0) -> dict[str, float]:

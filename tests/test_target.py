@@ -1,0 +1,49 @@
+"""Real-target paths, exercised against the simulated engine started as a separate server."""
+
+from __future__ import annotations
+
+import httpx
+import yaml
+
+from capacity_pack import schedule as S
+from capacity_pack.manifest import OpenAITarget, SimTarget, validate_pack
+from capacity_pack.sweep import measure_point
+from capacity_pack.target import SimProcess, reset_prefix_cache, verify_cold
+
+from .test_schedule import DEFAULT
+
+
+def test_openai_target_cold_point_resets_and_verifies(tmp_path, monkeypatch):
+    with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
+        # Warm the engine's prefix cache first, as a previous point would.
+        for _ in range(3):
+            httpx.post(f"{sim.base_url}/v1/completions",
+                       json={"model": "sim-small", "prompt": "same words " * 40, "max_tokens": 2},
+                       timeout=30)  # fmt: skip
+        data = yaml.safe_load(DEFAULT.read_text())
+        data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "vllm",
+                          "api_key_env": "CAPACITY_PACK_TEST_KEY"}  # fmt: skip
+        data["client"].update(initial_scheduled_requests=30, minimum_duration_seconds=1,
+                              warmup_seconds=0.2)  # fmt: skip
+        data["client"].pop("class_schedule_counts")
+        data["acceptance"]["min_successful_samples_per_class"] = 5
+        monkeypatch.setenv("CAPACITY_PACK_TEST_KEY", "sk-test-secret-value")
+        pack = validate_pack(data)
+        point = S.Point(mode="open", rate_rps=30, cache_state="cold", repeat=0)
+        summary = measure_point(pack, point, S.build_schedule(pack, point), tmp_path)
+    assert summary["cache_preparation"] == "/reset_prefix_cache"
+    assert summary["cache_empty_verified"] is True
+    assert summary["target_kind"] == "openai" and summary["failed"] == 0
+    assert summary["server_prefix_hit_rate"] < 0.01
+    # The key was sent but is never written anywhere.
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert b"sk-test-secret-value" not in path.read_bytes()
+
+
+def test_reset_waits_while_the_engine_refuses(tmp_path):
+    with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
+        target = OpenAITarget(kind="openai", base_url=sim.base_url, cache_reset="vllm")
+        assert reset_prefix_cache(target, sim.base_url, timeout_s=30) == "/reset_prefix_cache"
+        facts = verify_cold(sim.base_url)
+        assert facts["cache_empty_verified"] is True and facts["kv_usage_at_start"] == 0
