@@ -497,3 +497,39 @@ def test_read_stamp_is_when_the_bytes_arrived_not_when_the_loop_read_them():
         thread.join()
         listener.close()
     assert 0 <= got - sent[0] < 2_000_000 < read_at - got
+
+
+@pytest.mark.parametrize("transport", ["capacity_pack", "httpx"])
+def test_a_run_reuses_its_connections(tmp_path, transport):
+    """Keep-alive under either transport: the body is read to its end after [DONE], so the
+    connection goes back to the pool instead of being closed (one connection per request)."""
+    import numpy as np
+    import pandas as pd
+
+    from capacity_pack.loadgen import LoadSettings, read_records, run_point
+
+    async def respond(request, writer):
+        writer.write(HEAD + chunked(sse(completion(" a"), completion(" b")))[:-5])
+        await writer.drain()
+        writer.write(chunked(sse("[DONE]")))
+
+    n = 12
+    schedule = pd.DataFrame({
+        "request_id": [f"k.{i}" for i in range(n)], "seq": np.arange(n), "block": 1,
+        "phase": "measure", "class": "c", "input_tokens": 8, "output_tokens": 2,
+        "scheduled_offset_ns": np.arange(n) * 20_000_000, "prefix_id": -1, "prefix_tokens": 0,
+        "prompt_seed": np.arange(n), "cancel_after_ns": -1,
+    })  # fmt: skip
+
+    async def main():
+        async with Script(respond) as s:
+            settings = LoadSettings(
+                base_url=s.url, model="m", mode="open", request_timeout_s=5,
+                scrape_metrics=False, include_usage=False, transport=transport,
+            )  # fmt: skip
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, run_point, schedule, settings, tmp_path / "r.jsonl")
+            return s.connections
+
+    assert run(main()) == 1
+    assert {r["status"] for r in read_records(tmp_path / "r.jsonl")} == {"ok"}

@@ -9,8 +9,8 @@ or, for a quicker look, ``python tests/bench/bench_analysis.py --sizes 1000000``
 Method. For each size (1, 5 and 10 million rows by default) a synthetic ``requests.csv`` is
 written in the seed's format: the seed's 3-class fixture (interactive / long_context /
 generation_heavy, 70/20/10 % of requests, fixed outputs of 128 / 256 / 1024 tokens), log-normal
-TTFT and TPOT (medians 180 / 1,400 / 450 ms and 24 / 38 / 33 ms, so every class attains about
-97-99 % of its cutoffs), E2E = TTFT + TPOT x (O - 1) to 0.01 ms, and ``--failed-share`` (2 %)
+TTFT and TPOT (medians 180 / 1,400 / 450 ms and 24 / 38 / 33 ms, so every class attains
+97-98 % of its cutoffs), E2E = TTFT + TPOT x (O - 1) to 0.01 ms, and ``--failed-share`` (2 %)
 of rows failed (error / timeout / rejected / cancelled) with zeros for their latencies and
 length, so the file passes the seed's validation. The same file is then analyzed by
 
@@ -28,9 +28,10 @@ extrapolated linearly from the previous size, would exceed ``--reference-limit-s
 its memory would exceed 80 % of the memory available; the output says so.
 
 Other processes on the machine slow both sides, so before each run the script waits (up to
-``--quiet-wait-s``, 60 s) for the machine to be idle, and it prints the CPU that other processes
-used during each run ("other load", in cores, from /proc/stat); record figures from runs where it
-is near zero.
+``--quiet-wait-s``, 60 s) for the machine to be idle, measures the CPU that other processes used
+during the run ("other load", in cores, from /proc/stat), and reruns a run disturbed by more
+than ``--max-other-load`` (0.1 cores) up to ``--retries`` (2) times, keeping the least disturbed
+attempt; the other load of every kept run is printed.
 """
 
 from __future__ import annotations
@@ -134,7 +135,16 @@ def wait_for_quiet(max_wait_s: float, busy_limit: float = 0.1) -> float:
             return busy
 
 
-def run(cmd: list[str], workdir: Path, quiet_wait_s: float) -> dict:
+def run(cmd: list[str], workdir: Path, args: argparse.Namespace) -> dict:
+    """:func:`run_once`, repeated (up to ``--retries`` times) while other processes used more
+    than ``--max-other-load`` cores during the run; the least disturbed attempt is kept."""
+    attempts = [run_once(cmd, workdir, args.quiet_wait_s)]
+    while attempts[-1]["other_load_cores"] > args.max_other_load and len(attempts) <= args.retries:
+        attempts.append(run_once(cmd, workdir, args.quiet_wait_s))
+    return min(attempts, key=lambda a: a["other_load_cores"])
+
+
+def run_once(cmd: list[str], workdir: Path, quiet_wait_s: float) -> dict:
     """One subprocess, once the machine is quiet: wall time, CPU time, peak RSS (its own, via
     wait4), the other processes' CPU use during the run (cores), and its parsed JSON stdout."""
     wait_for_quiet(quiet_wait_s)
@@ -182,6 +192,8 @@ def main() -> int:
     parser.add_argument("--reference-limit-s", type=float, default=300.0)
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--quiet-wait-s", type=float, default=60.0)
+    parser.add_argument("--max-other-load", type=float, default=0.1, help="cores; else rerun")
+    parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--seed-text", type=Path, default=None)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -208,15 +220,16 @@ def main() -> int:
 
             ours_cmd = [sys.executable, "-m", "capacity_pack", "analyze", str(csv), duration]
             ours_cmd.append("flat")
-            runs = [run(ours_cmd, workdir, args.quiet_wait_s) for _ in range(args.repeat)]
+            runs = [run(ours_cmd, workdir, args) for _ in range(args.repeat)]
             ours = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
             ours["walls_s"] = [r["wall_s"] for r in runs]
+            ours["other_loads_cores"] = [r["other_load_cores"] for r in runs]
             entry = {"rows": rows, "csv_mib": size_mb, "ours": ours, "reference": None}
             print(
                 f"  ours      {ours['wall_s']:7.2f} s  {rows / ours['wall_s']:>12,.0f} rows/s  "
                 f"cpu {ours['cpu_s']:6.2f} s  peak RSS {ours['peak_rss_mb']:7,.0f} MiB  "
-                f"(walls {', '.join(f'{w:.2f}' for w in ours['walls_s'])}; "
-                f"other load {ours['other_load_cores']:.2f} cores)"
+                f"(walls {', '.join(f'{w:.2f}' for w in ours['walls_s'])}; other load "
+                f"{', '.join(f'{x:.2f}' for x in ours['other_loads_cores'])} cores)"
             )
 
             skip = None
@@ -233,7 +246,7 @@ def main() -> int:
                 print(f"  reference skipped: {skip}")
             else:
                 ref_cmd = [sys.executable, str(script), str(csv), duration, "flat"]
-                ref = run(ref_cmd, workdir, args.quiet_wait_s)
+                ref = run(ref_cmd, workdir, args)
                 previous_ref = {"rows": rows, **ref}
                 differ = seed_keys_differ(ref["report"], ours["report"])
                 entry.update(reference=ref, seed_keys_equal=not differ, differing_keys=differ)
@@ -243,8 +256,8 @@ def main() -> int:
                     f"(other load {ref['other_load_cores']:.2f} cores)"
                 )
                 print(
-                    f"  speed-up {ref['wall_s'] / ours['wall_s']:.1f}x; memory "
-                    f"{ref['peak_rss_mb'] / ours['peak_rss_mb']:.1f}x less; seed keys "
+                    f"  speed-up {ref['wall_s'] / ours['wall_s']:.1f}x; peak RSS reference/ours "
+                    f"{ref['peak_rss_mb'] / ours['peak_rss_mb']:.1f}x; seed keys "
                     + ("equal" if not differ else f"DIFFER: {differ}")
                 )
             for r in (entry["ours"], entry["reference"]):
@@ -271,7 +284,7 @@ def main() -> int:
             cells += [f"{r['wall_s']:.1f}", f"{e['rows'] / r['wall_s']:,.0f}",
                       f"{r['peak_rss_mb']:,.0f}", f"{r['wall_s'] / o['wall_s']:.1f}x",
                       "equal" if e["seed_keys_equal"] else "DIFFER"]  # fmt: skip
-        load = max(x["other_load_cores"] for x in (o, r) if x is not None)
+        load = max([*o["other_loads_cores"], r["other_load_cores"] if r else 0.0])
         print("| " + " | ".join([*cells, f"{load:.2f}"]) + " |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

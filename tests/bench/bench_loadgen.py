@@ -2,10 +2,13 @@
 
 Run (from the repository root, in the project's virtualenv, on a machine with >= 2 cores):
 
-    python tests/bench/bench_loadgen.py --json bench-loadgen.json
+    python tests/bench/bench_loadgen.py --sim-nodelay --json bench-loadgen.json
+    python tests/bench/bench_loadgen.py --json bench-loadgen-as-is.json
 
-or, for a quicker look, ``python tests/bench/bench_loadgen.py --rates 100 --measure-s 5
---no-pack``.
+(the first with the simulators' sockets given TCP_NODELAY, see below; the second with the
+simulator as it is), or, for a quicker look, ``python tests/bench/bench_loadgen.py --rates 100
+--measure-s 5 --no-pack``. Not collected by pytest (``tests/bench`` is excluded). Results and
+conditions are recorded in docs/performance.md, "Load generator".
 
 Method. One ``capacity-pack sim serve`` process (with its ground-truth log) serves every run.
 Its profile is ``small-fast`` made step-bound: bandwidth and FLOP/s raised a thousandfold,

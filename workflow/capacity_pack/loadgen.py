@@ -99,6 +99,8 @@ SWITCH_INTERVAL_S = 0.0002
 # How far ahead of its due time a timed send is handed to the loop to be prepared: above the
 # loop's longest usual backlog (a step's burst of chunks at 200 RPS is ~3 ms).
 LEAD_NS = 5_000_000
+# Idle keep-alive connections httpx's default transport may keep (see Run.run).
+HTTPX_MAX_IDLE_CONNECTIONS = 32
 
 # Canonical server signals and the names engines expose them under (first match wins).
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
@@ -1460,7 +1462,8 @@ class Run:
         st = self.state
         body = resp.extensions.get(BODY_EXTENSION)
         if body is not None and resp.headers.get("content-encoding", "identity") == "identity":
-            # Our transport: each read is parsed inside data_received, stamped as it arrived.
+            # Our transport: each read is parsed in the connection's read callback, stamped
+            # with its kernel receive time.
             def sink(now_ns: int, data: bytes) -> bool:
                 st.streamed_tokens += reader.feed(data, now_ns, a)
                 return reader.ended
@@ -1469,12 +1472,20 @@ class Run:
             if not reader.ended:
                 st.streamed_tokens += reader.close(time.perf_counter_ns(), a)
         else:
-            async for data in resp.aiter_bytes():
+            chunks = resp.aiter_bytes()
+            async for data in chunks:
                 st.streamed_tokens += reader.feed(data, time.perf_counter_ns(), a)
                 if reader.ended:
                     break
             else:
                 st.streamed_tokens += reader.close(time.perf_counter_ns(), a)
+            if reader.done:
+                # Read the body's end (it follows [DONE] at once): httpcore keeps only a
+                # connection whose response was read to the end, else every request reconnects.
+                with contextlib.suppress(httpx.HTTPError, TimeoutError):
+                    async with asyncio.timeout(_DRAIN_GRACE_S):
+                        async for _ in chunks:
+                            pass
         if reader.failed:
             return
         if reader.done and body is not None:
@@ -1647,9 +1658,15 @@ class Run:
         # The dispatcher thread must get the GIL promptly when an arrival is due.
         old_switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        choice = self.s.transport
+        own = choice == "capacity_pack" or (choice == "auto" and self._url.startswith("http://"))
         limits = httpx.Limits(
             max_connections=None,
-            max_keepalive_connections=None,
+            # httpcore's pool scans every connection, and polls every idle one, for each idle
+            # one on every request: unbounded, that grows quadratically and melts the client
+            # past ~100 RPS. Bounding the idle pool only closes surplus idle connections; new
+            # ones still open whenever needed. Our transport keeps every idle connection.
+            max_keepalive_connections=None if own else HTTPX_MAX_IDLE_CONNECTIONS,
             # Under the 5 s keep-alive timeout of uvicorn (vLLM, SGLang, the simulator), so an
             # idle connection is dropped here before the server can close it under a request.
             keepalive_expiry=4.0,
@@ -1659,8 +1676,8 @@ class Run:
         )
         self._dispatcher = _Dispatcher(asyncio.get_running_loop())
         self._dispatcher.start()
-        transport = self._transport(limits, self._dispatcher)
-        self._own_transport = isinstance(transport, PlainHTTPTransport)
+        transport = PlainHTTPTransport(limits, scheduler=self._dispatcher) if own else None
+        self._own_transport = own
         self._lead_ns = LEAD_NS if self._own_transport and self.s.mode != "closed" else 0
         stop = asyncio.Event()
         watchers: list[asyncio.Task] = []
@@ -1718,15 +1735,6 @@ class Run:
             self.writer.close()
         self.wall_s = (time.perf_counter_ns() - self.t0_ns) / NS
         return self.summary()
-
-    def _transport(
-        self, limits: httpx.Limits, dispatcher: _Dispatcher
-    ) -> httpx.AsyncBaseTransport | None:
-        """The load generator's own transport for plain HTTP, else httpx's default one."""
-        choice = self.s.transport
-        if choice == "httpx" or (choice == "auto" and not self._url.startswith("http://")):
-            return None
-        return PlainHTTPTransport(limits, scheduler=dispatcher)
 
     async def _extend(self, client) -> None:
         """Extension blocks while a class is under its sample gate and time remains."""

@@ -721,7 +721,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket; port 0 picks a free port (read it with ``getsockname``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # An explicit IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only when the
+    # listening socket says TCP, and without it the first token of a reused keep-alive
+    # connection can wait up to 40 ms behind the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
