@@ -47,3 +47,29 @@ def test_reset_waits_while_the_engine_refuses(tmp_path):
         assert reset_prefix_cache(target, sim.base_url, timeout_s=30) == "/reset_prefix_cache"
         facts = verify_cold(sim.base_url)
         assert facts["cache_empty_verified"] is True and facts["kv_usage_at_start"] == 0
+
+
+def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path):
+    """A word-level tokenizer.json counts like the simulated engine, so the server's usage
+    proves every fitted prompt had exactly its scheduled input tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "the": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
+        data = yaml.safe_load(DEFAULT.read_text())
+        data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "none",
+                          "tokenizer_path": str(path)}  # fmt: skip
+        data["sweep"]["cache_states"] = ["warm"]
+        data["experiments"] = []
+        data["client"].update(initial_scheduled_requests=20, minimum_duration_seconds=1,
+                              warmup_seconds=0.2)  # fmt: skip
+        data["client"].pop("class_schedule_counts")
+        data["acceptance"]["min_successful_samples_per_class"] = 2
+        pack = validate_pack(data)
+        point = S.Point(mode="open", rate_rps=30, cache_state="warm", repeat=0)
+        summary = measure_point(pack, point, S.build_schedule(pack, point), tmp_path / "out")
+    assert summary["failed"] == 0 and summary["prompt_tokens_mismatches"] == 0
+    assert summary["server_prefix_hit_rate"] > 0.1  # the shared prefixes survived the fitting

@@ -89,7 +89,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import atomic_path, write_json_atomic
-from capacity_pack.prompts import build_prompt
+from capacity_pack.prompts import build_prompt_for
 from capacity_pack.tokenizer import count_tokens
 
 STATUSES = ("ok", "error", "timeout", "rejected", "cancelled")
@@ -153,6 +153,9 @@ class LoadSettings(BaseModel):
     )
     maximum_duration_s: float | None = Field(default=None, description="Stop extending after.")
     extension_block: Any = Field(default=None, exclude=True, description="Callable(k) -> rows.")
+    token_counter: Any = Field(
+        default=None, exclude=True, description="prompts.TokenCounter of a real target, or None."
+    )
     progress: bool = Field(default=False, description="Live progress line on stderr.")
     transport: Literal["auto", "capacity_pack", "httpx"] = Field(
         default="auto",
@@ -1342,7 +1345,10 @@ class Run:
             self._requests[row["request_id"]] = self._request(row)
 
     def _prompt(self, row: dict[str, Any]) -> str:
-        return build_prompt(
+        # A real target's tokenizer (tokenizer.json or /tokenize) fits the text to the exact
+        # count; without one, the project's words are exact for the simulated engine.
+        return build_prompt_for(
+            self.s.token_counter,
             input_tokens=int(row["input_tokens"]),
             prompt_seed=int(row["prompt_seed"]),
             prefix_id=int(row["prefix_id"]),

@@ -106,6 +106,25 @@ def load_settings(
     )
 
 
+def token_counter(inputs: SweepInputs, base_url: str):
+    """The target's tokenizer for exact prompt lengths: a tokenizer.json, /tokenize, or None
+    (the project tokenizer, exact for the simulated engine)."""
+    import os
+
+    from capacity_pack.prompts import EndpointCounter, FileTokenizerCounter
+
+    target = inputs.target
+    if not isinstance(target, OpenAITarget):
+        return None
+    if target.tokenizer_path is not None:
+        return FileTokenizerCounter(target.tokenizer_path)
+    if target.tokenize_endpoint:
+        key = os.environ.get(target.api_key_env, "") if target.api_key_env else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return EndpointCounter(base_url, inputs.model.served_name or inputs.model.id, headers)
+    return None
+
+
 def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Prefix-cache hit rate of the measured window, from the server and from the client."""
     out: dict[str, Any] = {}
@@ -166,6 +185,7 @@ def measure_point(
         log_path=out / "server.log" if is_sim else None,
     ) as (base_url, facts):
         settings = load_settings(inputs, point, base_url, progress=progress)
+        settings.token_counter = token_counter(inputs, base_url)
 
         def extension(block: int) -> pd.DataFrame:
             full = build_schedule(inputs.schedule, point, extension_blocks=block - 1)
