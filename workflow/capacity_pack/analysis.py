@@ -120,7 +120,7 @@ def pack_gates(pack) -> Gates:
 
 
 def read_requests_csv(path: str | Path) -> pd.DataFrame:
-    """The seed's requests.csv, read fast (pyarrow), every column as text first."""
+    """The seed's requests.csv with every column as text (pyarrow): the exact path's input."""
     import pyarrow.csv as pacsv
 
     path = Path(path)
