@@ -192,6 +192,13 @@ def profiles() -> None:
 )
 @click.option("--replica-id", type=int, default=None, help="Replica number for the log.")
 @click.option(
+    "--startup-delay-s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds before the server listens (weights loading and warm-up of a cold replica).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="warning",
@@ -212,11 +219,16 @@ def serve(
     kill_after_s: float | None,
     engine_index: int,
     replica_id: int | None,
+    startup_delay_s: float,
     log_level: str,
     **fault_kwargs,
 ) -> None:
     """Serve one simulated replica on HOST:PORT until interrupted."""
     import logging
+    import time
+
+    # Nothing listens while a real engine loads weights: health checks are refused meanwhile.
+    time.sleep(startup_delay_s)
 
     from capacity_pack.sim.engine import Engine, Faults
     from capacity_pack.sim.server import SimServer, bind_socket, run_app
@@ -326,6 +338,43 @@ def serve(
     help="Restart a replica this long after the cluster is up (repeatable).",
 )
 @click.option(
+    "--add",
+    "adds",
+    multiple=True,
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Add a replica (the next index) this long after the cluster is up (repeatable).",
+)
+@click.option(
+    "--admission-max-outstanding",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Answer 429 while every healthy replica has this many requests in flight (0: off).",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Retry a request on another replica this many times when a replica cannot be reached.",
+)
+@click.option(
+    "--restart-after-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Restart a replica whose process died this long after the router noticed "
+    "(default: never).",
+)
+@click.option(
+    "--cold-start-s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds a replica started after the cluster is up (restart, scale-out) takes to load "
+    "before it serves; the initial replicas are taken as already running.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="warning",
@@ -346,10 +395,16 @@ def cluster(
     health_interval_s: float,
     kills: tuple[str, ...],
     restarts: tuple[str, ...],
+    adds: tuple[float, ...],
+    admission_max_outstanding: int,
+    retries: int,
+    restart_after_s: float | None,
+    cold_start_s: float,
     log_level: str,
     **fault_kwargs,
 ) -> None:
-    """Serve REPLICAS simulated replicas behind a health-checking router."""
+    """Serve REPLICAS simulated replicas behind a health-checking router (admission control,
+    retries on unreachable replicas, optional supervisor restarts and scheduled scale-out)."""
     import logging
 
     from capacity_pack.sim.cluster import Cluster, cluster_app, parse_schedule
@@ -378,6 +433,11 @@ def cluster(
         health_interval_s=health_interval_s,
         actions=actions,
         seed=seed,
+        admission_max_outstanding=admission_max_outstanding,
+        retries=retries,
+        restart_after_s=restart_after_s,
+        add_at_s=adds,
+        cold_start_s=cold_start_s,
     )
     try:
         sock = bind_socket(host, port)
