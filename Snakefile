@@ -59,6 +59,7 @@ include: "rules/sweep.smk"
 include: "rules/normalize.smk"
 include: "rules/analyze.smk"
 include: "rules/capacity.smk"
+include: "rules/failure.smk"
 include: "rules/track.smk"
 
 

@@ -10,6 +10,7 @@
 import importlib.util
 
 from capacity_pack import analysis as analysis_lib
+from capacity_pack import failure as failure_lib
 from capacity_pack import schedule as schedule_lib
 from capacity_pack import sweep as sweep_lib
 from capacity_pack.io import canonical_json, sha256_hex, sha256_of_obj
@@ -20,9 +21,11 @@ FROZEN = f"{RESULTS}/manifest/frozen.json"
 MANIFEST_JSON = canonical_json(PACK.model_dump(mode="json"))
 POINTS = schedule_lib.points(PACK)
 ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
-# The decision reads gates, workload, placement, plan and target: it is cheap, so it simply
-# takes the whole validated pack (a script never reads the config itself).
-CAPACITY_INPUTS_JSON = MANIFEST_JSON
+# The decision reads gates, workload, placement, plan and target: it is cheap, so it takes the
+# whole validated pack (a script never reads the config itself) except the failure drills,
+# which come after it: a changed drill setting must not re-decide capacity (and, through the
+# decision's file, re-run every drill).
+CAPACITY_INPUTS_JSON = canonical_json(PACK.model_dump(mode="json", exclude={"failure"}))
 PACK_PLOTS = ["throughput.png", "attainment.png", "latency.png"]
 if PACK.sweep.closed_loop_concurrency:
     PACK_PLOTS.append("closed_loop.png")
@@ -35,6 +38,7 @@ wildcard_constraints:
     cache=r"cold|warm",
     repeat=r"[0-9]+",
     stage=r"[a-z_]+",
+    drill=r"[a-z][a-z0-9_]*",
 
 
 def code_hash(*modules):
@@ -94,12 +98,35 @@ def report_targets():
     return [f"{point_dir('reports', p)}/slo-report.json" for p in POINTS]
 
 
+def open_report_targets():
+    return [f"{point_dir('reports', p)}/slo-report.json" for p in POINTS if p.mode == "open"]
+
+
+# Failure drills: their names, what each reads, and what analysing them reads.
+DRILLS = [d.name for d in PACK.failure.drills] if PACK.failure else []
+DRILL_SPEC_JSON = failure_lib.DrillAnalysisSpec.of(PACK).canonical_json()
+PACK_INFO_JSON = canonical_json({**PACK.pack.model_dump(mode="json"), "label": PACK.pack.label})
+# The alert rules read the engine name, cutoffs, gates and thresholds; the rule is cheap, so it
+# takes the whole pack (a changed pack rewrites the rules; the drills are not re-run).
+DASHBOARD_INPUTS_JSON = MANIFEST_JSON
+
+
+def drill_inputs_json(wildcards):
+    return failure_lib.DrillInputs.for_drill(PACK, wildcards.drill).canonical_json()
+
+
+def drill_report_targets():
+    return [f"{RESULTS}/failure/{d}/drill-report.json" for d in DRILLS]
+
+
 # Stages whose jobs get MLflow child runs, and the summaries each job writes.
 TRACKED_STAGES = {
     "schedule": schedule_targets,
     "sweep": sweep_targets,
     "analysis": report_targets,
 }
+if DRILLS:
+    TRACKED_STAGES["failure"] = drill_report_targets
 
 
 def all_targets():
@@ -111,4 +138,6 @@ def all_targets():
         *report_targets(),
         *(f"{RESULTS}/tracking/{stage}.json" for stage in TRACKED_STAGES),
         f"{RESULTS}/pack/README.md",
+        *([f"{RESULTS}/pack/failure-test.md"] if DRILLS else []),
+        f"{RESULTS}/pack/dashboard/grafana-dashboard.json",
     ]

@@ -38,6 +38,12 @@ def small_pack() -> dict:
         closed_loop_requests_per_worker=2,
     )
     data["experiments"] = []
+    # One short drill: the pipeline's failure stage end to end (tests/test_failure.py runs all).
+    data["failure"].update(
+        rate_rps=20, duration_s=10, baseline_s=4, warmup_s=1, window_s=1, restart_after_s=3,
+        cold_start_s=1, admission_max_outstanding=16,
+    )  # fmt: skip
+    data["failure"]["drills"] = [{"name": "replica_kill", "kind": "replica_kill"}]
     return data
 
 
@@ -83,7 +89,10 @@ def planned_jobs(workdir: Path) -> list[str]:
             continue
         w = re.search(r"wildcards: point=([^,\s]+), cache=(\w+), repeat=(\d+)", block)
         stage = re.search(r"wildcards: stage=(\w+)", block)
-        if w:
+        drill = re.search(r"wildcards: drill=(\w+)", block)
+        if drill:
+            jobs.append(f"{m.group(1)}:{drill.group(1)}")
+        elif w:
             jobs.append(f"{m.group(1)}:{w.group(1)}/{w.group(2)}/rep{w.group(3)}")
         elif stage:
             jobs.append(f"{m.group(1)}:{stage.group(1)}")
@@ -148,6 +157,36 @@ def test_the_pack_states_its_decision(ran):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_the_pack_holds_the_failure_test_alerts_and_dashboard(ran):
+    pack = ran / "results" / "pipeline-test" / "pack"
+    md = (pack / "failure-test.md").read_text()
+    for field in ("injection_time", "detection_time", "router_removal_time", "first_error_time",
+                  "recovery_time", "requests rejected", "alerts fired"):  # fmt: skip
+        assert field in md, field
+    doc = json.loads((pack / "failure-test.json").read_text())
+    (drill,) = doc["drills"]
+    assert drill["drill"] == "replica_kill" and "ReplicaDown" in drill["alerts_fired"]
+    assert drill["detection_time_s"] > drill["injection_time_s"]
+    rules = yaml.safe_load((pack / "alerts" / "alert-rules.yaml").read_text())
+    assert "ReplicaDown" in {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    dash = json.loads((pack / "dashboard" / "grafana-dashboard.json").read_text())
+    assert dash["panels"] and dash["title"]
+
+
+def test_changed_alert_threshold_reanalyzes_drills_without_running_them(ran):
+    jobs = replan(
+        ran, lambda d: d["failure"].__setitem__("alert_thresholds", {"health_rtt_max_s": 0.2})
+    )
+    tracks = [t for t in TRACKS if t != "capacity"]
+    assert jobs == sorted(["freeze", *tracks, *[j for j in FAILURE if "drill" not in j]])
+
+
+def test_changed_drill_setting_reruns_only_the_failure_stage(ran):
+    jobs = replan(ran, lambda d: d["failure"].__setitem__("restart_after_s", 2))
+    tracks = [t for t in TRACKS if t != "capacity"]
+    assert jobs == sorted(["freeze", *tracks, *FAILURE])
+
+
 def test_pipeline_writes_frozen_manifest_and_schedules(ran):
     results = ran / "results" / "pipeline-test"
     frozen = json.loads((results / "manifest" / "frozen.json").read_text())
@@ -176,11 +215,17 @@ def test_mlflow_holds_parent_and_child_runs(ran):
     parent = parents[0]
     assert parent.data.tags["capacity_pack.manifest_sha256"] == frozen["sha256"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 18
-    stages = {"schedule", "sweep", "analysis"}
+    assert len(children) == 19
+    stages = {"schedule", "sweep", "analysis", "failure"}
     assert {c.data.tags["capacity_pack.stage"] for c in children} == stages
+    (drill,) = [c for c in children if c.data.tags["capacity_pack.stage"] == "failure"]
+    assert drill.data.tags["capacity_pack.job"] == "failure/replica_kill"
+    assert drill.data.metrics["detection_after_injection_s"] > 0
+    assert "ReplicaDown" in drill.data.tags["capacity_pack.alerts_fired"]
     for child in children:
         tags = child.data.tags
+        if tags["capacity_pack.stage"] == "failure":
+            continue
         assert tags["capacity_pack.cache_state"] in {"cold", "warm"}
         assert tags["capacity_pack.repeat"] == "0"
         assert tags["capacity_pack.point"] in {"open-r10", "open-r20", "closed-c1"}
@@ -206,6 +251,15 @@ def test_nothing_to_do_after_a_complete_run(ran):
 POINTS = [f"{p}/{c}/rep0" for c in ("cold", "warm") for p in ("open-r10", "open-r20", "closed-c1")]
 # Jobs that follow any manifest change: tracking per stage, the decision and the pack.
 TRACKS = ["capacity", "report", "track:analysis", "track:schedule", "track:sweep"]
+# The alert rules follow any manifest change (cheap), so each drill is re-analyzed; a new
+# capacity decision re-runs the drill, since its rate comes from that decision.
+FAILURE = [
+    "dashboard",
+    "failure_analyze:replica_kill",
+    "failure_drill:replica_kill",
+    "failure_test",
+    "track:failure",
+]
 
 
 def jobs_for(stages: list[str], points: list[str]) -> list[str]:
@@ -224,14 +278,14 @@ def replan(ran, mutate) -> list[str]:
 
 def test_changed_acceptance_reanalyzes_but_never_remeasures(ran):
     jobs = replan(ran, lambda d: d["acceptance"].__setitem__("class_slo_attainment_min", 0.99))
-    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(["analyze"], POINTS)])
+    assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS)])
 
 
 def test_added_rate_adds_only_that_rates_jobs(ran):
     jobs = replan(ran, lambda d: d["sweep"].__setitem__("open_loop_rps", [10, 20, 30]))
     new = ["open-r30/cold/rep0", "open-r30/warm/rep0"]
     stages = ["analyze", "normalize", "schedule", "sweep"]
-    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(stages, new)])
+    assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(stages, new)])
 
 
 def test_changed_gate_remeasures_but_keeps_schedules(ran):
@@ -239,13 +293,15 @@ def test_changed_gate_remeasures_but_keeps_schedules(ran):
     jobs = replan(
         ran, lambda d: d["acceptance"].__setitem__("min_successful_samples_per_class", 11)
     )
-    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(["analyze", "normalize", "sweep"], POINTS)])
+    assert jobs == sorted(
+        ["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze", "normalize", "sweep"], POINTS)]
+    )
 
 
 def test_changed_seed_reruns_every_schedule(ran):
     jobs = replan(ran, lambda d: d["client"].__setitem__("request_schedule_seed", 7))
     stages = ["analyze", "normalize", "schedule", "sweep"]
-    assert jobs == sorted(["freeze", *TRACKS, *jobs_for(stages, POINTS)])
+    assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(stages, POINTS)])
 
 
 def test_new_manifest_gets_its_own_parent_with_every_child(ran):
@@ -265,8 +321,8 @@ def test_new_manifest_gets_its_own_parent_with_every_child(ran):
         assert len(parents) == 2
         for parent in parents:
             kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-            assert len(kids) == 18
-            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 18
+            assert len(kids) == 19  # 6 schedules, 6 sweeps, 6 analyses, 1 drill
+            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 19
     finally:
         write_pack(ran, small_pack())
         snakemake(ran)

@@ -287,6 +287,103 @@ def analyze(
     click.echo(json.dumps(report, indent=2, sort_keys=True))
 
 
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--drill", "name", required=True, help="Drill name from the pack's failure section.")
+@click.option(
+    "--capacity",
+    "capacity_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="capacity.json whose selected point sets the rate (else failure.rate_rps).",
+)
+@click.option(
+    "--report",
+    "report_paths",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="slo-report.json of the capacity point (its in-flight count sets admission control).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for the drill's records, scrapes, events, drill.json and drill-report.json.",
+)
+@_die_on_manifest_error
+def drill(
+    config: Path,
+    name: str,
+    capacity_path: Path | None,
+    report_paths: tuple[Path, ...],
+    output: Path,
+) -> None:
+    """Run one failure drill of CONFIG and write its failure-test fields (drill-report.json)."""
+    import json
+
+    from capacity_pack import dashboard
+    from capacity_pack import failure as fl
+    from capacity_pack.io import write_json_atomic
+    from capacity_pack.manifest import load_pack
+
+    pack = load_pack(config)
+    try:
+        inputs = fl.DrillInputs.for_drill(pack, name)
+        capacity = json.loads(capacity_path.read_text()) if capacity_path else None
+        reports = {str(p): json.loads(p.read_text()) for p in report_paths}
+        plan = fl.plan_drill(inputs, capacity, reports)
+        fl.run_drill(inputs, plan, output)
+        rules = output / "alert-rules.yaml"
+        dashboard.write_alert_rules(pack, rules)
+        report = fl.analyze_drill(output, rules, fl.DrillAnalysisSpec.of(pack))
+    except (fl.DrillError, dashboard.DashboardError) as err:
+        raise _Fail(str(err)) from None
+    write_json_atomic(output / "drill-report.json", report)
+    if report.get("skipped"):
+        click.echo(f"{name}: skipped: {report['skipped']}")
+        return
+    click.echo(
+        f"{name}: injected at {report['injection_time_s']:.2f} s, alerts fired "
+        f"{', '.join(report['alerts_fired']) or 'none'}; expected alert fired: "
+        f"{report['expected_alert_fired']}; recovery at {report['recovery_time_s']} s"
+    )
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--rules",
+    "rules_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Write the Prometheus alerting rules here.",
+)
+@click.option(
+    "--dashboard",
+    "dashboard_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the Grafana dashboard JSON here.",
+)
+@_die_on_manifest_error
+def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
+    """Alert rules (and a Grafana dashboard) for CONFIG's engine, workload and gates."""
+    from capacity_pack import dashboard
+    from capacity_pack.manifest import load_pack
+
+    pack = load_pack(config)
+    try:
+        omitted = dashboard.write_alert_rules(pack, rules_path)
+        if dashboard_path is not None:
+            dashboard.write_grafana_dashboard(pack, dashboard_path)
+    except dashboard.DashboardError as err:
+        raise _Fail(str(err)) from None
+    for o in omitted:
+        click.echo(f"left out: {o['alert']} ({o['scope']}): {o['reason']}", err=True)
+    click.echo(f"{rules_path}" + (f", {dashboard_path}" if dashboard_path else ""))
+
+
 def _echo_json(obj) -> None:
     import json
 

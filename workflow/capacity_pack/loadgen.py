@@ -153,6 +153,12 @@ class LoadSettings(BaseModel):
     )
     maximum_duration_s: float | None = Field(default=None, description="Stop extending after.")
     extension_block: Any = Field(default=None, exclude=True, description="Callable(k) -> rows.")
+    side_tasks: Any = Field(
+        default=None,
+        exclude=True,
+        description="Callable(run, stop_event) -> coroutines run beside the load once t0 is set "
+        "(a drill's scraper and fault injector); they must return when stop_event is set.",
+    )
     token_counter: Any = Field(
         default=None, exclude=True, description="prompts.TokenCounter of a real target, or None."
     )
@@ -1721,6 +1727,8 @@ class Run:
                 ]
                 if self.s.progress:
                     watchers.append(asyncio.create_task(self._progress(stop, len(self.schedule))))
+                if self.s.side_tasks is not None:
+                    watchers += [asyncio.create_task(c) for c in self.s.side_tasks(self, stop)]
                 if self.s.mode == "closed":
                     await self._closed_loop(client, rows)
                 else:

@@ -291,6 +291,11 @@ class Engine(_Model):
         default_factory=dict,
         description="Further engine arguments (max_num_seqs, max_num_batched_tokens, ...).",
     )
+    metric_names: str | None = Field(
+        default=None,
+        description="Metric-name map for alerts and dashboards (vllm, sglang, capacity-pack-sim);"
+        " default: the simulator's for a simulated target, else chosen by the engine name.",
+    )
 
 
 class TraceSpec(_Model):
@@ -635,6 +640,152 @@ class Plan(_Model):
     )
 
 
+DrillKind = Literal["replica_kill", "cold_replica", "kv_pressure", "cancellation", "degraded_link"]
+
+
+class DrillCommands(_Model):
+    """What a drill runs against a real target: argv lists, run as given (no shell)."""
+
+    inject: list[str] = Field(
+        min_length=1, description="argv run at the injection time, e.g. a kubectl delete pod line."
+    )
+    restore: list[str] | None = Field(
+        default=None, description="argv run when the fault ends (none: the system heals itself)."
+    )
+
+
+class Drill(_Model):
+    """One failure drill: one mechanism, its own named experiment (never a combined score)."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN, description="Drill name (results/<pack>/failure/<name>)."
+    )
+    kind: DrillKind = Field(description="The failure mechanism the drill injects.")
+    replica: int = Field(default=0, ge=0, description="Replica the fault hits (simulated cluster).")
+    inject_at_s: float | None = Field(
+        default=None, gt=0, description="Injection time after the load starts (default baseline_s)."
+    )
+    fault_s: float = Field(
+        default=8.0,
+        gt=0,
+        description="How long a reversible fault (KV, link, cancellations) lasts before the "
+        "drill lifts it; a killed replica is restarted by the supervisor instead.",
+    )
+    kv_capacity_fraction: float = Field(
+        default=0.01, gt=0, le=1, description="kv_pressure: share of KV blocks left usable."
+    )
+    latency_ms: float = Field(
+        default=150.0, ge=0, description="degraded_link: one-way latency added to the link."
+    )
+    bandwidth_bytes_per_s: float = Field(
+        default=0.0, ge=0, description="degraded_link: bandwidth cap of the link (0: none)."
+    )
+    cancel_fraction: float = Field(
+        default=0.3, gt=0, le=1, description="cancellation: share of requests the client cancels."
+    )
+    cancel_after_s: float = Field(
+        default=0.3,
+        gt=0,
+        description="cancellation: seconds after sending that they are cancelled.",
+    )
+    rate_multiplier: float | None = Field(
+        default=None,
+        gt=0,
+        description="Offered rate from the injection on, relative to the drill rate (a "
+        "cold_replica drill defaults to (replicas + 1) / replicas: the load that made the "
+        "autoscaler add a replica).",
+    )
+    commands: DrillCommands | None = Field(
+        default=None, description="Real targets: the commands that inject (and lift) the fault."
+    )
+
+
+def default_drills() -> list[Drill]:
+    return [
+        Drill(name="replica_kill", kind="replica_kill"),
+        Drill(name="cold_replica", kind="cold_replica"),
+        Drill(name="kv_pressure", kind="kv_pressure"),
+        Drill(name="cancellation", kind="cancellation"),
+        Drill(name="degraded_link", kind="degraded_link"),
+    ]
+
+
+class Failure(_Model):
+    """Failure drills against N replicas behind a router at the selected capacity point."""
+
+    replicas: int | None = Field(
+        default=None,
+        ge=2,
+        description="Replicas behind the router in the drill (default: max(2, replicas under "
+        "test)); the simulated target starts this many.",
+    )
+    rate_rps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Offered rate of the drill (default: the selected capacity per replica x "
+        "replicas, i.e. every replica at its capacity point).",
+    )
+    fallback_rate_per_replica_rps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Per-replica rate when the sweep selected no capacity point (default: the "
+        "lowest tested open-loop rate, labelled so in the report).",
+    )
+    duration_s: float = Field(default=30.0, gt=0, description="Length of each drill's schedule.")
+    baseline_s: float = Field(default=10.0, gt=0, description="Healthy window before injection.")
+    warmup_s: float = Field(
+        default=2.0, ge=0, description="Start of the baseline window (caches warm up before)."
+    )
+    window_s: float = Field(default=2.0, gt=0, description="Width of the windowed metrics.")
+    scrape_interval_s: float = Field(default=0.5, gt=0, description="Metrics scrape period.")
+    health_interval_s: float = Field(
+        default=0.25, gt=0, description="Simulated router's health-check period."
+    )
+    restart_after_s: float | None = Field(
+        default=3.0,
+        gt=0,
+        description="Simulated supervisor: restart a dead replica this long after it is noticed "
+        "(none: no restarts, capacity does not return by itself).",
+    )
+    cold_start_s: float = Field(
+        default=4.0,
+        ge=0,
+        description="Simulated target: seconds a restarted or added replica loads before it "
+        "serves (weights and warm-up); the drill's initial replicas are already running.",
+    )
+    admission_max_outstanding: int | None = Field(
+        default=None,
+        ge=1,
+        description="Router admission limit per healthy replica (default: admission_headroom x "
+        "the in-flight requests per replica measured at the capacity point).",
+    )
+    admission_headroom: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="See above; Poisson bursts at the capacity point reach about 1.5x the mean.",
+    )
+    drain_timeout_s: float = Field(
+        default=60.0, gt=0, description="Most seconds to wait for the last requests to end."
+    )
+    alert_thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="Overrides of the alert thresholds (capacity_pack.dashboard.AlertThresholds).",
+    )
+    drills: list[Drill] = Field(default_factory=default_drills, min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Failure:
+        names = [d.name for d in self.drills]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drill names must be unique: {names}")
+        if not self.warmup_s < self.baseline_s < self.duration_s:
+            raise ValueError("need warmup_s < baseline_s < duration_s")
+        for d in self.drills:
+            if d.inject_at_s is not None and not self.warmup_s < d.inject_at_s < self.duration_s:
+                raise ValueError(f"drill {d.name!r}: inject_at_s must lie in the schedule")
+        return self
+
+
 class Report(_Model):
     latency_statistics: list[Literal["mean", "p50", "p90", "p95", "p99", "p99.9", "max"]] = Field(
         default_factory=lambda: ["p50", "p95", "p99"],
@@ -660,6 +811,9 @@ class Pack(_Model):
     experiments: list[Experiment] = Field(default_factory=list)
     plan: Plan
     report: Report = Field(default_factory=Report)
+    failure: Failure | None = Field(
+        default=None, description="Failure drills (none: the pack runs no drill)."
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Pack:
@@ -706,6 +860,14 @@ class Pack(_Model):
                 f"plan.target_utilization ({self.plan.target_utilization}) disagrees with "
                 f"acceptance.target_utilization ({self.acceptance.target_utilization})"
             )
+        if self.failure is not None:
+            n = self.failure.replicas or max(2, placement.replicas)
+            for d in self.failure.drills:
+                if d.replica >= n:
+                    raise ValueError(
+                        f"failure drill {d.name!r}: replica {d.replica} does not exist in a "
+                        f"{n}-replica drill (0..{n - 1})"
+                    )
         if "warm" in self.all_cache_states() and self.prompts.prefix is None:
             raise ValueError("warm-cache points need prompts.prefix (the shared-prefix set)")
         if self.prompts.prefix is not None:

@@ -380,6 +380,19 @@ def render_readme(
             f"{_fmt(selected.get('prefix_cache_hit_rate'))}.",
             "",
         ]
+    if m.get("failure"):
+        drills = ", ".join(f"`{d['name']}` ({d['kind']})" for d in m["failure"]["drills"])
+        lines += [
+            "## Failure test, alerts and dashboard",
+            "",
+            f"`failure-test.md` (and `failure-test.json`) hold the drills {drills}, each run "
+            "against replicas behind the router at the selected capacity point: injection, "
+            "detection, router removal, errors, queue and recovery on one clock, and which "
+            "alerts fired. `alerts/alert-rules.yaml` holds the Prometheus alerting rules the "
+            "drills were judged by; `dashboard/grafana-dashboard.json` is an importable Grafana "
+            "dashboard of the same signals.",
+            "",
+        ]
     lines += [
         "## Limits",
         "",
