@@ -224,20 +224,24 @@ def drill_pack(tmp_path: Path):
     return make_pack(short)
 
 
-@pytest.fixture(scope="module")
-def drills(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("drills")
-    pack = drill_pack(tmp)
-    rules = tmp / "rules.yaml"
+def run_all(pack, out_dir: Path) -> dict[str, dict]:
+    """Every drill of the pack run for real, then analysed with the pack's own rule file."""
+    rules = out_dir / "rules.yaml"
     write_alert_rules(pack, rules)
     spec = fl.DrillAnalysisSpec.of(pack)
     out = {}
     for d in pack.failure.drills:
         inputs = fl.DrillInputs.for_drill(pack, d.name)
         plan = fl.plan_drill(inputs, None, {})
-        fl.run_drill(inputs, plan, tmp / d.name)
-        out[d.name] = fl.analyze_drill(tmp / d.name, rules, spec)
+        fl.run_drill(inputs, plan, out_dir / d.name)
+        out[d.name] = fl.analyze_drill(out_dir / d.name, rules, spec)
     return out
+
+
+@pytest.fixture(scope="module")
+def drills(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("drills")
+    return run_all(drill_pack(tmp), tmp)
 
 
 @pytest.mark.slow
@@ -341,16 +345,7 @@ def test_real_target_drill_runs_the_configured_commands(tmp_path):
                 {"name": "kv_pressure", "kind": "kv_pressure", "fault_s": 2},
             ]  # fmt: skip
 
-        pack = make_pack(real)
-        rules = tmp_path / "rules.yaml"
-        write_alert_rules(pack, rules)
-        spec = fl.DrillAnalysisSpec.of(pack)
-        reports = {}
-        for d in pack.failure.drills:
-            inputs = fl.DrillInputs.for_drill(pack, d.name)
-            plan = fl.plan_drill(inputs, None, {})
-            fl.run_drill(inputs, plan, tmp_path / d.name)
-            reports[d.name] = fl.analyze_drill(tmp_path / d.name, rules, spec)
+        reports = run_all(make_pack(real), tmp_path)
     kill_report = reports["replica_kill"]
     facts = json.loads((tmp_path / "replica_kill" / "drill.json").read_text())
     act = facts["actions"][0]
