@@ -61,9 +61,11 @@ include: "rules/analyze.smk"
 include: "rules/capacity.smk"
 include: "rules/failure.smk"
 include: "rules/track.smk"
+include: "rules/autopsy.smk"
 
 
 rule all:
     default_target: True
     input:
         all_targets(),
+        AUTOPSY_MD,

@@ -26,6 +26,7 @@ ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
 # which come after it: a changed drill setting must not re-decide capacity (and, through the
 # decision's file, re-run every drill).
 CAPACITY_INPUTS_JSON = canonical_json(PACK.model_dump(mode="json", exclude={"failure"}))
+AUTOPSY_MD = f"{RESULTS}/pack/autopsy.md"
 PACK_PLOTS = ["throughput.png", "attainment.png", "latency.png"]
 if PACK.sweep.closed_loop_concurrency:
     PACK_PLOTS.append("closed_loop.png")

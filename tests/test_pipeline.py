@@ -173,6 +173,17 @@ def test_the_pack_holds_the_failure_test_alerts_and_dashboard(ran):
     assert dash["panels"] and dash["title"]
 
 
+def test_the_pack_holds_its_autopsy(ran):
+    pack = ran / "results" / "pipeline-test" / "pack"
+    md = (pack / "autopsy.md").read_text()
+    for section in ("Critical path", "Missing evidence", "Counterfactual", "Clock"):
+        assert section.lower() in md.lower(), section
+    doc = json.loads((pack / "autopsy.json").read_text())
+    assert doc["run"] and doc["requests"]
+    # Every measured point has its request autopsy.
+    assert len(doc["requests"]["points"]) == 6
+
+
 def test_changed_alert_threshold_reanalyzes_drills_without_running_them(ran):
     jobs = replan(
         ran, lambda d: d["failure"].__setitem__("alert_thresholds", {"health_rtt_max_s": 0.2})
@@ -250,7 +261,7 @@ def test_nothing_to_do_after_a_complete_run(ran):
 
 POINTS = [f"{p}/{c}/rep0" for c in ("cold", "warm") for p in ("open-r10", "open-r20", "closed-c1")]
 # Jobs that follow any manifest change: tracking per stage, the decision and the pack.
-TRACKS = ["capacity", "report", "track:analysis", "track:schedule", "track:sweep"]
+TRACKS = ["autopsy", "capacity", "report", "track:analysis", "track:schedule", "track:sweep"]
 # The alert rules follow any manifest change (cheap), so each drill is re-analyzed; a new
 # capacity decision re-runs the drill, since its rate comes from that decision.
 FAILURE = [

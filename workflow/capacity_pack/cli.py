@@ -384,6 +384,54 @@ def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
     click.echo(f"{rules_path}" + (f", {dashboard_path}" if dashboard_path else ""))
 
 
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--results",
+    "results_root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="Results root holding <pack name>/ and mlflow.db.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path(".snakemake/log"),
+    show_default=True,
+    help="Snakemake's main logs of the run.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Write autopsy.md here (and autopsy.json beside it).",
+)
+@_die_on_manifest_error
+def autopsy(config: Path, results_root: Path, log_dir: Path, output: Path) -> None:
+    """Performance autopsy of CONFIG's last measuring run: where the wall clock and each SLO
+    miss went."""
+    from capacity_pack.autopsy import autopsy_markdown
+    from capacity_pack.autopsy.requests import request_autopsy
+    from capacity_pack.autopsy.run import run_autopsy
+    from capacity_pack.io import write_json_atomic, write_text_atomic
+    from capacity_pack.manifest import load_pack
+
+    pack = load_pack(config)
+    results = results_root / pack.pack.name
+    if not results.is_dir():
+        raise _Fail(f"{results}: no results for pack {pack.pack.name!r}; run the pipeline first")
+    run = run_autopsy(
+        results, log_dir, Path.cwd(), pack.pack.name, mlflow_db=results_root / "mlflow.db"
+    )
+    requests = request_autopsy(results / "tables", results / "raw", pack)
+    doc = {"pack": pack.pack.name, "run": run, "requests": requests}
+    write_json_atomic(output.with_suffix(".json"), doc)
+    write_text_atomic(output, autopsy_markdown(doc, pack))
+    click.echo(f"{output}, {output.with_suffix('.json')}")
+
+
 def _echo_json(obj) -> None:
     import json
 

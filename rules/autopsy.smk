@@ -1,0 +1,24 @@
+rule autopsy:
+    """Where the run's wall clock and each SLO miss went: timeline, critical path, buckets."""
+    input:
+        # Last of all: every other output of the pack, so the autopsy sees the whole run.
+        done=all_targets(),
+        requests=[f"{point_dir('tables', p)}/requests.parquet" for p in POINTS],
+    output:
+        markdown=report(AUTOPSY_MD, category="Autopsy", caption="../report/autopsy.rst"),
+        json=f"{RESULTS}/pack/autopsy.json",
+    params:
+        pack=MANIFEST_JSON,
+        results_dir=lambda w, output: str(Path(output.json).parents[1]),
+        # Provenance the run itself wrote: Snakemake's own logs and the git history.
+        log_dir=".snakemake/log",
+        repo_dir=workflow.basedir,
+        code=code_hash("autopsy.run", "autopsy.requests"),
+    conda:
+        "../workflow/envs/capacity-pack.yaml"
+    log:
+        f"{RESULTS}/logs/autopsy.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/autopsy.tsv"
+    script:
+        "../scripts/autopsy.py"
