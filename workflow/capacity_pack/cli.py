@@ -287,6 +287,70 @@ def analyze(
     click.echo(json.dumps(report, indent=2, sort_keys=True))
 
 
+@main.command("import")
+@click.argument("tool", type=click.Choice(["aiperf", "vllm-bench"]))
+@click.argument("export", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Pack whose workload classes the requests are assigned to.",
+)
+@click.option("--point", "point_id", required=True, help="Point name for the imported rows.")
+@click.option(
+    "--class-name",
+    default=None,
+    help="Pack class for requests neither the export nor their lengths assign to one.",
+)
+@click.option(
+    "--cache-state", type=click.Choice(["cold", "warm"]), default="cold", show_default=True
+)
+@click.option("--repeat", type=int, default=0, show_default=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for requests.parquet, chunks.parquet, requests.csv, provenance.json.",
+)
+@_die_on_manifest_error
+def import_export(
+    tool: str,
+    export: Path,
+    config: Path,
+    point_id: str,
+    class_name: str | None,
+    cache_state: str,
+    repeat: int,
+    output: Path,
+) -> None:
+    """Import TOOL's per-request EXPORT (AIPerf profile_export.jsonl, or a vllm bench serve
+    --save-detailed result JSON) as one point's tables, with their provenance."""
+    from capacity_pack.imports import IMPORTERS, ExportFormatError, write_imported
+    from capacity_pack.manifest import load_pack
+    from capacity_pack.tables import TableValidationError
+
+    pack = load_pack(config)
+    try:
+        imported = IMPORTERS[tool](
+            export,
+            workload=pack,
+            point=point_id,
+            cache_state=cache_state,
+            repeat=repeat,
+            class_name=class_name,
+        )
+    except (ExportFormatError, TableValidationError) as err:
+        raise _Fail(str(err)) from None
+    write_imported(imported, output)
+    p, window = imported.provenance, imported.summary["measured_window_s"]
+    click.echo(
+        f"{output}: {p.records} requests from {p.tool} {p.tool_version or '(version unknown)'} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(p.status_counts.items()))}); "
+        + (f"measured window {window:.3f} s" if window is not None else "no measured requests")
+    )
+
+
 @main.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--drill", "name", required=True, help="Drill name from the pack's failure section.")
