@@ -12,7 +12,7 @@ rule analyze:
         cache_state=lambda w: w.cache,
         repeat=lambda w: int(w.repeat),
         # Cutoffs, fixed lengths and gates: a changed gate re-analyzes, it does not re-measure.
-        spec=ANALYSIS_SPEC_JSON,
+        spec=lambda w: ANALYSIS_SPEC_JSON,
         code=code_hash("analysis"),
     conda:
         "../workflow/envs/capacity-pack.yaml"

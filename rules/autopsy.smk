@@ -8,7 +8,7 @@ rule autopsy:
         markdown=report(AUTOPSY_MD, category="Autopsy", caption="../report/autopsy.rst"),
         json=f"{RESULTS}/pack/autopsy.json",
     params:
-        pack=MANIFEST_JSON,
+        pack=lambda w: MANIFEST_JSON,
         results_dir=lambda w, output: str(Path(output.json).parents[1]),
         # Provenance the run itself wrote: Snakemake's own logs and the git history.
         log_dir=".snakemake/log",

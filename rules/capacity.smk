@@ -7,7 +7,7 @@ rule capacity:
         plan=f"{RESULTS}/capacity/plan.json",
     params:
         # Everything the decision reads: workload, gates, placement, plan, target profile.
-        pack=CAPACITY_INPUTS_JSON,
+        pack=lambda w: CAPACITY_INPUTS_JSON,
         code=code_hash("capacity", "sizing"),
     conda:
         "../workflow/envs/capacity-pack.yaml"

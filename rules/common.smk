@@ -1,5 +1,8 @@
 # Paths, point lists and the params that decide what reruns.
 #
+# Manifest-derived params are given as functions: Snakemake formats a string param with the
+# job's wildcards, and a manifest may hold literal braces (a managed target's "{port}").
+#
 # A rule's params carry exactly the manifest content it reads (or its sha256) and the sha256 of
 # the library modules it runs, so a change reruns only the stages that read it. Compute rules do
 # not take the frozen manifest as an input: every manifest change reruns `freeze`, and Snakemake
@@ -71,7 +74,10 @@ def sweep_inputs_json(wildcards):
 
 
 # Library modules a measurement runs; the simulator's only when the target is simulated.
-SWEEP_MODULES = ["sweep", "loadgen", "target", "prompts", "tokenizer", "schedule"]
+SWEEP_MODULES = [
+    "sweep", "loadgen", "target", "prompts", "tokenizer", "schedule", "engines", "managed",
+    "tracking", "dashboard",
+]  # fmt: skip
 if PACK.target.kind == "sim":
     SWEEP_MODULES += [
         "sim.cli", "sim.cluster", "sim.engine", "sim.kv", "sim.metrics", "sim.perf",

@@ -6,7 +6,7 @@ rule dashboard:
         dashboard=f"{RESULTS}/pack/dashboard/grafana-dashboard.json",
     params:
         # Engine name, workload cutoffs, gates and thresholds: the rules' only inputs.
-        inputs=DASHBOARD_INPUTS_JSON,
+        inputs=lambda w: DASHBOARD_INPUTS_JSON,
         code=code_hash("dashboard"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
@@ -58,7 +58,7 @@ rule failure_analyze:
         report=f"{RESULTS}/failure/{{drill}}/drill-report.json",
     params:
         # Gates, cutoffs and windows: a changed gate re-analyzes, it never re-runs a drill.
-        spec=DRILL_SPEC_JSON,
+        spec=lambda w: DRILL_SPEC_JSON,
         code=code_hash("failure", "promql", "normalize", "dashboard"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
@@ -82,7 +82,7 @@ rule failure_test:
         ),
         json=f"{RESULTS}/pack/failure-test.json",
     params:
-        pack=PACK_INFO_JSON,
+        pack=lambda w: PACK_INFO_JSON,
         code=code_hash("failure"),
     conda:
         "../workflow/envs/capacity-pack.yaml"

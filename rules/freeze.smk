@@ -4,7 +4,7 @@ rule freeze:
         frozen=FROZEN,
         fit=f"{RESULTS}/manifest/fit-probe.json",
     params:
-        manifest=MANIFEST_JSON,
+        manifest=lambda w: MANIFEST_JSON,
         source=CONFIG_SOURCE,
         results_root=results_root,
         code=code_hash("manifest", "lint", "tracking", "capacity", "sizing"),

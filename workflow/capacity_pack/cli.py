@@ -246,9 +246,11 @@ def load(
     summary = measure_point(pack, point, frame, output, progress=progress)
     write_json_atomic(output / "summary.json", summary)
     late = summary["dispatch_lateness_ms"]["p99"]
+    # A closed-loop point has no due times, so no dispatch lateness.
+    late_text = f"{late:.3f} ms" if late is not None else "n/a (closed loop)"
     click.echo(
         f"{output}: {summary['requests_recorded']} requests recorded, "
-        f"{summary['failed']} failed, dispatch lateness p99 {late:.3f} ms"
+        f"{summary['failed']} failed, dispatch lateness p99 {late_text}"
         + (" (CLIENT-BOUND: not a server result)" if summary["client_bound"] else "")
     )
 

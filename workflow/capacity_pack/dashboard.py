@@ -1,11 +1,12 @@
 """Operations artifacts of a pack: engine metric-name maps, Prometheus alerting rules, and a
 Grafana dashboard.
 
-- :data:`ENGINE_METRICS` maps each known engine (``vllm``, ``sglang``, ``capacity-pack-sim``) to
-  the Prometheus names of the canonical signals (:class:`EngineMetrics`): queue depth, KV usage,
-  prefix-cache hits, preemptions, token counters, the latency histograms and their bucket bounds,
-  the label that tells replicas apart, and whether the router's ``router:*`` series exist. A
-  signal an engine does not expose is ``None``; nothing is invented. :func:`engine_metrics`
+- :data:`ENGINE_METRICS` maps each known engine (``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
+  ``trtllm``, ``capacity-pack-sim``) to the Prometheus names of the canonical signals
+  (:class:`EngineMetrics`): queue depth, KV usage, prefix-cache hits, preemptions, token
+  counters, the latency histograms and their bucket bounds, the label that tells replicas apart,
+  and whether the router's ``router:*`` series exist. A signal an engine does not expose is
+  ``None``; nothing is invented. :func:`engine_metrics`
   picks the map by the manifest's ``engine.name`` and applies overrides.
 - :func:`alert_rules` builds a Prometheus rule file (one group), one rule per failure mechanism
   the seed's drills target (replica failure, queue saturation, KV pressure, transfer
@@ -254,9 +255,46 @@ _SIM = _VLLM.model_copy(
     }
 )
 
+# llama.cpp's llama-server (started with --metrics): a deferred request waits for a free slot,
+# a processing one holds a slot. kv_cache_usage_ratio left /metrics in mid-2025 (ggml-org/llama.cpp
+# #13660), so newer builds expose no KV-usage gauge and the signal reads as missing there; no
+# build exposes prefix-cache hits, preemptions or latency histograms.
+_LLAMACPP = EngineMetrics(
+    waiting="llamacpp:requests_deferred",
+    running="llamacpp:requests_processing",
+    kv_usage="llamacpp:kv_cache_usage_ratio",
+    prompt_tokens="llamacpp:prompt_tokens_total",
+    generation_tokens="llamacpp:tokens_predicted_total",
+)
+
+# Hugging Face TGI's router: queue and batch gauges and the end-to-end histogram; it exposes no
+# KV usage, prefix cache, preemption or TTFT series, and its token counts are histograms.
+_TGI = EngineMetrics(
+    waiting="tgi_queue_size",
+    running="tgi_batch_current_size",
+    e2e_hist="tgi_request_duration",
+)
+
+# TensorRT-LLM's trtllm-serve: Prometheus series only with return_perf_metrics, and under
+# /prometheus/metrics (its /metrics answers JSON iteration stats). The hit rate is a gauge;
+# bucket bounds vary between releases, so none are assumed.
+_TRTLLM = EngineMetrics(
+    waiting="trtllm_num_requests_waiting",
+    running="trtllm_num_requests_running",
+    kv_usage="trtllm_kv_cache_utilization",
+    prefix_hit_rate="trtllm_kv_cache_hit_rate",
+    prompt_tokens="trtllm_prompt_tokens_total",
+    generation_tokens="trtllm_generation_tokens_total",
+    e2e_hist="trtllm_e2e_request_latency_seconds",
+    queue_time_hist="trtllm_request_queue_time_seconds",
+)
+
 ENGINE_METRICS: dict[str, EngineMetrics] = {
     "vllm": _VLLM,
     "sglang": _SGLANG,
+    "llamacpp": _LLAMACPP,
+    "tgi": _TGI,
+    "trtllm": _TRTLLM,
     "capacity-pack-sim": _SIM,
 }
 

@@ -197,6 +197,8 @@ def lint_pack(pack: Pack) -> list[Finding]:
         and "cold" in pack.all_cache_states()
         and isinstance(pack.target, OpenAITarget)
         and pack.target.cache_reset == "none"
+        # A managed server is started fresh for every point: cold by construction.
+        and pack.target.managed is None
     ):
         findings.append(
             _finding(

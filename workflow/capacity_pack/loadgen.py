@@ -10,8 +10,12 @@ schedule order.
 Client: one ``httpx.AsyncClient`` per run (keep-alive, explicit ``httpx.Timeout``, ``httpx.Limits``
 without connection caps, ``Accept-Encoding: identity``, no cookie carried between requests) over
 :class:`PlainHTTPTransport` for ``http://`` targets, httpx's default transport for ``https://``
-(``LoadSettings.transport`` overrides). The plain-HTTP transport exists because httpx's own
-stack costs ~100 us of CPU per SSE chunk and stamps chunks late; see its docstring.
+(``LoadSettings.transport`` overrides), verifying an https:// server's certificate unless
+``LoadSettings.tls_verify`` is false (``ca_bundle``: a private CA). The API key (from the
+environment variable ``api_key_env`` names) goes with every request and scrape, and a record
+whose text quotes it (a server's error) has it replaced by ``[redacted]``. The plain-HTTP
+transport exists because httpx's own stack costs ~100 us of CPU per SSE chunk and stamps chunks
+late; see its docstring.
 
 Timed sends (open loop, our transport). Requests are built before the clock starts. The loop
 starts each one ``LEAD_NS`` (5 ms) ahead of its due time: connection taken from the pool (or
@@ -55,8 +59,8 @@ and the analysis treats it as invalid. Objects alive at the clock's start are fr
 garbage collector (``gc.freeze``), so a full collection cannot pause the loop for tens of
 milliseconds. ``/metrics`` is scraped every ``client.metrics_interval_seconds`` into a long time
 series (queue depth, running, KV usage, prefix-cache queries/hits, preemptions) through a name
-map for vLLM, SGLang and the simulator, with the client's own backlog series (due but unsent, in
-flight) alongside.
+map for vLLM, SGLang, llama.cpp, TGI, TensorRT-LLM and the simulator, with the client's own
+backlog series (due but unsent, in flight) alongside.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack.engines import verify_setting
 from capacity_pack.io import atomic_path, write_json_atomic
 from capacity_pack.prompts import build_prompt_for
 from capacity_pack.tokenizer import count_tokens
@@ -104,9 +109,27 @@ HTTPX_MAX_IDLE_CONNECTIONS = 32
 
 # Canonical server signals and the names engines expose them under (first match wins).
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "queue_depth": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
-    "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
-    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+    "queue_depth": (
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "llamacpp:requests_deferred",
+        "tgi_queue_size",
+        "trtllm_num_requests_waiting",
+    ),
+    "running": (
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+        "tgi_batch_current_size",
+        "trtllm_num_requests_running",
+    ),
+    "kv_usage": (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+        "trtllm_kv_cache_utilization",
+    ),
     "prefix_cache_queries": (
         "vllm:prefix_cache_queries_total",
         "vllm:gpu_prefix_cache_queries_total",
@@ -119,8 +142,18 @@ METRIC_NAMES: dict[str, tuple[str, ...]] = {
     ),
     "prefix_cache_evictions": ("sim:prefix_cache_evictions_total",),
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
-    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
-    "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total"),
+    "prompt_tokens": (
+        "vllm:prompt_tokens_total",
+        "sglang:prompt_tokens_total",
+        "llamacpp:prompt_tokens_total",
+        "trtllm_prompt_tokens_total",
+    ),
+    "generation_tokens": (
+        "vllm:generation_tokens_total",
+        "sglang:generation_tokens_total",
+        "llamacpp:tokens_predicted_total",
+        "trtllm_generation_tokens_total",
+    ),
 }
 _WANTED = {name: key for key, names in METRIC_NAMES.items() for name in names}
 
@@ -163,6 +196,11 @@ class LoadSettings(BaseModel):
         default=None, exclude=True, description="prompts.TokenCounter of a real target, or None."
     )
     progress: bool = Field(default=False, description="Live progress line on stderr.")
+    keep_alive: bool = Field(
+        default=True, description="Reuse connections (false: Connection: close per request)."
+    )
+    tls_verify: bool = Field(default=True, description="Verify an https:// server's certificate.")
+    ca_bundle: str | None = Field(default=None, description="PEM of the CAs to verify it with.")
     transport: Literal["auto", "capacity_pack", "httpx"] = Field(
         default="auto",
         description="HTTP transport under the httpx client: auto (ours for http://, httpx's "
@@ -249,8 +287,12 @@ class RecordWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")
         self.count = 0
+        self.secrets: list[str] = []
 
     def write(self, line: str) -> None:
+        for secret in self.secrets:
+            if secret in line:
+                line = line.replace(secret, "[redacted]")
         self._fh.write(line + "\n")
         self._fh.flush()
         self.count += 1
@@ -1308,8 +1350,18 @@ class Run:
         self._url = f"{settings.base_url}/v1/{path}"
         key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
         self._headers = {"Content-Type": "application/json"}
+        if not settings.keep_alive:
+            # One connection per request: for servers that drop a reused connection without
+            # answering (llama.cpp's llama-server after a few streamed responses).
+            self._headers["Connection"] = "close"
+        self._auth: dict[str, str] = {}
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
+            self._auth["Authorization"] = f"Bearer {key}"
+            # A server's error text may quote the key: no record may carry it. (A key under
+            # 8 characters would also match inside ordinary numbers and text.)
+            if len(key) >= 8:
+                self.writer.secrets = [key]
 
     # -- request construction --------------------------------------------------------------
 
@@ -1689,6 +1741,8 @@ class Run:
         self._dispatcher = _Dispatcher(asyncio.get_running_loop())
         self._dispatcher.start()
         transport = PlainHTTPTransport(limits, scheduler=self._dispatcher) if own else None
+        # TLS as the target says (the https:// default transport; ours serves http only).
+        verify = verify_setting(self.s.tls_verify, self.s.ca_bundle)
         self._own_transport = own
         self._lead_ns = LEAD_NS if self._own_transport and self.s.mode != "closed" else 0
         stop = asyncio.Event()
@@ -1699,8 +1753,11 @@ class Run:
                 transport=transport,
                 limits=limits,
                 timeout=timeout,
+                verify=verify,
                 # A compressed event stream would hold events back in the server's compressor.
-                headers={"Accept-Encoding": "identity"},
+                # The key goes to every request, /metrics scrapes included (llama-server guards
+                # /metrics with it).
+                headers={"Accept-Encoding": "identity", **self._auth},
                 # Requests are independent: no cookie (a load balancer's stickiness) carries over.
                 cookies=_NoCookies(),
             ) as client:

@@ -480,6 +480,24 @@ class SimTarget(_Model):
     ground_truth: bool = Field(default=True, description="Write the server ground-truth log.")
 
 
+class ManagedProcess(_Model):
+    """A server the pack starts itself for every point (capacity_pack.managed)."""
+
+    prepare: list[str] | None = Field(
+        default=None,
+        description="argv run before the server starts (build-or-find); its last output line "
+        "is {prepared}.",
+    )
+    command: list[str] = Field(
+        min_length=1,
+        description="argv starting the server; placeholders {host}, {port}, {prepared}, "
+        "{package_file:PKG/PATH}.",
+    )
+    ready_path: str = Field(default="/health", description="GET path answering 200 when ready.")
+    startup_timeout_s: float = Field(default=120.0, gt=0, description="Most seconds to ready.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+
+
 class OpenAITarget(_Model):
     kind: Literal["openai"] = Field(description="Any OpenAI-compatible endpoint.")
     base_url: str = Field(pattern=r"^https?://", description="e.g. http://127.0.0.1:8000")
@@ -488,8 +506,11 @@ class OpenAITarget(_Model):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Name of the environment variable holding the API key (never the key).",
     )
-    cache_reset: Literal["none", "vllm", "sglang", "restart"] = Field(
-        description="How the prefix cache is cleared before a cold point."
+    cache_reset: Literal["none", "vllm", "sglang", "llamacpp", "restart"] = Field(
+        description="How the prefix cache is cleared before a cold point: vLLM's POST "
+        "/reset_prefix_cache, SGLang's POST /flush_cache, llama.cpp's POST "
+        "/slots/{id}?action=erase for every slot (llama-server needs --slot-save-path), or "
+        "restart_command (the only way for TGI and TensorRT-LLM)."
     )
     restart_command: list[str] | None = Field(
         default=None, description="argv that restarts the engine (cache_reset: restart)."
@@ -501,6 +522,32 @@ class OpenAITarget(_Model):
     tokenize_endpoint: bool = Field(
         default=False,
         description="Fit prompts with the server's POST /tokenize instead (vLLM, SGLang).",
+    )
+    keep_alive: bool = Field(
+        default=True,
+        description="Reuse HTTP connections between requests; false sends Connection: close "
+        "(llama.cpp's llama-server drops a reused connection after a few streamed responses).",
+    )
+    managed: ManagedProcess | None = Field(
+        default=None,
+        description="Start the server for every point on 127.0.0.1 and a free port (base_url is "
+        "then replaced by the managed server's); a fresh process makes every point cold.",
+    )
+    identity_check: Literal["enforce", "warn", "off"] = Field(
+        default="enforce",
+        description="Before each point the server's engine, version and served model are probed "
+        "and compared with the manifest: 'enforce' stops the measurement on a mismatch, 'warn' "
+        "records it and measures, 'off' records the probe without comparing.",
+    )
+    tls_verify: bool = Field(
+        default=True,
+        description="Verify the https:// server's certificate; false measures an endpoint whose "
+        "certificate cannot be checked, and every point's summary says so.",
+    )
+    ca_bundle: str | None = Field(
+        default=None,
+        description="PEM file of the CA certificates that sign the server's certificate (a "
+        "private CA); default: the system's.",
     )
 
     @model_validator(mode="after")
@@ -515,6 +562,13 @@ class OpenAITarget(_Model):
     def _check(self) -> OpenAITarget:
         if self.cache_reset == "restart" and not self.restart_command:
             raise ValueError("cache_reset 'restart' needs restart_command")
+        if self.ca_bundle is not None:
+            if not self.tls_verify:
+                raise ValueError("ca_bundle is unused with tls_verify false: give one or the other")
+            if not self.base_url.startswith("https://"):
+                raise ValueError("ca_bundle applies to an https:// base_url only")
+            if not Path(self.ca_bundle).is_file():
+                raise ValueError(f"ca_bundle {self.ca_bundle!r} does not exist")
         return self
 
 

@@ -28,6 +28,7 @@ from capacity_pack.io import canonical_json
 from capacity_pack.loadgen import LoadSettings, read_records, run_point
 from capacity_pack.manifest import (
     Client,
+    Engine,
     Model,
     OpenAITarget,
     Pack,
@@ -55,11 +56,15 @@ class SweepInputs(BaseModel):
     request: RequestShape
     prompts: Prompts
     min_successful_samples_per_class: int = Field(description="Sample gate for extensions.")
+    engine: Engine | None = Field(
+        default=None, description="What a real target must identify as (None: a simulated one)."
+    )
 
     @classmethod
     def for_point(cls, pack: Pack, point: Point) -> SweepInputs:
         return cls(
             schedule=ScheduleInputs.for_point(pack, point),
+            engine=pack.engine if isinstance(pack.target, OpenAITarget) else None,
             target=pack.target,
             model=pack.model,
             client=pack.client,
@@ -69,7 +74,10 @@ class SweepInputs(BaseModel):
         )
 
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if data["engine"] is None:
+            del data["engine"]  # a simulated target's inputs read as before the field existed
+        return canonical_json(data)
 
 
 def load_settings(
@@ -98,6 +106,9 @@ def load_settings(
         stop_sequences=r.stop.stop_sequences,
         include_usage=r.include_usage,
         prefix_revision=prefix.revision if prefix else None,
+        tls_verify=getattr(inputs.target, "tls_verify", True),
+        keep_alive=getattr(inputs.target, "keep_alive", True),
+        ca_bundle=getattr(inputs.target, "ca_bundle", None),
         corpus_revision=inputs.prompts.corpus_revision,
         cold_unique_prefix_tokens=inputs.prompts.cold_unique_prefix_tokens,
         min_successful_per_class=inputs.min_successful_samples_per_class,
@@ -182,7 +193,8 @@ def measure_point(
         inputs.model.served_name or inputs.model.id,
         point.cache_state,
         ground_truth=ground_truth,
-        log_path=out / "server.log" if is_sim else None,
+        log_path=out / "server.log" if is_sim or getattr(inputs.target, "managed", None) else None,
+        expected=inputs,
     ) as (base_url, facts):
         settings = load_settings(inputs, point, base_url, progress=progress)
         settings.token_counter = token_counter(inputs, base_url)

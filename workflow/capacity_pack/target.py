@@ -1,30 +1,55 @@
-"""The system under test: start the simulated engine, or reach and reset a real endpoint.
+"""The system under test: start the simulated engine, or reach, identify and reset a real one.
 
 - ``sim`` targets: :class:`SimProcess` starts ``capacity-pack sim serve`` (one replica) or
   ``capacity-pack sim cluster`` (several, behind the health-checking router) on a free port of
   127.0.0.1, waits for ``/health``, and stops it (SIGTERM, then SIGKILL) when the point ends. Every
   point gets a fresh process, so a cold point starts from an empty cache by construction and a
   warm point starts from the same state before it is prewarmed.
-- ``openai`` targets: the configured URL. A cold point first resets the prefix cache: the
-  configured restart command, or vLLM's ``POST /reset_prefix_cache`` / SGLang's
-  ``POST /flush_cache`` after the engine has drained.
+- ``openai`` targets: the configured URL, reached through one :class:`Endpoint` per point (the
+  API key from ``target.api_key_env``, TLS verification per ``tls_verify``/``ca_bundle``).
+  Before the point, :func:`capacity_pack.engines.probe_engine` identifies the engine and
+  :func:`capacity_pack.engines.check_identity` compares it with the manifest; a mismatch raises
+  :class:`TargetError` under ``identity_check: enforce`` (is recorded under ``warn``). For a cold
+  point with ``cache_reset: restart`` the probe runs after the restart, on the process that will
+  be measured. A cold point then resets the prefix cache: the restart command, vLLM's ``POST
+  /reset_prefix_cache`` or SGLang's ``POST /flush_cache`` after the engine has drained, or
+  llama.cpp's ``POST /slots/{id}?action=erase`` for each of ``/props``'s ``total_slots``.
 
-Either way :func:`verify_cold` then reads ``/metrics`` and requires an idle engine (nothing
-running or waiting) with no KV blocks in use, and records the prefix-cache counters it starts
-from, so the point's hit rate is measured from a known-empty cache.
+Either way :func:`verify_cold` then scrapes the engine's Prometheus text through its metric map
+(:func:`capacity_pack.engines.read_signals`) and requires an idle engine (nothing running or
+waiting) with no KV blocks in use, and records the prefix-cache counters it starts from, so the
+point's hit rate is measured from a known-empty cache. What cannot be checked is said:
+``cache_empty_verified`` is true only on evidence, else false with ``cache_empty_reason``, and
+every signal the engine does not expose is listed in ``missing_evidence``. llama.cpp exposes no
+KV usage in current builds: its slots count as empty when a second erase pass finds nothing to
+erase, and its host-memory prompt cache (``--cache-ram``), which slot erase does not clear and
+no endpoint reports, counts as empty only when ``engine.config`` declares ``cache_ram: 0``.
+
+The point's facts also carry ``engine_identity`` (the probe, raw answers included, secrets
+redacted), ``identity_check``, ``identity_mismatches``, ``tls_verify`` and ``ca_bundle``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from capacity_pack import engines
 from capacity_pack.loadgen import parse_metrics
-from capacity_pack.manifest import OpenAITarget, SimTarget
+from capacity_pack.manifest import Engine, OpenAITarget, SimTarget
+from capacity_pack.tracking import redact_text
+
+log = logging.getLogger("capacity_pack.target")
+# engine.config keys under which a pack may declare llama-server's --cache-ram.
+CACHE_RAM_KEYS = ("cache_ram", "cache-ram", "cram")
 
 
 class TargetError(RuntimeError):
@@ -112,18 +137,128 @@ def _healthy(base_url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def scrape(base_url: str, timeout_s: float = 5.0) -> dict[str, float]:
-    import httpx
+@dataclass
+class Scrape:
+    """Canonical signals of one ``/metrics`` read, and what it could not show."""
 
-    resp = httpx.get(f"{base_url}/metrics", timeout=timeout_s)
-    resp.raise_for_status()
-    return parse_metrics(resp.text)
+    values: dict[str, float]
+    missing: list[str] = field(default_factory=list)
 
 
-def reset_prefix_cache(target: OpenAITarget, base_url: str, *, timeout_s: float = 120.0) -> str:
+class Endpoint:
+    """A real target's HTTP side for one point: one client (API key, TLS verification), the
+    engine's metric map and where its Prometheus text lives.
+
+    Without a map (a simulated engine, an unknown one) signals are read under every name
+    :data:`capacity_pack.loadgen.METRIC_NAMES` knows.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        verify: Any = True,
+        secrets: Sequence[str] = (),
+    ):
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.verify = verify
+        self.secrets = [s for s in (*secrets, *engines.header_secrets(headers)) if s]
+        self.client = httpx.Client(headers=self.headers, verify=verify, timeout=30.0)
+        self.map_name: str | None = None
+        self.emap: Any = None
+        self.metrics_path = "/metrics"
+
+    @classmethod
+    def for_target(cls, target: OpenAITarget, base_url: str) -> Endpoint:
+        key = os.environ.get(target.api_key_env, "") if target.api_key_env else ""
+        return cls(
+            base_url,
+            headers=engines.auth_headers(key),
+            verify=engines.verify_setting(target.tls_verify, target.ca_bundle),
+            secrets=[key] if key else [],
+        )
+
+    def use_metric_map(self, name: str | None) -> None:
+        """Read signals through ``name``'s map (a kind or engine name); None: every known name."""
+        self.emap = engines.metric_map(name)
+        kind = engines.engine_kind(name)
+        self.map_name = name if self.emap is not None else None
+        self.metrics_path = engines.METRICS_PATHS.get(kind or "", "/metrics")
+
+    def redact(self, text: str) -> str:
+        return redact_text(text, self.secrets)
+
+    def get(self, path: str, timeout_s: float = 5.0) -> Any:
+        return self.client.get(f"{self.base_url}{path}", timeout=timeout_s)
+
+    def post(self, path: str, timeout_s: float = 30.0) -> Any:
+        return self.client.post(f"{self.base_url}{path}", timeout=timeout_s)
+
+    def healthy(self, timeout_s: float = 1.0) -> bool:
+        import httpx
+
+        try:
+            return self.get("/health", timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def scrape(self, timeout_s: float = 5.0) -> Scrape:
+        import httpx
+
+        url = f"{self.base_url}{self.metrics_path}"
+        try:
+            resp = self.get(self.metrics_path, timeout_s)
+        except httpx.HTTPError as exc:
+            return Scrape({}, [self.redact(f"metrics: GET {url} failed: {type(exc).__name__}")])
+        if resp.status_code != 200:
+            return Scrape({}, [f"metrics: GET {url} answered {resp.status_code}"])
+        if self.emap is None:
+            values = parse_metrics(resp.text)
+            missing = [
+                f"{signal}: no known series for it on {url}"
+                for signal in ("queue_depth", "running", "kv_usage")
+                if signal not in values
+            ]
+            return Scrape(values, missing)
+        values, missing = engines.read_signals(
+            resp.text, self.emap, map_name=self.map_name or "?", url=url
+        )
+        return Scrape(values, missing)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@contextlib.contextmanager
+def _endpoint(base_url: str, endpoint: Endpoint | None) -> Iterator[Endpoint]:
+    if endpoint is not None:
+        yield endpoint
+        return
+    own = Endpoint(base_url)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def reset_prefix_cache(
+    target: OpenAITarget,
+    base_url: str,
+    *,
+    timeout_s: float = 120.0,
+    endpoint: Endpoint | None = None,
+    total_slots: int | None = None,
+) -> str:
     """Clear a real engine's prefix cache for a cold point; returns what was done."""
-    import httpx
+    with _endpoint(base_url, endpoint) as ep:
+        return _reset(target, ep, timeout_s, total_slots)
 
+
+def _reset(target: OpenAITarget, ep: Endpoint, timeout_s: float, total_slots: int | None) -> str:
     if target.cache_reset == "none":
         return "none"
     if target.cache_reset == "restart":
@@ -131,21 +266,27 @@ def reset_prefix_cache(target: OpenAITarget, base_url: str, *, timeout_s: float 
         result = subprocess.run(target.restart_command, capture_output=True, text=True)
         if result.returncode != 0:
             raise TargetError(
-                f"target.restart_command exited with {result.returncode}: {result.stderr[-500:]}"
+                f"target.restart_command exited with {result.returncode}: "
+                f"{ep.redact(result.stderr[-500:])}"
             )
         deadline = time.monotonic() + timeout_s
-        while not _healthy(base_url):
+        while not ep.healthy():
             if time.monotonic() > deadline:
-                raise TargetError(f"{base_url} not healthy {timeout_s} s after the restart")
+                raise TargetError(f"{ep.base_url} not healthy {timeout_s} s after the restart")
             time.sleep(0.5)
         return "restart"
+    if target.cache_reset == "llamacpp":
+        n, erased = _erase_slots(ep, total_slots, timeout_s)
+        return f"POST /slots/{{id}}?action=erase x{n} ({erased} tokens erased)"
     path = "/reset_prefix_cache" if target.cache_reset == "vllm" else "/flush_cache"
     deadline = time.monotonic() + timeout_s
     while True:
-        wait_idle(base_url, timeout_s=timeout_s)
-        resp = httpx.post(f"{base_url}{path}", timeout=30)
+        wait_idle(ep.base_url, timeout_s=timeout_s, endpoint=ep)
+        resp = ep.post(path)
         if resp.status_code >= 400:
-            raise TargetError(f"POST {path} answered {resp.status_code}: {resp.text[:300]}")
+            raise TargetError(
+                f"POST {path} answered {resp.status_code}: {ep.redact(resp.text[:300])}"
+            )
         # vLLM answers 200 even when it refuses (blocks still in use); a JSON body says so.
         try:
             refused = resp.json().get("reset") is False
@@ -154,33 +295,215 @@ def reset_prefix_cache(target: OpenAITarget, base_url: str, *, timeout_s: float 
         if not refused:
             return path
         if time.monotonic() > deadline:
-            raise TargetError(f"POST {path} kept refusing for {timeout_s} s: {resp.text[:300]}")
+            raise TargetError(
+                f"POST {path} kept refusing for {timeout_s} s: {ep.redact(resp.text[:300])}"
+            )
         time.sleep(0.5)
 
 
-def wait_idle(base_url: str, *, timeout_s: float = 60.0) -> dict[str, float]:
-    """Wait until nothing runs or waits (the metrics say so); return the last scrape."""
+def _slot_count(ep: Endpoint, total_slots: int | None) -> int:
+    if total_slots is None:
+        resp = ep.get("/props")
+        props = resp.json() if resp.status_code == 200 else {}
+        total_slots = props.get("total_slots") if isinstance(props, dict) else None
+    if not isinstance(total_slots, int) or total_slots < 1:
+        raise TargetError(
+            f"{ep.base_url}/props reports no total_slots: the llama.cpp slots cannot be erased"
+        )
+    return total_slots
+
+
+def _wait_slots_idle(ep: Endpoint, timeout_s: float) -> None:
+    """Until no slot processes (GET /slots); the metrics when llama-server runs --no-slots."""
     deadline = time.monotonic() + timeout_s
     while True:
-        m = scrape(base_url)
-        if m.get("running", 0) == 0 and m.get("queue_depth", 0) == 0:
-            return m
+        resp = ep.get("/slots")
+        if resp.status_code != 200 or not isinstance(resp.json(), list):
+            wait_idle(ep.base_url, timeout_s=timeout_s, endpoint=ep)
+            return
+        busy = [s.get("id") for s in resp.json() if isinstance(s, dict) and s.get("is_processing")]
+        if not busy:
+            return
         if time.monotonic() > deadline:
-            raise TargetError(f"{base_url} still busy after {timeout_s} s: {m}")
+            raise TargetError(f"{ep.base_url} slots {busy} still processing after {timeout_s} s")
         time.sleep(0.2)
 
 
-def verify_cold(base_url: str) -> dict[str, Any]:
-    """Check the engine is idle with no KV blocks in use; the counters the point starts from."""
-    m = wait_idle(base_url)
-    kv = m.get("kv_usage")
-    ok = kv is None or kv <= 1e-9
+def _erase_slots(ep: Endpoint, total_slots: int | None, timeout_s: float) -> tuple[int, int]:
+    """Erase every llama.cpp slot; (slots, tokens erased)."""
+    n = _slot_count(ep, total_slots)
+    _wait_slots_idle(ep, timeout_s)
+    erased = 0
+    for i in range(n):
+        path = f"/slots/{i}?action=erase"
+        resp = ep.post(path)
+        if resp.status_code == 501:
+            raise TargetError(
+                f"POST {path} answered 501: llama-server runs slot actions only when started "
+                f"with --slot-save-path DIR ({ep.redact(resp.text[:200])})"
+            )
+        if resp.status_code >= 400:
+            raise TargetError(
+                f"POST {path} answered {resp.status_code}: {ep.redact(resp.text[:300])}"
+            )
+        body = resp.json()
+        erased += int(body.get("n_erased", 0)) if isinstance(body, dict) else 0
+    return n, erased
+
+
+def llamacpp_slot_evidence(
+    ep: Endpoint, total_slots: int | None, engine: Engine | None, timeout_s: float = 60.0
+) -> dict[str, Any]:
+    """Whether llama.cpp's caches are empty: a second erase pass must find nothing in any slot,
+    and the host-memory prompt cache (``--cache-ram``; slot erase leaves it, nothing reports
+    it) must be declared off by ``engine.config``."""
+    n, left = _erase_slots(ep, total_slots, timeout_s)
+    config = engine.config if engine is not None else {}
+    declared = next((config[k] for k in CACHE_RAM_KEYS if k in config), None)
+    host_cache_off = declared is not None and str(declared).strip() == "0"
+    reasons = []
+    if left:
+        reasons.append(f"a second erase pass found {left} tokens in the {n} slots")
+    if not host_cache_off:
+        reasons.append(
+            "llama-server's host-memory prompt cache (--cache-ram, on by default in recent "
+            "builds) is neither cleared by slot erase nor reported by any endpoint; declare "
+            "engine.config cache_ram: 0 and start the server with --cache-ram 0"
+        )
     return {
-        "cache_empty_verified": bool(ok and kv is not None),
-        "kv_usage_at_start": kv,
-        "prefix_cache_hits_at_start": m.get("prefix_cache_hits"),
-        "prefix_cache_queries_at_start": m.get("prefix_cache_queries"),
+        "slots_checked": n,
+        "tokens_left_in_slots": left,
+        "host_prompt_cache": "declared off (engine.config)" if host_cache_off else "unknown",
+        "reasons": reasons,
     }
+
+
+def wait_idle(
+    base_url: str, *, timeout_s: float = 60.0, endpoint: Endpoint | None = None
+) -> dict[str, float]:
+    """Wait until nothing runs or waits (the metrics say so); return the last scrape's values.
+
+    When the engine does not show both counts the wait cannot be judged and returns at once
+    (:func:`verify_cold` then says the idle state is unknown).
+    """
+    with _endpoint(base_url, endpoint) as ep:
+        return _wait_idle(ep, timeout_s).values
+
+
+def _wait_idle(ep: Endpoint, timeout_s: float) -> Scrape:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = ep.scrape()
+        if "running" not in m.values or "queue_depth" not in m.values:
+            return m
+        if m.values["running"] == 0 and m.values["queue_depth"] == 0:
+            return m
+        if time.monotonic() > deadline:
+            raise TargetError(f"{ep.base_url} still busy after {timeout_s} s: {m.values}")
+        time.sleep(0.2)
+
+
+def verify_cold(
+    base_url: str,
+    *,
+    endpoint: Endpoint | None = None,
+    slot_evidence: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Check the engine is idle with no KV blocks in use; the counters the point starts from.
+
+    ``slot_evidence`` (llama.cpp, :func:`llamacpp_slot_evidence`) stands in for the KV-usage
+    gauge its current builds lack, and adds its own conditions.
+    """
+    with _endpoint(base_url, endpoint) as ep:
+        m = _wait_idle(ep, 60.0)
+    v = m.values
+    kv = v.get("kv_usage")
+    reasons = []
+    if "running" not in v or "queue_depth" not in v:
+        reasons.append("the engine's metrics do not show that nothing runs or waits")
+    if kv is not None and kv > 1e-9:
+        reasons.append(f"KV usage is {kv:g} at the start")
+    if slot_evidence is not None:
+        reasons += slot_evidence["reasons"]
+    elif kv is None:
+        reasons.append("no KV-usage series to show the cache is empty")
+    facts: dict[str, Any] = {
+        "cache_empty_verified": not reasons,
+        "kv_usage_at_start": kv,
+        "prefix_cache_hits_at_start": v.get("prefix_cache_hits"),
+        "prefix_cache_queries_at_start": v.get("prefix_cache_queries"),
+        "metric_map": ep.map_name,
+        "missing_evidence": m.missing,
+    }
+    if "prefix_cache_hit_rate" in v:
+        facts["prefix_cache_hit_rate_at_start"] = v["prefix_cache_hit_rate"]
+    if slot_evidence is not None:
+        facts["slot_evidence"] = {k: val for k, val in slot_evidence.items() if k != "reasons"}
+    if reasons:
+        facts["cache_empty_reason"] = "; ".join(reasons)
+    return facts
+
+
+def identify(
+    target: OpenAITarget, ep: Endpoint, expected: Any, facts: dict[str, Any]
+) -> engines.EngineIdentity:
+    """Probe the engine, compare it with the manifest, put both in ``facts``; raise on a
+    mismatch under ``identity_check: enforce``."""
+    identity = engines.probe_engine(ep.base_url, ep.headers, 5.0, verify=ep.verify)
+    facts["engine_identity"] = identity.model_dump(mode="json")
+    problems: list[str] = []
+    if target.identity_check != "off":
+        problems = engines.check_identity(identity, expected, secrets=ep.secrets)
+    facts["identity_mismatches"] = problems
+    if problems and target.identity_check == "enforce":
+        listed = "\n  - ".join(problems)
+        raise TargetError(
+            f"the server at {ep.base_url} is not what the manifest froze (target.identity_check "
+            f"'enforce'; 'warn' would measure anyway):\n  - {listed}"
+        )
+    for problem in problems:
+        log.warning("identity mismatch (target.identity_check 'warn'): %s", problem)
+    return identity
+
+
+def _expected(target: OpenAITarget, model: str, expected: Any) -> Any:
+    if expected is not None:
+        return expected
+    # Only the served name is known: the engine is not compared.
+    named = SimpleNamespace(served_name=model, id=model, revision="")
+    return SimpleNamespace(engine=None, model=named, target=target)
+
+
+def _managed(
+    target: OpenAITarget, model: str, cache_state: str, *, log_path: Any, expected: Any
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A fresh managed server for the point, then the openai path against it."""
+    from capacity_pack.managed import ManagedError, ManagedServer, prepare
+
+    m = target.managed
+    assert m is not None
+    try:
+        server = ManagedServer(
+            m.command,
+            prepared=prepare(m.prepare),
+            ready_path=m.ready_path,
+            startup_timeout_s=m.startup_timeout_s,
+            env=m.env,
+            log_path=log_path,
+        )
+        server.start()
+    except ManagedError as err:
+        raise TargetError(str(err)) from None
+    try:
+        inner = target.model_copy(update={"base_url": server.base_url, "managed": None})
+        with open_target(inner, model, cache_state, expected=expected) as (url, facts):
+            facts["cache_preparation"] = (
+                f"fresh managed server process ({facts.get('cache_preparation', 'none')})"
+            )
+            facts["managed_command"] = server.argv
+            yield url, facts
+    finally:
+        server.close()
 
 
 @contextlib.contextmanager
@@ -191,8 +514,14 @@ def open_target(
     *,
     ground_truth: str | Path | None = None,
     log_path: str | Path | None = None,
+    expected: Any = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (base URL, cache-state facts) for one point, cold or warm as asked."""
+    """Yield (base URL, cache-state facts) for one point, cold or warm as asked.
+
+    ``expected`` is what the server must be: anything with the manifest's ``engine``, ``model``
+    and ``target`` (a :class:`~capacity_pack.manifest.Pack`, the sweep's inputs); without it
+    only the served ``model`` name is compared.
+    """
     if isinstance(target, SimTarget):
         sim = SimProcess(target, model, ground_truth=ground_truth, log_path=log_path)
         with sim:
@@ -202,9 +531,44 @@ def open_target(
             yield sim.base_url, facts
         return
     assert isinstance(target, OpenAITarget)
+    if target.managed is not None:
+        yield from _managed(target, model, cache_state, log_path=log_path, expected=expected)
+        return
     base_url = target.base_url.rstrip("/")
-    facts = {"cache_preparation": "none"}
-    if cache_state == "cold":
-        facts["cache_preparation"] = reset_prefix_cache(target, base_url)
-        facts.update(verify_cold(base_url))
-    yield base_url, facts
+    expected = _expected(target, model, expected)
+    engine: Engine | None = getattr(expected, "engine", None)
+    facts = {
+        "cache_preparation": "none",
+        "tls_verify": target.tls_verify,
+        "ca_bundle": target.ca_bundle,
+        "identity_check": target.identity_check,
+    }
+    if not target.tls_verify:
+        log.warning("%s: TLS certificate verification is off (target.tls_verify false)", base_url)
+    ep = Endpoint.for_target(target, base_url)
+    try:
+        # A restart replaces the process: identify the one that will be measured.
+        restart_first = cache_state == "cold" and target.cache_reset == "restart"
+        if restart_first:
+            facts["cache_preparation"] = reset_prefix_cache(target, base_url, endpoint=ep)
+        identity = identify(target, ep, expected, facts)
+        ep.use_metric_map(
+            (engine.metric_names if engine is not None else None)
+            or identity.kind
+            or (engine.name if engine is not None else None)
+        )
+        if cache_state == "cold":
+            if not restart_first:
+                facts["cache_preparation"] = reset_prefix_cache(
+                    target, base_url, endpoint=ep, total_slots=identity.total_slots
+                )
+            slots = None
+            if target.cache_reset == "llamacpp" or identity.kind == "llamacpp":
+                slots = llamacpp_slot_evidence(ep, identity.total_slots, engine)
+            facts.update(verify_cold(base_url, endpoint=ep, slot_evidence=slots))
+        else:
+            facts["metric_map"] = ep.map_name
+            facts["missing_evidence"] = ep.scrape().missing
+        yield base_url, facts
+    finally:
+        ep.close()

@@ -39,9 +39,13 @@ non-finite capacity number is a bug upstream, not a measurement.
 
 Secrets never reach MLflow: a param or tag is dropped when its key looks like a secret
 (api_key, token, secret, password, authorization, credentials, ...) or its value equals (or, for
-secrets of 8+ characters, contains) the value of an environment variable whose name ends in
-``_KEY``, ``_TOKEN``, ``_SECRET`` or ``_PASSWORD``. The dropped keys are listed in the tag
-``capacity_pack.redacted``. Artifact files are logged as given; callers must not pass secrets.
+secrets of 8+ characters, contains) a secret: the value of an environment variable whose name
+ends in ``_KEY``, ``_TOKEN``, ``_SECRET`` or ``_PASSWORD``, or of the one the manifest's
+``target.api_key_env`` names (whatever its name). The dropped keys are listed in the tag
+``capacity_pack.redacted``. An artifact file holding a secret is logged as a copy with each
+occurrence replaced by ``[redacted]`` (text), or not at all (binary), and listed there as
+``artifact:<name>``. :func:`redact_text` does the same replacement for any text (error messages
+that quote a server's answer).
 
 MLflow is imported inside the functions, so importing this module stays cheap.
 """
@@ -58,6 +62,7 @@ import os
 import posixpath
 import random
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -123,6 +128,7 @@ _TOKEN_QUALIFIERS = frozenset({
 })
 # fmt: on
 _SECRET_ENV_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+REDACTION = "[redacted]"
 # Shorter secrets are matched by equality only: containment would drop "10" for a secret "1".
 _MIN_CONTAINED_SECRET = 8
 
@@ -348,14 +354,79 @@ def looks_secret(key: str) -> bool:
     )
 
 
-def _secret_values() -> list[str]:
-    """Values of environment variables named like secrets, read at each call."""
+def _secret_values(frozen: Mapping[str, Any] | None = None) -> list[str]:
+    """Values of environment variables named like secrets, and the API key of the frozen
+    manifest's target (its ``api_key_env`` may have any name), read at each call."""
     out = []
     for name, value in os.environ.items():
         upper = name.upper()
         if value and any(upper.endswith(s) or upper == s[1:] for s in _SECRET_ENV_SUFFIXES):
             out.append(value)
+    target = ((frozen or {}).get("manifest") or {}).get("target") or {}
+    key_env = target.get("api_key_env") if isinstance(target, Mapping) else None
+    if isinstance(key_env, str) and os.environ.get(key_env):
+        out.append(os.environ[key_env])
     return out
+
+
+def secret_values(api_key_env: str | None = None) -> list[str]:
+    """The secrets to keep out of logs and files: environment variables named like secrets and
+    the API key held by ``api_key_env``."""
+    target = {"api_key_env": api_key_env} if api_key_env else {}
+    return _secret_values({"manifest": {"target": target}})
+
+
+def redact_text(text: str, secrets: list[str] | None = None) -> str:
+    """``text`` with every secret replaced by ``[redacted]`` (default secrets:
+    :func:`secret_values`); a secret under 8 characters only when it is the whole text."""
+    values = secret_values() if secrets is None else secrets
+    # Longest first, so a secret that contains another is replaced whole.
+    for secret in sorted({v for v in values if v}, key=len, reverse=True):
+        if text == secret:
+            return REDACTION
+        if len(secret) >= _MIN_CONTAINED_SECRET:
+            text = text.replace(secret, REDACTION)
+    return text
+
+
+def _artifact_holds(path: Path, secrets: list[str]) -> bool:
+    data = path.read_bytes()
+    return any(len(s) >= _MIN_CONTAINED_SECRET and s.encode() in data for s in secrets)
+
+
+def _redacted_artifacts(
+    files: list[Path], secrets: list[str], redacted: list[str]
+) -> tuple[list[Path], tempfile.TemporaryDirectory[str] | None]:
+    """``files`` (files or directories), with a secret-free copy in place of any that holds a
+    secret (a binary file that holds one is left out), and the temporary directory that holds
+    the copies (removed when it is garbage-collected). Names go to ``redacted``."""
+    out = []
+    scratch: tempfile.TemporaryDirectory[str] | None = None
+    for path in files:
+        members = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        leaking = [p for p in members if _artifact_holds(p, secrets)]
+        if not leaking:
+            out.append(path)
+            continue
+        if scratch is None:
+            scratch = tempfile.TemporaryDirectory(prefix="capacity-pack-mlflow-")
+        copy = Path(scratch.name) / path.name
+        if path.is_dir():
+            shutil.copytree(path, copy)
+        else:
+            shutil.copy2(path, copy)
+        for member in leaking:
+            target = copy / member.relative_to(path) if path.is_dir() else copy
+            redacted.append(f"artifact:{member.relative_to(path.parent)}")
+            try:
+                text = member.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                target.unlink()  # a binary file cannot be rewritten safely: withheld
+                continue
+            target.write_text(redact_text(text, secrets), encoding="utf-8")
+        if copy.exists():
+            out.append(copy)
+    return out, scratch
 
 
 def _holds_secret(text: str, secrets: list[str]) -> bool:
@@ -565,7 +636,7 @@ def _get_or_create_parent(
             return found[0].info.run_id
         run_id = found[0].info.run_id  # a process died half-way through creating it: finish
     else:
-        tags = _scrub(_parent_tags(frozen), _secret_values(), [])  # listed by _complete_parent
+        tags = _scrub(_parent_tags(frozen), _secret_values(frozen), [])  # see _complete_parent
         tags[RUN_KIND] = "parent"
         tags[MANIFEST_SHA] = sha
         run = _retry(client.create_run, exp_id, tags=tags, run_name=f"{pack} @ {sha[:12]}")
@@ -580,7 +651,7 @@ def _parent_tags(frozen: Mapping[str, Any]) -> dict[str, str]:
 
 def _complete_parent(client: MlflowClient, run_id: str, frozen: Mapping[str, Any]) -> None:
     """Params, manifest artifact, FINISHED status, then the completion tag; idempotent."""
-    secrets = _secret_values()
+    secrets = _secret_values(frozen)
     redacted: list[str] = []
     _scrub(_parent_tags(frozen), secrets, redacted)  # names the tags the creation dropped
     settings = _clean_items(_flatten(frozen["manifest"]), "params", MAX_PARAM_VALUE_LENGTH)
@@ -687,7 +758,7 @@ def log_child_run(
     if fingerprint is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", fingerprint):
         raise ValueError(f"fingerprint {fingerprint!r} must be 1-200 of [A-Za-z0-9._:-]")
     results = Path(results_dir).resolve()
-    secrets = _secret_values()
+    secrets = _secret_values(frozen)
     redacted: list[str] = []
 
     metric_values, withheld = _prepare_metrics(metrics or {})
@@ -717,8 +788,6 @@ def log_child_run(
     run_tags = _scrub({**own_tags, **extra}, secrets, redacted)
     if withheld:
         run_tags[METRICS_WITHHELD] = _truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
-    if redacted:
-        run_tags[REDACTED] = _truncate(",".join(redacted), MAX_TAG_VALUE_LENGTH)
 
     files = [Path(p) for p in artifacts or []]
     missing = [str(p) for p in files if not p.exists()]
@@ -727,6 +796,10 @@ def log_child_run(
     names = [p.name for p in files]
     if len(set(names)) != len(names):
         raise ValueError(f"artifacts would overwrite each other (same names): {names}")
+    # The copies live as long as ``scratch`` does: until this function returns or raises.
+    files, scratch = _redacted_artifacts(files, secrets, redacted)
+    if redacted:
+        run_tags[REDACTED] = _truncate(",".join(redacted), MAX_TAG_VALUE_LENGTH)
 
     # The run name repeats the (scrubbed) identifying tags for people browsing the UI.
     label_keys = (STAGE, TAG + "job", TAG + "point", TAG + "cache_state")
@@ -816,7 +889,7 @@ def log_parent_results(
     _check_frozen(frozen)
     results = Path(results_dir).resolve()
     metric_values, withheld = _prepare_metrics(metrics)
-    secrets = _secret_values()
+    secrets = _secret_values(frozen)
     redacted: list[str] = []
     tag_values = _scrub(
         _clean_items(dict(tags or {}), "tags", MAX_TAG_VALUE_LENGTH), secrets, redacted
@@ -825,11 +898,15 @@ def log_parent_results(
         tag_values[METRICS_WITHHELD] = _truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
     uri = tracking_uri(results)
     client = _open_client(uri, results)
+    files, scratch = _redacted_artifacts([Path(p) for p in artifacts or []], secrets, redacted)
+    if redacted:
+        tag_values[REDACTED] = _truncate(",".join(redacted), MAX_TAG_VALUE_LENGTH)
     with _writing(uri, results, always=True):
         run_id = _get_or_create_parent(client, frozen, uri, results)
         _log_batches(client, run_id, {}, metric_values)
         for key, value in tag_values.items():
             _retry(client.set_tag, run_id, key, value)
-    for path in artifacts or []:
+    for path in files:
         _retry(client.log_artifact, run_id, str(path), artifact_path="pack")
+    del scratch  # the redacted copies (if any) are logged: remove them
     return run_id

