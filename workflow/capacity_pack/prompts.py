@@ -190,11 +190,21 @@ class EndpointCounter(TokenCounter):
     or, when that shape is refused, llama.cpp's ``{"content", "add_special"} -> {"tokens"}``
     (the first answer decides the shape for the rest of the run)."""
 
-    def __init__(self, base_url: str, model: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        headers: dict[str, str] | None = None,
+        verify: Any = True,
+    ):
         import httpx
 
         self.name = f"{base_url}/tokenize"
-        self._client = httpx.Client(base_url=base_url, headers=headers or {}, timeout=30)
+        # ``verify``: httpx's verify from the target's tls_verify/ca_bundle
+        # (capacity_pack.engines.verify_setting).
+        self._client = httpx.Client(
+            base_url=base_url, headers=headers or {}, timeout=30, verify=verify
+        )
         self.model = model
         self.flavor: str | None = None
 

@@ -132,7 +132,12 @@ def token_counter(inputs: SweepInputs, base_url: str):
     if target.tokenize_endpoint:
         key = os.environ.get(target.api_key_env, "") if target.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return EndpointCounter(base_url, inputs.model.served_name or inputs.model.id, headers)
+        from capacity_pack.engines import verify_setting
+
+        verify = verify_setting(target.tls_verify, target.ca_bundle)
+        return EndpointCounter(
+            base_url, inputs.model.served_name or inputs.model.id, headers, verify=verify
+        )
     return None
 
 
