@@ -946,8 +946,9 @@ def _pcts(values: np.ndarray, withhold_p99: bool) -> dict[str, float | None]:
 def measured_window(requests: pd.DataFrame) -> tuple[int, int]:
     """[first measured send, last measured terminal event] in ns offsets from the run start."""
     m = requests[requests["phase"].isin(MEASURED_PHASES)]
-    t0 = int((m["sent_ns"] - m["sent_offset_ns"]).iloc[0])
-    return int(m["sent_ns"].min()) - t0, int(m["end_ns"].max()) - t0
+    # Per row: a sharded point's shards each keep their own t0 (offsets share one axis).
+    t0 = m["sent_ns"] - m["sent_offset_ns"]
+    return int(m["sent_offset_ns"].min()), int((m["end_ns"] - t0).max())
 
 
 def analyze_point(
@@ -966,7 +967,6 @@ def analyze_point(
         raise AnalysisError("the point has no measured requests")
     start_ns, end_ns = measured_window(requests)
     duration_s = (end_ns - start_ns) / 1e9
-    t0 = int((m["sent_ns"] - m["sent_offset_ns"]).iloc[0])
 
     # Queue trend over the steady-state window: from the first to the last measured arrival.
     steady_start = int(m["due_offset_ns"].where(m["due_offset_ns"] > 0, m["sent_offset_ns"]).min())
@@ -1068,14 +1068,17 @@ def analyze_point(
             else "one token per chunk: ITL gaps are per-token gaps"
         ),
         littles_law=littles_law(
-            requests["sent_ns"].to_numpy(np.int64) - t0,
-            requests["end_ns"].to_numpy(np.int64) - t0,
+            requests["sent_offset_ns"].to_numpy(np.int64),
+            (requests["end_ns"] - requests["sent_ns"] + requests["sent_offset_ns"]).to_numpy(
+                np.int64
+            ),
             steady_start,
             steady_end,
         ),
         prefix_cache_hit_rate=sweep_summary.get("server_prefix_hit_rate"),
         client_cached_token_fraction=sweep_summary.get("client_cached_token_fraction"),
         client_bound=bool(sweep_summary.get("client_bound", False)),
+        shard_clock_valid=sweep_summary.get("shard_clock_valid", True),
         dispatch_lateness_ms=sweep_summary.get("dispatch_lateness_ms"),
         under_sampled_classes=[
             c.name for c in classes if not report["classes"][c.name]["sample_adequate"]
@@ -1103,6 +1106,8 @@ def analyze_point(
     ]
     if report["client_bound"]:
         labels.append("client-bound: dispatch lateness above its bound, not a server result")
+    if report["shard_clock_valid"] is False:
+        labels.append("shard clocks: skew between the client shards beyond its tolerance")
     if report["under_sampled_classes"]:
         labels.append(f"under-sampled: {report['under_sampled_classes']}")
     if queue_trend == "inconclusive":

@@ -218,6 +218,12 @@ def schedule(
     show_default=True,
     help="Live progress line on standard error.",
 )
+@click.option(
+    "--shards",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Client processes for an open-loop point (default: the pack's client.shards).",
+)
 @_die_on_manifest_error
 def load(
     config: Path,
@@ -227,6 +233,7 @@ def load(
     schedule_path: Path | None,
     output: Path,
     progress: bool,
+    shards: int | None,
 ) -> None:
     """Measure one point of CONFIG against its target; record every attempted request."""
     import pandas as pd
@@ -237,6 +244,8 @@ def load(
     from capacity_pack.sweep import measure_point
 
     pack = load_pack(config)
+    if shards is not None:
+        pack = pack.model_copy(update={"client": pack.client.model_copy(update={"shards": shards})})
     point = sched.find_point(pack, point_id, cache_state, repeat)
     frame = (
         pd.read_parquet(schedule_path)
@@ -252,6 +261,29 @@ def load(
         f"{output}: {summary['requests_recorded']} requests recorded, "
         f"{summary['failed']} failed, dispatch lateness p99 {late_text}"
         + (" (CLIENT-BOUND: not a server result)" if summary["client_bound"] else "")
+    )
+
+
+@main.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def shard(spec: Path) -> None:
+    """Run one shard of a sharded point from its SPEC (JSON the measurement job writes).
+
+    The measurement job starts one per shard, locally or through client.shard_launcher
+    (e.g. srun); each meets the others in the spec's rendezvous directory and starts at the
+    shared time.
+    """
+    from capacity_pack.shards import ShardError, ShardSpec, run_shard
+
+    try:
+        summary = run_shard(ShardSpec.model_validate_json(spec.read_text()))
+    except ShardError as err:
+        raise _Fail(str(err)) from None
+    late = summary["dispatch_lateness_ms"]["p99"]
+    click.echo(
+        f"shard {summary['shard']}/{summary['shards']}: {summary['requests_recorded']} "
+        f"recorded, {summary['failed']} failed, lateness p99 "
+        + (f"{late:.3f} ms" if late is not None else "n/a")
     )
 
 

@@ -201,6 +201,15 @@ class LoadSettings(BaseModel):
     )
     tls_verify: bool = Field(default=True, description="Verify an https:// server's certificate.")
     ca_bundle: str | None = Field(default=None, description="PEM of the CAs to verify it with.")
+    shard: int | None = Field(
+        default=None, ge=0, description="This process's shard of a sharded point (records say so)."
+    )
+    start_at: Any = Field(
+        default=None,
+        exclude=True,
+        description="Callable() -> the start as realtime ns (a sharded point's shared start), "
+        "called once the requests are built; None: start now.",
+    )
     transport: Literal["auto", "capacity_pack", "httpx"] = Field(
         default="auto",
         description="HTTP transport under the httpx client: auto (ours for http://, httpx's "
@@ -288,11 +297,15 @@ class RecordWriter:
         self._fh = self.path.open("a", encoding="utf-8")
         self.count = 0
         self.secrets: list[str] = []
+        # Appended inside every record's JSON object (a shard's index), e.g. ',"shard":1'.
+        self.suffix = ""
 
     def write(self, line: str) -> None:
         for secret in self.secrets:
             if secret in line:
                 line = line.replace(secret, "[redacted]")
+        if self.suffix:
+            line = line[:-1] + self.suffix + "}"
         self._fh.write(line + "\n")
         self._fh.flush()
         self.count += 1
@@ -1330,6 +1343,8 @@ class Run:
         self.prewarm = prewarm
         self.s = settings
         self.writer = RecordWriter(records_path)
+        if settings.shard is not None:
+            self.writer.suffix = f',"shard":{int(settings.shard)}'
         self.state = _State()
         self.lateness_ns: list[int] = []
         self.loop_lag_ns: list[int] = []
@@ -1774,10 +1789,19 @@ class Run:
                 gc.collect()
                 gc.freeze()
                 frozen = True
+                if self.s.start_at is not None:
+                    # A shared start (realtime) mapped onto this process's monotonic clock.
+                    start_rt = int(self.s.start_at())
+                    mono, rt = time.perf_counter_ns(), time.time_ns()
+                    self.t0_ns = mono + (start_rt - rt)
+                    self.t0_realtime_ns = start_rt
+                else:
+                    # The clock starts one lead ahead, so even the first arrivals are prepared
+                    # early.
+                    self.t0_ns = time.perf_counter_ns() + self._lead_ns
+                    self.t0_realtime_ns = time.time_ns() + self._lead_ns
+                # The client's CPU from the start on (a shard's wait for the others excluded).
                 cpu0 = time.process_time()
-                # The clock starts one lead ahead, so even the first arrivals are prepared early.
-                self.t0_ns = time.perf_counter_ns() + self._lead_ns
-                self.t0_realtime_ns = time.time_ns() + self._lead_ns
                 watchers = [
                     asyncio.create_task(self._lag_monitor(stop)),
                     asyncio.create_task(self._scraper(client, stop)),

@@ -367,6 +367,35 @@ class Client(_Model):
     )
     cancel_fraction: float = Field(default=0.0, ge=0, le=1, description="Share to cancel.")
     cancel_after_seconds: float = Field(default=1.0, gt=0, description="Cancel after this long.")
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Client processes per open-loop point: the schedule is split into this many "
+        "interleaved, seeded shards started against one shared start time (closed-loop points "
+        "always run one process).",
+    )
+    shard_launcher: list[str] = Field(
+        default_factory=list,
+        description="argv prefix that starts each shard process ({shard} and {shards} are "
+        "replaced), e.g. ['srun', '--nodes=1', '--ntasks=1', '--exclusive'] inside a Slurm "
+        "allocation, or ['taskset', '-c', '{shard}']; empty: a local subprocess.",
+    )
+    shard_start_lead_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="The shared start is this long after the last shard reports ready.",
+    )
+    shard_ready_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="How long a shard waits for the others to be ready."
+    )
+    shard_clock_tolerance_ms: float = Field(
+        default=1.0,
+        gt=0,
+        description="Realtime-vs-monotonic skew between shards (or drift within one) above this "
+        "marks a sharded point invalid.",
+    )
 
     @field_validator("automatic_retries")
     @classmethod

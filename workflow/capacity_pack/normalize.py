@@ -21,6 +21,9 @@ Reconciliation against the precommitted schedule: every scheduled request (the s
 the extension blocks the run used, the prewarm rows) appears exactly once; a missing or extra ID
 is an error, never silently dropped. The only rows of the schedule allowed to be absent are the
 tail of the last extension block cut at the declared maximum duration, and they are counted.
+A sharded point's records are also checked against its shard assignment
+(:func:`capacity_pack.shards.check_merge`: every record on the shard it was assigned to, each
+shard's record count as that shard reported it, dispatch lateness per shard).
 """
 
 from __future__ import annotations
@@ -355,10 +358,20 @@ def normalize_point(
     if k:
         full = build_schedule(inputs, point, extension_blocks=k)
         extension = full[full["block"] >= 2]
-    expected = expected_ids(schedule, extension, prewarm_rows(inputs, point))
+    prewarm = prewarm_rows(inputs, point)
+    expected = expected_ids(schedule, extension, prewarm)
     if not len(records):
         raise NormalizeError(f"{source}: no records at all for {len(expected)} scheduled requests")
     facts = reconcile(records, expected, source)
+    shards = sweep_summary.get("shards")
+    if shards and int(shards.get("count", 1)) > 1:
+        from capacity_pack.shards import ShardError, check_merge
+
+        try:
+            facts["shards"] = check_merge(records, schedule, prewarm, shards, source)
+        except ShardError as err:
+            raise NormalizeError(str(err)) from None
+        facts["shards"]["clock_valid"] = sweep_summary.get("shard_clock_valid")
     fixed = {
         c.name: (c.output_tokens if isinstance(c.output_tokens, int) else None)
         for c in inputs.workload

@@ -167,6 +167,90 @@ def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, 
     return out
 
 
+def shard_count(inputs: SweepInputs, point: Point) -> int:
+    """Client processes of a point: ``client.shards`` for open-loop points, else 1."""
+    return inputs.client.shards if point.mode != "closed" else 1
+
+
+def run_sharded(
+    inputs: SweepInputs,
+    point: Point,
+    schedule: pd.DataFrame,
+    prewarm: pd.DataFrame,
+    base_url: str,
+    out: Path,
+) -> dict[str, Any]:
+    """Run a point as K shard processes; write the merged records and series; its summary."""
+    import shutil
+
+    from capacity_pack.io import atomic_path
+    from capacity_pack.shards import (
+        ShardSpec,
+        assignment_seed,
+        merge_series,
+        merge_summaries,
+        run_shards,
+    )
+
+    c = inputs.client
+    k = shard_count(inputs, point)
+    seed = assignment_seed(c.request_schedule_seed, point.key)
+    work = out / "shards"
+    if work.exists():
+        shutil.rmtree(work)  # a rerun meets in a fresh rendezvous, never with an old shard
+    work.mkdir(parents=True)
+    schedule_path = work / "schedule.parquet"
+    schedule.to_parquet(schedule_path, index=False)
+    prewarm_path = None
+    if len(prewarm):
+        prewarm_path = work / "prewarm.parquet"
+        prewarm.to_parquet(prewarm_path, index=False)
+    specs = [
+        ShardSpec(
+            inputs_json=inputs.canonical_json(),
+            point=point.point_id,
+            cache_state=point.cache_state,
+            repeat=point.repeat,
+            base_url=base_url,
+            shards=k,
+            index=i,
+            seed=seed,
+            schedule_path=str(schedule_path.resolve()),
+            prewarm_path=str(prewarm_path.resolve()) if prewarm_path and i == 0 else None,
+            rendezvous_dir=str((work / "rendezvous").resolve()),
+            out_dir=str((work / f"shard-{i}").resolve()),
+            lead_s=c.shard_start_lead_seconds,
+            ready_timeout_s=c.shard_ready_timeout_seconds,
+        )
+        for i in range(k)
+    ]
+    budget = (
+        c.shard_ready_timeout_seconds
+        + c.shard_start_lead_seconds
+        + c.warmup_seconds
+        + c.maximum_duration_seconds
+        + c.request_timeout_seconds
+        + 60
+    )
+    summaries = run_shards(specs, c.shard_launcher, work, timeout_s=budget)
+    # The point's records: each shard's file in shard order (every record says its shard);
+    # normalization checks the merge against the assignment.
+    with atomic_path(out / "records.jsonl") as tmp, Path(tmp).open("wb") as dst:
+        for spec in specs:
+            with (Path(spec.out_dir) / "records.jsonl").open("rb") as src:
+                shutil.copyfileobj(src, dst)
+    frames = [pd.read_parquet(Path(sp.out_dir) / "metrics.parquet") for sp in specs]
+    with atomic_path(out / "metrics.parquet") as tmp:
+        merge_series(frames, c.metrics_interval_seconds).to_parquet(tmp, index=False)
+    stamps = pd.DataFrame(
+        read_records(out / "records.jsonl"), columns=["request_id", "shard", "due_ns", "sent_ns"]
+    )
+    summary = merge_summaries(summaries, stamps, c.lateness_bound_ms, c.shard_clock_tolerance_ms)
+    summary["shards"]["seed"] = seed
+    summary["shards"]["launcher"] = c.shard_launcher
+    return summary
+
+
 def measure_point(
     pack_or_inputs: Pack | SweepInputs,
     point: Point,
@@ -214,13 +298,16 @@ def measure_point(
             settings.extension_block = extension
         else:
             settings.min_successful_per_class = None
-        summary = run_point(
-            schedule,
-            settings,
-            records_path,
-            metrics_path=out / "metrics.parquet",
-            prewarm=prewarm if len(prewarm) else None,
-        )
+        if shard_count(inputs, point) > 1:
+            summary = run_sharded(inputs, point, schedule, prewarm, base_url, out)
+        else:
+            summary = run_point(
+                schedule,
+                settings,
+                records_path,
+                metrics_path=out / "metrics.parquet",
+                prewarm=prewarm if len(prewarm) else None,
+            )
     records = read_records(records_path)
     series = pd.read_parquet(out / "metrics.parquet")
     summary.update(facts)

@@ -1,0 +1,279 @@
+"""Sharded load generation: assignment, shared start, clock checks, merge and its checks.
+
+The end-to-end tests run real shard processes (``capacity-pack shard``) against the simulated
+engine on 127.0.0.1 and normalize and analyze what they wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from capacity_pack import schedule as S
+from capacity_pack.analysis import analyze_point, pack_classes, pack_gates
+from capacity_pack.manifest import validate_pack
+from capacity_pack.normalize import NormalizeError, normalize_point
+from capacity_pack.shards import (
+    Rendezvous,
+    ShardError,
+    assign_shards,
+    assignment_seed,
+    clock_check,
+    clock_sample,
+    merge_series,
+)
+from capacity_pack.sweep import measure_point
+
+from .test_schedule import DEFAULT
+
+
+def small_pack(**client):
+    data = yaml.safe_load(DEFAULT.read_text())
+    data["client"].update(
+        initial_scheduled_requests=120, warmup_seconds=1, minimum_duration_seconds=2, **client
+    )
+    data["client"].pop("class_schedule_counts")
+    data["acceptance"]["min_successful_samples_per_class"] = 10
+    return validate_pack(data)
+
+
+def point(rate=30, cache="cold"):
+    return S.Point(mode="open", rate_rps=rate, cache_state=cache, repeat=0)
+
+
+# -- assignment ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [2, 3, 8])
+def test_assignment_is_a_deterministic_balanced_interleaving(k):
+    pack = small_pack()
+    sched = S.build_schedule(pack, point())
+    seed = assignment_seed(pack.client.request_schedule_seed, point().key)
+    a = assign_shards(sched, k, seed)
+    assert np.array_equal(a, assign_shards(sched, k, seed))
+    assert set(a) == set(range(k))
+    counts = np.bincount(a, minlength=k)
+    # One arrival per shard in every full window of k consecutive arrivals.
+    assert counts.max() - counts.min() <= 1
+    order = np.lexsort((sched["seq"].to_numpy(), sched["scheduled_offset_ns"].to_numpy()))
+    windows = a[order][: len(a) // k * k].reshape(-1, k)
+    assert all(sorted(w) == list(range(k)) for w in windows)
+    # The permutation is seeded: not the same fixed round-robin in every window.
+    assert len({tuple(w) for w in windows}) > 1
+    assert not np.array_equal(a, assign_shards(sched, k, seed + 1))
+    # Row order of the frame does not change who sends what.
+    shuffled = sched.sample(frac=1.0, random_state=3)
+    b = pd.Series(assign_shards(shuffled, k, seed), index=shuffled["request_id"])
+    assert (b[sched["request_id"]].to_numpy() == a).all()
+
+
+def test_one_shard_takes_everything():
+    sched = S.build_schedule(small_pack(), point())
+    assert (assign_shards(sched, 1, 7) == 0).all()
+
+
+# -- clocks -------------------------------------------------------------------------------------
+
+
+def clock(host="a", boot="b1", start=0, end=0, ntp=None):
+    s = {"realtime_ns": 0, "monotonic_ns": 0, "offset_ns": start, "uncertainty_ns": 100}
+    e = {"realtime_ns": 0, "monotonic_ns": 0, "offset_ns": end, "uncertainty_ns": 100}
+    return {"host": host, "boot_id": boot, "start": s, "end": e, "ntp": ntp}
+
+
+def test_clock_check_same_host_within_and_beyond_tolerance():
+    ok = clock_check([clock(start=10, end=20), clock(start=30, end=40)], 1.0)
+    assert ok["valid"] is True and ok["reasons"] == [] and ok["hosts"] == 1
+    assert ok["same_host_skew"][0]["spread_ms"] == pytest.approx(20e-6)
+    skewed = clock_check([clock(), clock(start=3_000_000, end=3_000_000)], 1.0)
+    assert skewed["valid"] is False
+    assert any("spread 3.000 ms at the start" in r for r in skewed["reasons"])
+
+
+def test_clock_check_drift_within_one_shard():
+    res = clock_check([clock(start=0, end=5_000_000)], 1.0)
+    assert res["valid"] is False
+    assert res["reasons"] == [
+        "shard 0: realtime moved +5.000 ms against the monotonic clock during the run "
+        "(tolerance 1.0 ms)"
+    ]
+
+
+def test_clock_check_across_hosts_needs_ntp_evidence():
+    unmeasured = clock_check([clock("a", "b1"), clock("b", "b2")], 1.0)
+    assert unmeasured["valid"] is None
+    assert unmeasured["missing_evidence"] == [
+        "skew between a and b: no NTP state (chronyc) on both"
+    ]
+    ntp = {"system_offset_s": 0.0001, "root_delay_s": 0.0002, "root_dispersion_s": 0.0001}
+    far = {"system_offset_s": -0.004, "root_delay_s": 0.0002, "root_dispersion_s": 0.0001}
+    good = clock_check([clock("a", "b1", ntp=ntp), clock("b", "b2", ntp=ntp)], 1.0)
+    assert good["valid"] is True
+    assert good["cross_host_skew"][0]["bound_ms"] == pytest.approx(0.4)
+    bad = clock_check([clock("a", "b1", ntp=ntp), clock("b", "b2", ntp=far)], 1.0)
+    assert bad["valid"] is False and "NTP bounds their realtime skew only to" in bad["reasons"][0]
+
+
+def test_clock_sample_is_tight():
+    s = clock_sample()
+    assert s["uncertainty_ns"] < 1_000_000
+    assert abs(s["offset_ns"] - (time.time_ns() - time.perf_counter_ns())) < 50_000_000
+
+
+# -- rendezvous ---------------------------------------------------------------------------------
+
+
+def test_rendezvous_gives_every_shard_the_same_start(tmp_path):
+    starts: dict[int, int] = {}
+
+    def shard(i: int, delay: float) -> None:
+        time.sleep(delay)
+        starts[i] = Rendezvous(tmp_path, 3, i, lead_s=0.5, timeout_s=10)()
+
+    threads = [threading.Thread(target=shard, args=(i, 0.1 * i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(starts.values())) == 1
+    ready = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("ready-*.json"))]
+    assert starts[0] == max(r["realtime_ns"] for r in ready) + 500_000_000
+    assert starts[0] > time.time_ns() - 1_000_000_000
+
+
+def test_rendezvous_timeout_names_the_missing_shards(tmp_path):
+    with pytest.raises(ShardError, match=r"shard 0: only 1 of 2 shards ready in .* after 0.2 s"):
+        Rendezvous(tmp_path, 2, 0, lead_s=0.1, timeout_s=0.2)()
+
+
+# -- series merge -------------------------------------------------------------------------------
+
+
+def test_client_series_are_summed_per_sample_and_server_series_come_from_shard_0():
+    def frame(shard: int, in_flight: list[float], server: bool) -> pd.DataFrame:
+        rows = []
+        for j, v in enumerate(in_flight):
+            t = j * 1_000_000_000 + shard * 3_000  # the shards sample a few us apart
+            rows.append((t, 10 + t, "client", "in_flight", v))
+            if server:
+                rows.append((t, 10 + t, "server", "queue_depth", 1.0))
+        return pd.DataFrame(rows, columns=["t_offset_ns", "realtime_ns", "source", "metric",
+                                           "value"])  # fmt: skip
+
+    merged = merge_series([frame(0, [1, 2, 3], True), frame(1, [4, 5, 6], False)], 1.0)
+    client = merged[merged["source"] == "client"]
+    assert client["value"].tolist() == [5.0, 7.0, 9.0]
+    assert client["t_offset_ns"].tolist() == [0, 1_000_000_000, 2_000_000_000]
+    assert (merged["source"] == "server").sum() == 3
+
+
+# -- end to end against the simulated engine ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same warm point run with 1 and with 2 shards (real shard processes)."""
+    out = {}
+    for k in (1, 2):
+        pack = small_pack(shards=k)
+        p = point(cache="warm")
+        d = tmp_path_factory.mktemp(f"k{k}")
+        sched = S.build_schedule(pack, p)
+        sched.to_parquet(d / "schedule.parquet", index=False)
+        summary = measure_point(pack, p, sched, d)
+        out[k] = (pack, p, d, summary)
+    return out
+
+
+def normalized(run):
+    pack, p, d, summary = run
+    return normalize_point(
+        d / "records.jsonl",
+        d / "schedule.parquet",
+        d / "metrics.parquet",
+        summary,
+        S.ScheduleInputs.for_point(pack, p),
+        p,
+    )
+
+
+@pytest.mark.slow
+def test_two_shards_send_the_same_population_as_one(runs):
+    one, two = normalized(runs[1]), normalized(runs[2])
+    assert set(one["requests"]["request_id"]) == set(two["requests"]["request_id"])
+    n = len(pd.read_parquet(runs[2][2] / "schedule.parquet")) + 8  # and 8 prewarm requests
+    assert len(two["requests"]) == two["reconciliation"]["expected"] == n
+    per = two["reconciliation"]["shards"]["per_shard"]
+    assert [x["records"] for x in per] == [x["assigned"] for x in per]
+    assert sum(x["records"] for x in per) == n
+    assert per[0]["records"] - per[1]["records"] in (7, 8, 9)  # shard 0 also sent the prewarm
+    summary = runs[2][3]
+    assert summary["shards"]["count"] == 2
+    assert summary["shard_clock_valid"] is True
+    assert summary["failed"] == 0 and summary["requests_recorded"] == n
+    assert summary["server_prefix_hit_rate"] > 0.15  # shard 0's prewarm served both shards
+    # Both shards started from one shared start: their t0 stamps agree (one host, one clock).
+    recs = pd.read_json(runs[2][2] / "records.jsonl", lines=True)
+    recs = recs[recs["phase"] != "prewarm"]  # sent before the clock started
+    t0 = recs.groupby("shard")["t0_ns"].first()
+    assert abs(int(t0[0]) - int(t0[1])) < 1_000_000
+    assert recs.groupby("shard")["t0_realtime_ns"].nunique().max() == 1
+    assert recs["t0_realtime_ns"].nunique() == 1
+    # The merged client series has both shards' finished requests.
+    series = pd.read_parquet(runs[2][2] / "metrics.parquet")
+    finished = series[(series["source"] == "client") & (series["metric"] == "finished")]
+    assert finished["value"].max() == n
+    # The analysis reads a sharded point like any other.
+    pack = runs[2][0]
+    report = analyze_point(
+        two["requests"],
+        two["chunks"],
+        two["metrics"],
+        summary,
+        pack_classes(pack),
+        pack_gates(pack),
+    )
+    assert report["shard_clock_valid"] is True
+    assert report["classes"]["interactive"]["successful_count"] > 0
+
+
+@pytest.mark.slow
+def test_merge_check_refuses_a_record_on_the_wrong_shard(runs, tmp_path):
+    pack, p, d, summary = runs[2]
+    lines = (d / "records.jsonl").read_text().splitlines()
+    rec = json.loads(lines[-1])
+    rec["shard"] = 1 - rec["shard"]
+    (tmp_path / "records.jsonl").write_text("\n".join([*lines[:-1], json.dumps(rec)]) + "\n")
+    for name in ("schedule.parquet", "metrics.parquet"):
+        (tmp_path / name).write_bytes((d / name).read_bytes())
+    with pytest.raises(NormalizeError, match=r"1 record\(s\) on the wrong shard, e.g. "):
+        normalized((pack, p, tmp_path, summary))
+    # A record lost between a shard and the merged file: the counts disagree.
+    (tmp_path / "records.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(NormalizeError, match=r"scheduled request\(s\) have no record"):
+        normalized((pack, p, tmp_path, summary))
+    (tmp_path / "records.jsonl").write_text("\n".join([*lines, lines[-1]]) + "\n")
+    with pytest.raises(NormalizeError, match=r"recorded more than once"):
+        normalized((pack, p, tmp_path, summary))
+
+
+@pytest.mark.slow
+def test_a_shard_that_cannot_start_fails_the_point_with_its_log(tmp_path):
+    # The launcher starts shard 1 as `false`: it never reports ready, shard 0 times out.
+    pack = small_pack(
+        shards=2, shard_launcher=["sh", "-c", 'test {shard} = 0 && exec "$@"', "sh"],
+        shard_ready_timeout_seconds=2,
+    )  # fmt: skip
+    p = point()
+    with pytest.raises(ShardError) as err:
+        measure_point(pack, p, S.build_schedule(pack, p), tmp_path)
+    text = str(err.value)
+    assert "shard 0: exit status 1" in text and "only 1 of 2 shards ready" in text
+    assert "shard 1: exit status 1" in text
+    assert not (tmp_path / "records.jsonl").exists()

@@ -1,0 +1,610 @@
+"""Sharded load generation: one open-loop point run by K client processes.
+
+One client process holds a few hundred requests per second before its dispatch lateness
+grows (docs/scaling.md); a higher rate is split over K processes, each its own Python
+interpreter, event loop and dispatcher thread.
+
+Assignment. The schedule's arrivals, in arrival order (``scheduled_offset_ns``, then ``seq``),
+are cut into consecutive windows of K; within window w the K positions go to the K shards in
+the order of a permutation drawn from ``numpy.random.default_rng([seed, w])``, with ``seed``
+derived from the pack's schedule seed and the point (:func:`assignment_seed`). Every shard thus
+gets every K-th arrival on average (rate lambda / K, the same class mix), the split is the same
+on every rerun, and no shard is tied to a periodic slot of the arrival process. Prewarm rows
+(warm points) go to shard 0, which sends them before it reports ready.
+
+Shared start. Each shard builds its requests, then writes ``ready-<i>.json`` (host, boot id,
+realtime and monotonic stamps) into a rendezvous directory on a filesystem every shard sees, and
+polls until all K files exist. The start is ``max(ready realtime) + lead`` (every shard computes
+the same number); each shard maps it onto its own monotonic clock,
+``t0 = monotonic_now + (start - realtime_now)``, and sends request r at ``t0 + offset_r``.
+Records keep each shard's own ``t0``; offsets (``sent - t0``) share one axis.
+
+Clock check. At the start and the end each shard samples (realtime - monotonic) as the tightest
+of a few bracketed reads: ``offset = rt - (m1 + m2) / 2`` with uncertainty ``(m2 - m1) / 2``.
+
+- drift of one shard: ``|offset_end - offset_start|`` (the realtime clock was stepped or slewed
+  during the run, so the start it computed no longer matches the others');
+- skew between shards on one host (same ``/proc/sys/kernel/random/boot_id``, one
+  CLOCK_MONOTONIC): the spread of their offsets at the start and at the end;
+- skew between hosts: their monotonic clocks are unrelated, so it is bounded from each host's
+  NTP state (``chronyc -c tracking``): ``|sys_a - sys_b| + (delay_a / 2 + dispersion_a) +
+  (delay_b / 2 + dispersion_b)``; without chrony on every host it is unmeasured (reported as
+  missing evidence, not as valid).
+
+Any measured skew or drift above ``client.shard_clock_tolerance_ms`` (plus the read
+uncertainty) marks the point invalid (``shard_clock_valid: false``): the analysis labels it
+inconclusive.
+
+Merge. The measurement job concatenates the shards' records (each tagged ``shard``) into the
+point's ``records.jsonl`` and sums the shards' client series sample by sample (they sample on
+one grid from the shared start; the server's series comes from shard 0 alone, the only one that
+scrapes). Normalization checks the merge (:func:`check_merge`): every record on the shard it was
+assigned to, every shard's record count equal to what that shard reported, every scheduled
+request exactly once overall, and dispatch lateness per shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.io import write_json_atomic
+
+NS = 1_000_000_000
+READY_POLL_S = 0.002
+CLOCK_READS = 7
+
+
+class ShardError(RuntimeError):
+    """A shard could not run, or the shards' results do not merge."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Assignment
+# ---------------------------------------------------------------------------------------------
+
+
+def assignment_seed(schedule_seed: int, point_key: str) -> int:
+    """The seed of a point's shard assignment (stable across runs and machines)."""
+    digest = hashlib.sha256(f"{schedule_seed}/{point_key}/shards".encode()).hexdigest()
+    return int(digest[:16], 16)
+
+
+def assign_shards(schedule: pd.DataFrame, k: int, seed: int) -> np.ndarray:
+    """Shard index of every row of ``schedule`` (in the frame's row order)."""
+    n = len(schedule)
+    if k <= 1 or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    order = np.lexsort(
+        (schedule["seq"].to_numpy(dtype=np.int64), schedule["scheduled_offset_ns"].to_numpy())
+    )
+    windows = (n + k - 1) // k
+    perms = np.empty((windows, k), dtype=np.int64)
+    for w in range(windows):  # one small permutation per window (n / k draws, not n)
+        perms[w] = np.random.default_rng([seed, w]).permutation(k)
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    return perms[position // k, position % k]
+
+
+def shard_rows(schedule: pd.DataFrame, k: int, seed: int, index: int) -> pd.DataFrame:
+    """The rows shard ``index`` of ``k`` sends, in the schedule's order."""
+    return schedule[assign_shards(schedule, k, seed) == index].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clocks
+# ---------------------------------------------------------------------------------------------
+
+
+def boot_id() -> str:
+    """Identifies one boot of one host: shards with the same id share CLOCK_MONOTONIC."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return f"unknown:{socket.gethostname()}"
+
+
+def clock_sample() -> dict[str, int]:
+    """realtime - monotonic, from the tightest of a few bracketed reads."""
+    best: tuple[int, int, int] | None = None
+    for _ in range(CLOCK_READS):
+        m1 = time.perf_counter_ns()
+        rt = time.time_ns()
+        m2 = time.perf_counter_ns()
+        if best is None or m2 - m1 < best[2] - best[1]:
+            best = (rt, m1, m2)
+    assert best is not None
+    rt, m1, m2 = best
+    mid = (m1 + m2) // 2
+    return {
+        "realtime_ns": rt,
+        "monotonic_ns": mid,
+        "offset_ns": rt - mid,
+        "uncertainty_ns": (m2 - m1 + 1) // 2,
+    }
+
+
+def ntp_state() -> dict[str, Any] | None:
+    """This host's NTP offset estimate from chrony, or None where chronyc is absent/unsynced.
+
+    ``chronyc -c tracking`` fields (seconds): 4 system time offset, 10 root delay,
+    11 root dispersion.
+    """
+    exe = shutil.which("chronyc")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "-c", "tracking"], capture_output=True, text=True, timeout=2, check=True
+        ).stdout
+        f = out.strip().split(",")
+        return {
+            "source": "chronyc -c tracking",
+            "system_offset_s": float(f[4]),
+            "root_delay_s": float(f[10]),
+            "root_dispersion_s": float(f[11]),
+        }
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def clock_check(shards: list[dict[str, Any]], tolerance_ms: float) -> dict[str, Any]:
+    """Drift within each shard and skew between shards, against ``tolerance_ms``.
+
+    ``shards``: each shard's ``clock`` block (``host``, ``boot_id``, ``start``, ``end`` samples
+    from :func:`clock_sample`, ``ntp`` from :func:`ntp_state` or None). Returns the measured
+    figures, ``valid`` (True, False, or None when a cross-host skew could not be measured and
+    nothing measured exceeded the tolerance) and the reasons.
+    """
+    tol_ns = tolerance_ms * 1e6
+    reasons: list[str] = []
+    missing: list[str] = []
+    drift = []
+    for i, c in enumerate(shards):
+        d = c["end"]["offset_ns"] - c["start"]["offset_ns"]
+        u = c["end"]["uncertainty_ns"] + c["start"]["uncertainty_ns"]
+        drift.append({"shard": i, "drift_ms": d / 1e6, "uncertainty_ms": u / 1e6})
+        if abs(d) > tol_ns + u:
+            reasons.append(
+                f"shard {i}: realtime moved {d / 1e6:+.3f} ms against the monotonic clock "
+                f"during the run (tolerance {tolerance_ms} ms)"
+            )
+    same_host = []
+    groups: dict[str, list[int]] = {}
+    for i, c in enumerate(shards):
+        groups.setdefault(c["boot_id"], []).append(i)
+    for bid, members in groups.items():
+        if len(members) < 2:
+            continue
+        for edge in ("start", "end"):
+            offs = [shards[i][edge]["offset_ns"] for i in members]
+            unc = max(shards[i][edge]["uncertainty_ns"] for i in members)
+            spread = max(offs) - min(offs)
+            same_host.append(
+                {
+                    "host": shards[members[0]]["host"],
+                    "boot_id": bid,
+                    "shards": members,
+                    "at": edge,
+                    "spread_ms": spread / 1e6,
+                    "uncertainty_ms": 2 * unc / 1e6,
+                }
+            )
+            if spread > tol_ns + 2 * unc:
+                reasons.append(
+                    f"shards {members} on {shards[members[0]]['host']}: realtime-monotonic "
+                    f"offsets spread {spread / 1e6:.3f} ms at the {edge} "
+                    f"(tolerance {tolerance_ms} ms)"
+                )
+    cross = []
+    hosts = list(groups)
+    for a in range(len(hosts)):
+        for b in range(a + 1, len(hosts)):
+            ca, cb = shards[groups[hosts[a]][0]], shards[groups[hosts[b]][0]]
+            na, nb = ca.get("ntp"), cb.get("ntp")
+            if not na or not nb:
+                missing.append(
+                    f"skew between {ca['host']} and {cb['host']}: no NTP state (chronyc) on "
+                    f"{'both' if not na and not nb else (ca if not na else cb)['host']}"
+                )
+                cross.append({"hosts": [ca["host"], cb["host"]], "bound_ms": None})
+                continue
+            bound_s = (
+                abs(na["system_offset_s"] - nb["system_offset_s"])
+                + na["root_delay_s"] / 2
+                + na["root_dispersion_s"]
+                + nb["root_delay_s"] / 2
+                + nb["root_dispersion_s"]
+            )
+            cross.append({"hosts": [ca["host"], cb["host"]], "bound_ms": bound_s * 1e3})
+            if bound_s * 1e3 > tolerance_ms:
+                reasons.append(
+                    f"{ca['host']} vs {cb['host']}: NTP bounds their realtime skew only to "
+                    f"{bound_s * 1e3:.3f} ms (tolerance {tolerance_ms} ms)"
+                )
+    valid: bool | None = not reasons
+    if valid and missing:
+        valid = None
+    return {
+        "tolerance_ms": tolerance_ms,
+        "hosts": len(groups),
+        "drift": drift,
+        "same_host_skew": same_host,
+        "cross_host_skew": cross,
+        "valid": valid,
+        "reasons": reasons,
+        "missing_evidence": missing,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendezvous
+# ---------------------------------------------------------------------------------------------
+
+
+class Rendezvous:
+    """K shards agree on one start time through a directory they all see."""
+
+    def __init__(self, directory: str | Path, k: int, index: int, lead_s: float, timeout_s: float):
+        self.dir = Path(directory)
+        self.k, self.index, self.lead_ns, self.timeout_s = k, index, int(lead_s * NS), timeout_s
+        self.ready: list[dict[str, Any]] = []
+
+    def __call__(self) -> int:
+        """Report ready, wait for the others; the shared start (realtime ns)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        stamp = clock_sample()
+        write_json_atomic(
+            self.dir / f"ready-{self.index}.json",
+            {
+                "index": self.index,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "boot_id": boot_id(),
+                **stamp,
+            },
+        )
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            files = sorted(self.dir.glob("ready-*.json"))
+            if len(files) >= self.k:
+                break
+            if time.monotonic() > deadline:
+                raise ShardError(
+                    f"shard {self.index}: only {len(files)} of {self.k} shards ready in "
+                    f"{self.dir} after {self.timeout_s:g} s"
+                )
+            time.sleep(READY_POLL_S)
+        self.ready = [json.loads(f.read_text()) for f in files]
+        return max(r["realtime_ns"] for r in self.ready) + self.lead_ns
+
+
+# ---------------------------------------------------------------------------------------------
+# One shard (the process `capacity-pack shard SPEC` runs)
+# ---------------------------------------------------------------------------------------------
+
+
+class ShardSpec(BaseModel):
+    """What one shard process needs; written by the measurement job as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs_json: str = Field(description="The point's SweepInputs (canonical JSON).")
+    point: str = Field(description="Point id, e.g. open-r16.")
+    cache_state: str = Field(description="cold or warm.")
+    repeat: int = Field(ge=0, description="Repeat index.")
+    base_url: str = Field(description="The target's endpoint root.")
+    shards: int = Field(ge=2, description="K.")
+    index: int = Field(ge=0, description="This shard.")
+    seed: int = Field(description="Assignment seed (assignment_seed).")
+    schedule_path: str = Field(description="The point's full schedule (parquet).")
+    prewarm_path: str | None = Field(default=None, description="Prewarm rows (shard 0 only).")
+    rendezvous_dir: str = Field(description="Directory the shards meet in.")
+    out_dir: str = Field(description="This shard's output directory.")
+    lead_s: float = Field(gt=0, description="Start lead after the last ready report.")
+    ready_timeout_s: float = Field(gt=0, description="Rendezvous timeout.")
+
+
+def run_shard(spec: ShardSpec) -> dict[str, Any]:
+    """Run one shard: its rows, its records, its summary (with clock samples)."""
+    from capacity_pack.loadgen import run_point
+    from capacity_pack.schedule import Point
+    from capacity_pack.sweep import SweepInputs, load_settings, token_counter
+
+    inputs = SweepInputs.model_validate_json(spec.inputs_json)
+    point = Point.parse(spec.point, spec.cache_state, spec.repeat)
+    schedule = pd.read_parquet(spec.schedule_path)
+    rows = shard_rows(schedule, spec.shards, spec.seed, spec.index)
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = out / "records.jsonl"
+    if records.exists():
+        records.unlink()
+    settings = load_settings(inputs, point, spec.base_url, progress=False)
+    settings.token_counter = token_counter(inputs, spec.base_url)
+    # Extension blocks need every shard's success counts at once; a sharded point runs its
+    # planned schedule and the analysis's sample gate judges it.
+    settings.min_successful_per_class = None
+    settings.scrape_metrics = spec.index == 0
+    settings.shard = spec.index
+    rendezvous = Rendezvous(
+        spec.rendezvous_dir, spec.shards, spec.index, spec.lead_s, spec.ready_timeout_s
+    )
+    clock: dict[str, Any] = {"host": socket.gethostname(), "boot_id": boot_id(), "ntp": None}
+
+    def start() -> int:
+        start_rt = rendezvous()
+        clock["start"] = clock_sample()
+        return start_rt
+
+    settings.start_at = start
+    prewarm = pd.read_parquet(spec.prewarm_path) if spec.prewarm_path else None
+    summary = run_point(
+        rows,
+        settings,
+        records,
+        metrics_path=out / "metrics.parquet",
+        prewarm=prewarm if prewarm is not None and len(prewarm) else None,
+    )
+    clock["end"] = clock_sample()
+    clock["ntp"] = ntp_state()
+    summary.update(
+        shard=spec.index,
+        shards=spec.shards,
+        scheduled=int(len(rows)),
+        prewarm_requests=int(len(prewarm)) if prewarm is not None else 0,
+        pid=os.getpid(),
+        clock=clock,
+        rendezvous=rendezvous.ready,
+    )
+    write_json_atomic(out / "summary.json", _finite(summary))
+    return summary
+
+
+def _finite(obj: Any) -> Any:
+    from capacity_pack.loadgen import _finite as finite
+
+    return finite(obj)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurement job's side: launch K shards, wait, merge
+# ---------------------------------------------------------------------------------------------
+
+
+def launch_argv(launcher: list[str], index: int, k: int, spec_path: Path) -> list[str]:
+    prefix = [a.replace("{shard}", str(index)).replace("{shards}", str(k)) for a in launcher]
+    return [*prefix, sys.executable, "-m", "capacity_pack", "shard", str(spec_path)]
+
+
+def run_shards(
+    specs: list[ShardSpec], launcher: list[str], log_dir: Path, *, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Start every shard at once, wait for all; their summaries (ShardError if one failed)."""
+    procs = []
+    for spec in specs:
+        spec_path = Path(spec.out_dir) / "spec.json"
+        Path(spec.out_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(spec_path, json.loads(spec.model_dump_json()))
+        log = (log_dir / f"shard-{spec.index}.log").open("wb")
+        argv = launch_argv(launcher, spec.index, spec.shards, spec_path)
+        procs.append((spec, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + timeout_s
+    failed = []
+    for spec, proc, log in procs:
+        try:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+            failed.append(f"shard {spec.index}: still running after {timeout_s:g} s (killed)")
+        log.close()
+        if rc != 0 and not any(f.startswith(f"shard {spec.index}:") for f in failed):
+            tail = (log_dir / f"shard-{spec.index}.log").read_text(errors="replace")[-800:]
+            failed.append(f"shard {spec.index}: exit status {rc}; its log ends:\n{tail}")
+    if failed:
+        for _, proc, _ in procs:
+            with contextlib.suppress(OSError):
+                proc.kill()
+        raise ShardError("sharded point failed:\n" + "\n".join(failed))
+    return [json.loads((Path(s.out_dir) / "summary.json").read_text()) for s in specs]
+
+
+def merge_series(frames: list[pd.DataFrame], interval_s: float) -> pd.DataFrame:
+    """Server series from shard 0; client series summed per sample of the shared grid."""
+    if not frames:
+        return pd.DataFrame(columns=["t_offset_ns", "realtime_ns", "source", "metric", "value"])
+    first = frames[0]
+    server = first[first["source"] == "server"]
+    client = pd.concat([f[f["source"] == "client"] for f in frames], ignore_index=True)
+    failed = client[client["metric"] == "scrape_failed"]
+    client = client[client["metric"] != "scrape_failed"]
+    step = int(interval_s * NS)
+    client = client.assign(sample=np.rint(client["t_offset_ns"] / step).astype(np.int64))
+    summed = (
+        client.groupby(["sample", "metric"], as_index=False)
+        .agg(
+            t_offset_ns=("t_offset_ns", "min"),
+            realtime_ns=("realtime_ns", "min"),
+            value=("value", "sum"),
+        )  # fmt: skip
+        .assign(source="client")
+    )
+    cols = ["t_offset_ns", "realtime_ns", "source", "metric", "value"]
+    out = pd.concat([server[cols], failed[cols], summed[cols]], ignore_index=True)
+    return out.sort_values(["t_offset_ns", "source", "metric"], kind="stable").reset_index(
+        drop=True
+    )
+
+
+def merge_summaries(
+    summaries: list[dict[str, Any]], records: pd.DataFrame, lateness_bound_ms: float, tol_ms: float
+) -> dict[str, Any]:
+    """One point's summary from its shards' (counts summed, lateness over every request)."""
+
+    def pct(x: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(x, q)) if x.size else None
+
+    def lateness(frame: pd.DataFrame) -> dict[str, float | None]:
+        due = frame["due_ns"].to_numpy(dtype=np.int64) if len(frame) else np.zeros(0, np.int64)
+        sent = frame["sent_ns"].to_numpy(dtype=np.int64) if len(frame) else due
+        late = (sent[due > 0] - due[due > 0]) / 1e6
+        return {"p50": pct(late, 50), "p99": pct(late, 99), "max": pct(late, 100)}
+
+    first = summaries[0]
+    total = {
+        key: sum(s[key] for s in summaries)
+        for key in ("requests_recorded", "sent", "finished", "failed", "streamed_tokens")
+    }
+    ok_by_class: dict[str, int] = {}
+    terminal_by_class: dict[str, int] = {}
+    for s in summaries:
+        for k, v in s["ok_by_class"].items():
+            ok_by_class[k] = ok_by_class.get(k, 0) + v
+        for k, v in s["terminal_by_class"].items():
+            terminal_by_class[k] = terminal_by_class.get(k, 0) + v
+    cpu = sum(s["client_cpu_s"] for s in summaries)
+    late = lateness(records)
+    per_shard = []
+    for s in summaries:
+        i = s["shard"]
+        mine = records[records["shard"] == i] if len(records) else records
+        per_shard.append(
+            {
+                "shard": i,
+                "host": s["clock"]["host"],
+                "pid": s["pid"],
+                "scheduled": s["scheduled"],
+                "requests_recorded": s["requests_recorded"],
+                "failed": s["failed"],
+                "client_cpu_s": s["client_cpu_s"],
+                "dispatch_lateness_ms": lateness(mine),
+                "event_loop_lag_ms": s["event_loop_lag_ms"],
+                "dispatcher_scheduling": s["dispatcher_scheduling"],
+                "client_bound": s["client_bound"],
+            }
+        )
+    clocks = clock_check([s["clock"] for s in summaries], tol_ms)
+    any_bound = any(p["client_bound"] for p in per_shard)
+    bound = (late["p99"] is not None and late["p99"] > lateness_bound_ms) or any_bound
+    lag_p99 = [s["event_loop_lag_ms"]["p99"] for s in summaries if s["event_loop_lag_ms"]["p99"]]
+    lag_max = [s["event_loop_lag_ms"]["max"] for s in summaries if s["event_loop_lag_ms"]["max"]]
+    return {
+        "mode": first["mode"],
+        "concurrency": first["concurrency"],
+        **total,
+        "ok_by_class": ok_by_class,
+        "terminal_by_class": terminal_by_class,
+        "wall_s": max(s["wall_s"] for s in summaries),
+        "client_cpu_s": cpu,
+        "client_cpu_ms_per_1k_tokens": (
+            1e6 * cpu / total["streamed_tokens"] if total["streamed_tokens"] else None
+        ),
+        "dispatch_lateness_ms": late,
+        "event_loop_lag_ms": {
+            "p50": None,
+            "p99": max(lag_p99) if lag_p99 else None,
+            "max": max(lag_max) if lag_max else None,
+        },
+        "lateness_bound_ms": lateness_bound_ms,
+        "client_transport": first["client_transport"],
+        "dispatcher_scheduling": first["dispatcher_scheduling"],
+        "client_bound": bool(bound),
+        "extension_blocks": 0,
+        "extension_rebase_offset_ns": [],
+        "under_sampled_classes": sorted(
+            {c for s in summaries for c in s.get("under_sampled_classes", [])}
+        ),
+        "shards": {
+            "count": len(summaries),
+            "seed": None,
+            "per_shard": per_shard,
+            "clock_check": clocks,
+        },
+        "shard_clock_valid": clocks["valid"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization's merge check
+# ---------------------------------------------------------------------------------------------
+
+
+def check_merge(
+    records: pd.DataFrame,
+    schedule: pd.DataFrame,
+    prewarm: pd.DataFrame | None,
+    shards: dict[str, Any],
+    source: str,
+) -> dict[str, Any]:
+    """Every record on its assigned shard, each shard's count as it reported; lateness per shard.
+
+    The exactly-once check over all shards is :func:`capacity_pack.normalize.reconcile`'s.
+    """
+    k, seed = int(shards["count"]), int(shards["seed"])
+    if "shard" not in records.columns:
+        raise ShardError(f"{source}: a {k}-shard point's records carry no 'shard' field")
+    got = records["shard"]
+    if got.isna().any():
+        bad = records.loc[got.isna(), "request_id"].iloc[0]
+        raise ShardError(f"{source}: record {bad!r} has no shard index")
+    got = got.astype(np.int64)
+    outside = records[(got < 0) | (got >= k)]
+    if len(outside):
+        raise ShardError(
+            f"{source}: record {outside['request_id'].iloc[0]!r} names shard "
+            f"{int(outside['shard'].iloc[0])}, outside 0..{k - 1}"
+        )
+    assigned = pd.Series(assign_shards(schedule, k, seed), index=schedule["request_id"].to_numpy())
+    if prewarm is not None and len(prewarm):
+        assigned = pd.concat(
+            [assigned, pd.Series(0, index=prewarm["request_id"].to_numpy(), dtype=np.int64)]
+        )
+    want = records["request_id"].map(assigned)
+    known = want.notna()
+    wrong = records[known & (want != got)]
+    if len(wrong):
+        r = wrong.iloc[0]
+        raise ShardError(
+            f"{source}: {len(wrong)} record(s) on the wrong shard, e.g. {r['request_id']!r} "
+            f"recorded by shard {int(r['shard'])}, assigned to shard "
+            f"{int(assigned[r['request_id']])}"
+        )
+    counts = got.value_counts().to_dict()
+    per_shard = []
+    for p in shards["per_shard"]:
+        i = int(p["shard"])
+        n = int(counts.get(i, 0))
+        if n != int(p["requests_recorded"]):
+            raise ShardError(
+                f"{source}: shard {i} reported {p['requests_recorded']} records, the merged "
+                f"file holds {n} of them"
+            )
+        mine = records[got == i]
+        due = mine["due_ns"].to_numpy(dtype=np.int64)
+        late = (mine["sent_ns"].to_numpy(dtype=np.int64)[due > 0] - due[due > 0]) / 1e6
+        per_shard.append(
+            {
+                "shard": i,
+                "records": n,
+                "assigned": int((assigned == i).sum()),
+                "dispatch_lateness_p50_ms": float(np.percentile(late, 50)) if late.size else None,
+                "dispatch_lateness_p99_ms": float(np.percentile(late, 99)) if late.size else None,
+                "dispatch_lateness_max_ms": float(late.max()) if late.size else None,
+            }
+        )
+    return {"count": k, "seed": seed, "per_shard": per_shard}
