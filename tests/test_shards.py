@@ -277,3 +277,28 @@ def test_a_shard_that_cannot_start_fails_the_point_with_its_log(tmp_path):
     assert "shard 0: exit status 1" in text and "only 1 of 2 shards ready" in text
     assert "shard 1: exit status 1" in text
     assert not (tmp_path / "records.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_sharded_point_through_snakemake(tmp_path):
+    from .test_pipeline import small_pack as pipeline_pack
+    from .test_pipeline import snakemake, write_pack
+
+    data = pipeline_pack()
+    data["client"]["shards"] = 2
+    write_pack(tmp_path, data)
+    base = "results/pipeline-test"
+    report = f"{base}/reports/open-r20/cold/rep0/slo-report.json"
+    snakemake(tmp_path, report)
+    raw = json.loads((tmp_path / base / "raw/open-r20/cold/rep0/summary.json").read_text())
+    assert raw["shards"]["count"] == 2 and raw["shard_clock_valid"] is True
+    tables = json.loads((tmp_path / base / "tables/open-r20/cold/rep0/summary.json").read_text())
+    per = tables["shards"]["per_shard"]
+    assert [p["records"] for p in per] == [p["assigned"] for p in per]
+    assert sum(p["records"] for p in per) == tables["expected"] == tables["recorded"]
+    slo = json.loads((tmp_path / report).read_text())
+    assert slo["shard_clock_valid"] is True
+    assert not any("shard clocks" in r for r in slo["verdict_reasons"])
+    # The shards' own logs and specs stay beside the point's records.
+    shard_dir = tmp_path / base / "raw/open-r20/cold/rep0/shards"
+    assert sorted(p.name for p in shard_dir.glob("shard-*.log")) == ["shard-0.log", "shard-1.log"]

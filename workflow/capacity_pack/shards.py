@@ -395,6 +395,10 @@ def run_shards(
     specs: list[ShardSpec], launcher: list[str], log_dir: Path, *, timeout_s: float
 ) -> list[dict[str, Any]]:
     """Start every shard at once, wait for all; their summaries (ShardError if one failed)."""
+    # The shards import this very package, also from a plain checkout (no pip install -e .).
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
     procs = []
     for spec in specs:
         spec_path = Path(spec.out_dir) / "spec.json"
@@ -402,7 +406,8 @@ def run_shards(
         write_json_atomic(spec_path, json.loads(spec.model_dump_json()))
         log = (log_dir / f"shard-{spec.index}.log").open("wb")
         argv = launch_argv(launcher, spec.index, spec.shards, spec_path)
-        procs.append((spec, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append((spec, proc, log))
     deadline = time.monotonic() + timeout_s
     failed = []
     for spec, proc, log in procs:
