@@ -395,6 +395,23 @@ def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
         "lateness_bound_ms": summary["lateness_bound_ms"],
     }
     tags = {"capacity_pack.client_bound": str(summary["client_bound"]).lower()}
+    shards = summary.get("shards")
+    params["client_shards"] = shards["count"] if shards else 1
+    if shards:
+        for p in shards["per_shard"]:
+            metrics[f"shard{p['shard']}_dispatch_lateness_p99_ms"] = p["dispatch_lateness_ms"][
+                "p99"
+            ]
+            metrics[f"shard{p['shard']}_client_cpu_s"] = p["client_cpu_s"]
+        check = shards["clock_check"]
+        drift = [abs(d["drift_ms"]) for d in check["drift"]]
+        spread = [s["spread_ms"] for s in check["same_host_skew"]]
+        metrics["shard_clock_drift_max_ms"] = max(drift) if drift else None
+        metrics["shard_clock_skew_max_ms"] = max(spread) if spread else None
+        valid = summary.get("shard_clock_valid")
+        tags["capacity_pack.shard_clock_valid"] = (
+            "unverified" if valid is None else str(valid).lower()
+        )
     if "cache_empty_verified" in summary:
         tags["capacity_pack.cache_empty_verified"] = str(summary["cache_empty_verified"]).lower()
     return {
