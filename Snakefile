@@ -48,11 +48,16 @@ if FIT["checked"] and FIT["verdict"] == "does-not-fit":
         + (f" ({FIT['reason']})" if FIT.get("reason") else "")
     )
 
-# Measurement jobs take one `target_slot` each, so no two ever load one target at once.
-workflow.global_resources.setdefault("target_slot", 1)
-
 
 include: "rules/common.smk"
+
+
+# Measurement jobs take one unit of the target's resource (TARGET_RESOURCE, `target_<slug>`,
+# capacity_pack.cluster), so no two ever load one target at once, under any executor and
+# whatever --cores or --jobs say. `--resources` given by hand wins (setdefault).
+workflow.global_resources.setdefault(TARGET_RESOURCE, 1)
+
+
 include: "rules/freeze.smk"
 include: "rules/schedule.smk"
 include: "rules/sweep.smk"

@@ -13,6 +13,7 @@
 import importlib.util
 
 from capacity_pack import analysis as analysis_lib
+from capacity_pack import cluster as cluster_lib
 from capacity_pack import failure as failure_lib
 from capacity_pack import schedule as schedule_lib
 from capacity_pack import sweep as sweep_lib
@@ -30,6 +31,9 @@ ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
 # decision's file, re-run every drill).
 CAPACITY_INPUTS_JSON = canonical_json(PACK.model_dump(mode="json", exclude={"failure"}))
 AUTOPSY_MD = f"{RESULTS}/pack/autopsy.md"
+# The resource every measurement job holds one unit of: named after the target, so the limit
+# of 1 (set in the Snakefile) is per target, not one slot shared by every target.
+TARGET_RESOURCE = cluster_lib.target_resource(PACK)
 PACK_PLOTS = ["throughput.png", "attainment.png", "latency.png"]
 if PACK.sweep.closed_loop_concurrency:
     PACK_PLOTS.append("closed_loop.png")
@@ -83,6 +87,11 @@ if PACK.target.kind == "sim":
         "sim.cli", "sim.cluster", "sim.engine", "sim.kv", "sim.metrics", "sim.perf",
         "sim.profile", "sim.scheduler", "sim.server", "sim.virtual",
     ]  # fmt: skip
+
+
+def sweep_threads(wildcards):
+    """One core per client process: client.shards for open-loop points, 1 for closed loop."""
+    return PACK.client.shards if wildcard_point(wildcards).mode != "closed" else 1
 
 
 def point_dir(kind, point):

@@ -34,7 +34,8 @@ rule failure_drill:
         inputs=drill_inputs_json,
         code=code_hash("failure", *SWEEP_MODULES),
     resources:
-        target_slot=1,
+        # One measurement at a time against one target, whatever --cores or --jobs say.
+        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -13,9 +13,11 @@ rule sweep:
         # Exactly what a measurement reads: target, model, client, request, prompts, sample gate.
         inputs=sweep_inputs_json,
         code=code_hash(*SWEEP_MODULES),
+    # A sharded point runs one client process per shard (capacity_pack.shards).
+    threads: sweep_threads
     resources:
-        # One measurement at a time against one target, whatever --cores says.
-        target_slot=1,
+        # One measurement at a time against one target, whatever --cores or --jobs say.
+        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

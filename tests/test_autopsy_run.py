@@ -22,6 +22,8 @@ REAL_RESULTS = ROOT / "results" / "rehearsal-sim"
 NS = 1_000_000_000
 PACK = "synth"
 RES = f"results/{PACK}"
+# The per-target resource a sim pack named "synth" holds (capacity_pack.cluster).
+SLOT = "target_sim_synth"
 # Snakemake writes naive local time; the parser reads it in this host's zone, and so does this.
 T0 = datetime(2026, 11, 29, 10, 0, 0)
 BASE = T0.timestamp()
@@ -38,7 +40,7 @@ SNAKEMAKE
 Building DAG of jobs...
 Using shell: /usr/bin/bash
 Provided cores: 2
-Provided resources: target_slot=Resource("target_slot", 1)
+Provided resources: target_sim_synth=Resource("target_sim_synth", 1)
 Job stats:
 job          count
 ---------  -------
@@ -61,7 +63,7 @@ class Log:
         self.lines: list[str] = []
         self.rules: Counter[str] = Counter()
 
-    def start(self, t, jobid, rule, *, inputs=(), outputs=(), wildcards="", slot=False):
+    def start(self, t, jobid, rule, *, inputs=(), outputs=(), wildcards="", slot=None):
         self.rules[rule] += 1
         lines = [stamp(t), f"localrule {rule}:"]
         if inputs:
@@ -76,7 +78,7 @@ class Log:
         lines.append("    reason: Missing output files")
         if wildcards:
             lines.append(f"    wildcards: {wildcards}")
-        lines.append("    resources: tmpdir=/tmp" + (", target_slot=1" if slot else ""))
+        lines.append("    resources: tmpdir=/tmp" + (f", {slot}=1" if slot else ""))
         self.lines += lines
 
     def finish(self, t, jobid, rule, bench_s=None):
@@ -169,20 +171,24 @@ def rep(x):
     return f"{RES}/reports/{x}/slo-report.json"
 
 
-def scenario(root: Path, *, complete=True, name="2026-11-29T100000.000000") -> Path:
+def scenario(
+    root: Path, *, complete=True, name="2026-11-29T100000.000000", slots=(SLOT, SLOT)
+) -> Path:
     """Two schedules, two sweeps serialized by the target slot, two analyses, a report.
 
     Expected critical path: schedule:a (first) -> sweep:a (dependency) -> sweep:b (target_slot)
     -> analyze:b (dependency, 2.2 s gap) -> report (dependency) -> all (dependency).
+    ``slots``: the resource each sweep holds.
     """
     log = Log(root)
     log.start(1, 1, "schedule", outputs=[sched("a")], wildcards="point=a")
     log.start(1, 2, "schedule", outputs=[sched("b")], wildcards="point=b")
     log.finish(2, 2, "schedule", 0.95)
     log.finish(2, 1, "schedule", 0.9)
-    log.start(2, 3, "sweep", inputs=[sched("a")], outputs=[recs("a")], wildcards="point=a", slot=1)
+    a, b = slots
+    log.start(2, 3, "sweep", inputs=[sched("a")], outputs=[recs("a")], wildcards="point=a", slot=a)
     log.finish(12, 3, "sweep", 9.8)
-    log.start(12, 4, "sweep", inputs=[sched("b")], outputs=[recs("b")], wildcards="point=b", slot=1)
+    log.start(12, 4, "sweep", inputs=[sched("b")], outputs=[recs("b")], wildcards="point=b", slot=b)
     log.start(12, 5, "analyze", inputs=[recs("a")], outputs=[rep("a")], wildcards="point=a")
     log.finish(14, 5, "analyze", 1.5)
     log.finish(20, 4, "sweep", 7.9)
@@ -228,7 +234,7 @@ def test_parse_synthetic_log(tmp_path):
     assert sweep_b.log_start == pytest.approx(BASE + 12)
     assert sweep_b.log_end == pytest.approx(BASE + 20)
     assert sweep_b.inputs == [sched("b")] and sweep_b.outputs == [recs("b")]
-    assert sweep_b.wildcards == "point=b" and "target_slot=1" in sweep_b.resources
+    assert sweep_b.wildcards == "point=b" and f"{SLOT}=1" in sweep_b.resources
     assert sweep_b.benchmark == f"{RES}/benchmarks/sweep/4.tsv"
 
 
@@ -283,6 +289,23 @@ def test_critical_path_dependency_and_target_slot_contention(tmp_path):
         "dependency",
         "dependency",
     ]
+
+
+def test_legacy_target_slot_logs_keep_their_gates(tmp_path):
+    """Logs written before the resource was named after the target held `target_slot`."""
+    log = scenario(tmp_path, slots=("target_slot", "target_slot"))
+    _, tl, _, _, att = analysed(tmp_path, log)
+    assert list(att["gate"])[2] == "target_slot"
+    assert set(tl.loc[tl["rule"].eq("sweep"), "target_resource"]) == {"target_slot"}
+
+
+def test_two_targets_resources_never_gate_each_other(tmp_path):
+    """Sweeps of two targets hold two resources: one waiting for the other waited for a core."""
+    log = scenario(tmp_path, slots=(SLOT, "target_10_0_0_5_8000"))
+    _, tl, _, _, att = analysed(tmp_path, log)
+    assert list(att["label"])[:3] == ["schedule:a", "sweep:a", "sweep:b"]
+    assert list(att["gate"])[2] == "core"
+    assert tl.loc[tl["rule"].eq("sweep"), "target_slot"].all()
 
 
 def test_buckets_add_up_to_the_wall_clock_and_gaps_are_orchestration(tmp_path):

@@ -30,14 +30,15 @@ Dependencies: job B depends on job A when an output of A is an input of B (as lo
 
 Critical path: start at the job that finished last (the last completion line) and walk back.
 A job's gate is, among its dependencies and every job that ended within ``GATE_TOLERANCE_S`` of
-its start stamp (a freed core, or the ``target_slot`` resource that lets one measurement at a
-time load the target: contention), the one that finished last before it started. "Before" is
-the log's line order (completion line before the job's ``rule X:`` line), exact where the
+its start stamp (a freed core, or the target's slot: the per-target resource ``target_<slug>``
+of ``capacity_pack.cluster``, ``target_slot`` in logs from before it, that lets one measurement
+at a time load the target: contention), the one that finished last before it started. "Before"
+is the log's line order (completion line before the job's ``rule X:`` line), exact where the
 stamps are 1 s. The gate is recorded as ``dependency``, ``target_slot`` (both jobs hold the
-slot), ``core`` or ``retry`` (the job's own failed attempt). Along the path, in time order, with
-``prev_end`` the previous job's end (the invocation start for the first) and ends made
-non-decreasing: ``gap = max(0, start - prev_end)`` is orchestration and ``work = end -
-max(start, prev_end)`` is the job's, so gaps + work = last end - invocation start exactly
+same target's resource), ``core`` or ``retry`` (the job's own failed attempt). Along the path,
+in time order, with ``prev_end`` the previous job's end (the invocation start for the first)
+and ends made non-decreasing: ``gap = max(0, start - prev_end)`` is orchestration and ``work =
+end - max(start, prev_end)`` is the job's, so gaps + work = last end - invocation start exactly
 (checked in code). Jobs off the path ran in its shadow: they cost core time, not wall time.
 
 Buckets (the seed's standard set, the same every run), mapped by rule with ``RULE_BUCKET``:
@@ -98,6 +99,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack.cluster import held_target_resources
 from capacity_pack.loadgen import read_records
 
 SCHEMA = "capacity_pack.autopsy.run/1"
@@ -543,7 +545,12 @@ def job_timeline(inv: Invocation, repo_dir: str | os.PathLike[str]) -> pd.DataFr
     df["t_start"] = df["start_s"] - inv.started
     df["t_end"] = df["end_s"] - inv.started
     df["logfile_vs_end_s"] = df["logfile_mtime"] - df["log_end"]
-    df["target_slot"] = df["resources"].str.contains(r"\btarget_slot=[1-9]", regex=True)
+    # The target's resource the job held ("" for none): target_<slug>, or target_slot in logs
+    # written before the resource was named after the target.
+    df["target_resource"] = [
+        next(iter(held_target_resources(r)), "") for r in df["resources"].fillna("")
+    ]
+    df["target_slot"] = df["target_resource"].ne("")
     df["is_measurement"] = df["rule"].isin(MEASUREMENT_RULES)
     df["bucket"] = df["rule"].map(RULE_BUCKET).fillna(UNKNOWN_RULE_BUCKET)
     df["known_rule"] = df["rule"].isin(list(RULE_BUCKET))
@@ -584,10 +591,10 @@ def critical_path(
     The log's line order is exact where its stamps are 1 s: a job can only have waited for a
     job whose completion line precedes its ``rule X:`` line. Among those that are its
     dependencies or ended within ``tolerance_s`` of its start stamp (contention for a core or
-    the ``target_slot``), the gate is the one whose completion came last. ``gate`` says which:
+    the target's slot), the gate is the one whose completion came last. ``gate`` says which:
     ``first`` (nothing gated it: Snakemake's own start-up did), ``dependency``, ``target_slot``
-    (both jobs hold the slot), ``core`` or ``retry`` (its own failed attempt); ``gated_by`` is
-    the previous row's job.
+    (both jobs hold the same target's resource), ``core`` or ``retry`` (its own failed
+    attempt); ``gated_by`` is the previous row's job.
     """
     done = timeline[timeline["status"].isin(["finished", "error"]) & timeline["end_s"].notna()]
     if done.empty:
@@ -597,7 +604,7 @@ def critical_path(
     log_end = done["log_end"].to_numpy(float)
     start_line = done["start_line"].to_numpy(float)
     end_line = done["end_line"].to_numpy(float)
-    slot = done["target_slot"].to_numpy(bool)
+    held = done["target_resource"].to_numpy(object)
     jobid = done["jobid"].to_numpy()
     dep_of = deps.groupby("job")["dep"].agg(set).to_dict() if len(deps) else {}
     cur = int(np.argmax(end_line))
@@ -616,7 +623,8 @@ def critical_path(
         elif jobid[best] == jobid[cur]:
             gate = "retry"
         else:
-            gate = "target_slot" if slot[cur] and slot[best] else "core"
+            # Jobs holding two different targets' resources never wait for each other.
+            gate = "target_slot" if held[cur] and held[cur] == held[best] else "core"
         chain.append((cur, gate, int(idx[best])))
         cur = best
     chain.reverse()
@@ -1019,7 +1027,7 @@ def counterfactuals(
             new_wall_s=wall - saved_c,
             provenance="estimated",
             caveat=(
-                "assumes the measurement jobs were serialized by the single target slot, not by "
+                "assumes the measurement jobs were serialized by the target's slot, not by "
                 "dependencies or by cores: with the cores Snakemake was given, the jobs that ran "
                 "beside them (normalize, analyze) may then gate instead"
             ),
@@ -1243,7 +1251,7 @@ def _mlflow_section(runs: pd.DataFrame, tl: pd.DataFrame, started: float) -> lis
 
 TIMELINE_FIELDS = """job jobid attempt rule label status log_start log_end bench_s bench_cpu_time
 bench_mtime logfile_mtime start_s end_s t_start t_end duration_s timing bench_this_run
-bench_consistent target_slot bucket""".split()
+bench_consistent target_slot target_resource bucket""".split()
 PATH_FIELDS = """job jobid rule label status gate gated_by seg_start seg_end gap_s overlap_s work_s
 split""".split()
 CLOCK_FIELDS = """job label mode n_records clock_n_stamps clock_span_mono_s clock_span_realtime_s
