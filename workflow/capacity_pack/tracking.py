@@ -7,6 +7,11 @@ Layout of a results directory's store (the default; ``MLFLOW_TRACKING_URI`` over
 - ``<results>/mlflow.db.lock``: the inter-process lock that serializes every write to it;
 - ``<results>/mlartifacts/<pack name>/``: run artifacts (the experiment's ``artifact_location``).
 
+With ``MLFLOW_TRACKING_URI`` naming a tracking server (``http://...``; a team's shared one is
+described in docs/tracking-server.md) nothing of the store is local: a new experiment takes the
+server's artifact root, and only ``<results>/mlflow.lock`` is written here. Naming a database
+directly (``postgresql://...``) keeps the artifacts in ``<results>/mlartifacts``.
+
 Runs:
 
 - experiment ``capacity-pack/<pack name>``;
@@ -29,7 +34,8 @@ under an exclusive ``flock`` on the lock file, in short sections; "database is l
 (from processes that do not take the lock, e.g. ``mlflow ui``) are retried with jittered
 exponential backoff. Finding-or-creating the parent run happens inside one locked section, so
 two processes never create two parents. Other stores (an HTTP server, PostgreSQL) handle
-concurrent writes themselves; there only the parent's find-or-create is serialized, by
+concurrent writes themselves; there only the parent's find-or-create, and for a database the
+client opening (which creates MLflow's tables in an empty one), are serialized, by
 ``<results>/mlflow.lock``, which covers the processes that share the results directory.
 
 Metric policy: ``None`` values are skipped and their names listed in the tag
@@ -40,8 +46,9 @@ non-finite capacity number is a bug upstream, not a measurement.
 Secrets never reach MLflow: a param or tag is dropped when its key looks like a secret
 (api_key, token, secret, password, authorization, credentials, ...) or its value equals (or, for
 secrets of 8+ characters, contains) a secret: the value of an environment variable whose name
-ends in ``_KEY``, ``_TOKEN``, ``_SECRET`` or ``_PASSWORD``, or of the one the manifest's
-``target.api_key_env`` names (whatever its name). The dropped keys are listed in the tag
+ends in ``_KEY``, ``_TOKEN``, ``_SECRET`` or ``_PASSWORD`` (``MLFLOW_TRACKING_PASSWORD``) or is
+``PGPASSWORD``, of the one the manifest's ``target.api_key_env`` names (whatever its name), or
+the password written into ``MLFLOW_TRACKING_URI``. The dropped keys are listed in the tag
 ``capacity_pack.redacted``. An artifact file holding a secret is logged as a copy with each
 occurrence replaced by ``[redacted]`` (text), or not at all (binary), and listed there as
 ``artifact:<name>``. :func:`redact_text` does the same replacement for any text (error messages
@@ -70,7 +77,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from capacity_pack.io import file_sha256, sha256_hex, write_json_atomic
 
@@ -128,6 +135,8 @@ _TOKEN_QUALIFIERS = frozenset({
 })
 # fmt: on
 _SECRET_ENV_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+# libpq reads a database password from here, so a store URI can leave it out.
+_SECRET_ENV_NAMES = frozenset({"PGPASSWORD"})
 REDACTION = "[redacted]"
 # Shorter secrets are matched by equality only: containment would drop "10" for a secret "1".
 _MIN_CONTAINED_SECRET = 8
@@ -150,14 +159,21 @@ def experiment_name(pack_name: str) -> str:
     return EXPERIMENT_PREFIX + pack_name
 
 
+def is_server(uri: str) -> bool:
+    """Whether ``uri`` names a tracking server (http, https, databricks) rather than a store
+    that this process opens itself (a SQLite file, a PostgreSQL or MySQL database)."""
+    scheme = urlsplit(uri).scheme.lower()
+    return scheme in {"http", "https"} or scheme.startswith("databricks")
+
+
 def artifact_location(uri: str, results_dir: str | os.PathLike[str], pack_name: str) -> str | None:
     """Where a new experiment keeps artifacts: ``<results>/mlartifacts/<pack>`` as a file URI.
 
-    Runs land in ``<that>/<run id>/artifacts``. ``None`` for a tracking server (http,
-    databricks): its own artifact root, often proxied, is the one its readers can reach.
+    Runs land in ``<that>/<run id>/artifacts``. ``None`` for a tracking server: its own
+    artifact root (``--default-artifact-root``, or ``mlflow-artifacts:/`` proxied to its
+    ``--artifacts-destination``) is the one its readers can reach; a path on this machine is not.
     """
-    scheme = urlsplit(uri).scheme.lower()
-    if scheme in {"http", "https"} or scheme.startswith("databricks"):
+    if is_server(uri):
         return None
     return (Path(results_dir).resolve() / ARTIFACT_DIR / pack_name).as_uri()
 
@@ -258,10 +274,16 @@ def _retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def _open_client(uri: str, results_dir: str | os.PathLike[str]) -> MlflowClient:
-    """An MlflowClient on ``uri``; opening one may create or migrate a SQLite file, so it locks."""
+    """An MlflowClient on ``uri``, opened under the store lock unless ``uri`` is a server.
+
+    Opening a database store creates MLflow's tables when they are missing and migrates old
+    ones, with no lock of its own: jobs that open a fresh PostgreSQL database at once fail with
+    duplicate-key errors, as SQLite ones do with "database is locked". A server opens its store
+    itself (docs/tracking-server.md creates the tables first, with ``mlflow db upgrade``).
+    """
     from mlflow import MlflowClient
 
-    with _writing(uri, results_dir):
+    with _writing(uri, results_dir, always=not is_server(uri)):
         return _retry(MlflowClient, tracking_uri=uri)
 
 
@@ -355,13 +377,21 @@ def looks_secret(key: str) -> bool:
 
 
 def _secret_values(frozen: Mapping[str, Any] | None = None) -> list[str]:
-    """Values of environment variables named like secrets, and the API key of the frozen
-    manifest's target (its ``api_key_env`` may have any name), read at each call."""
+    """Values of environment variables named like secrets, the password in the tracking URI,
+    and the API key of the frozen manifest's target (its ``api_key_env`` may have any name),
+    read at each call."""
     out = []
     for name, value in os.environ.items():
         upper = name.upper()
-        if value and any(upper.endswith(s) or upper == s[1:] for s in _SECRET_ENV_SUFFIXES):
+        if value and (
+            upper in _SECRET_ENV_NAMES
+            or any(upper.endswith(s) or upper == s[1:] for s in _SECRET_ENV_SUFFIXES)
+        ):
             out.append(value)
+    with contextlib.suppress(ValueError):  # a malformed URI fails where MLflow opens it
+        password = urlsplit(os.environ.get(TRACKING_URI_ENV, "")).password
+        if password:
+            out.extend(dict.fromkeys([password, unquote(password)]))
     target = ((frozen or {}).get("manifest") or {}).get("target") or {}
     key_env = target.get("api_key_env") if isinstance(target, Mapping) else None
     if isinstance(key_env, str) and os.environ.get(key_env):
