@@ -54,6 +54,9 @@ from bench_loadgen import machine_busy_cpu_s, wait_for_quiet  # noqa: E402
 STATIC_TOKENS = 16
 
 
+LAUNCHER: list[str] = []
+
+
 def pack_for(measure_s: float, shards: int):
     from capacity_pack.manifest import validate_pack
 
@@ -63,6 +66,7 @@ def pack_for(measure_s: float, shards: int):
         warmup_seconds=1.0,
         minimum_duration_seconds=measure_s,
         shards=shards,
+        shard_launcher=LAUNCHER,
     )
     data["client"].pop("class_schedule_counts", None)
     return validate_pack(data)
@@ -255,9 +259,16 @@ def main() -> None:
     ap.add_argument("--no-hold", action="store_true", help="Skip part 1.")
     ap.add_argument("--no-static", action="store_true", help="Skip part 2.")
     ap.add_argument("--quiet-wait-s", type=float, default=20.0)
+    ap.add_argument(
+        "--launcher",
+        default="",
+        help="client.shard_launcher for the 2-shard runs, space-separated, e.g. "
+        "'taskset -c {shard}' (one CPU per shard)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     QUIET_WAIT_S = args.quiet_wait_s
+    LAUNCHER[:] = args.launcher.split()
     result: dict = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
         work = Path(tmp)
