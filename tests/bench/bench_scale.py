@@ -25,14 +25,16 @@ this process:
 - the merge a K-shard measurement job does after its shards end: concatenating the shard
   files, :func:`capacity_pack.shards.merge_series` and the lateness summary over all records.
 
-A 1,000-request warm-up runs first and is not reported (imports, first calls). Peak memory
-is this process's maximum RSS after each size (``resource.getrusage``): the sizes
-run smallest first, so each figure is the peak up to and including that size.
+A 1,000-request warm-up runs first and is not reported (imports, first calls). Each timed call
+starts after a full garbage collection. Peak memory is this process's maximum RSS after each
+size (``resource.getrusage``): the sizes run smallest first, so each figure is the peak up to
+and including that size, and it includes the records text the benchmark itself builds.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -118,6 +120,8 @@ def client_series(duration_s: float, shards: int) -> list[pd.DataFrame]:
 
 
 def timed(fn):
+    # A collection left over from the previous step would be charged to this one.
+    gc.collect()
     t = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
+import pyarrow
 from pandera.typing import Series
 
-from capacity_pack.loadgen import STATUSES, read_records
+from capacity_pack.loadgen import STATUSES
 from capacity_pack.tables import validate_table
 
 NS_PER_MS = 1e6
@@ -195,11 +196,69 @@ def reconcile(records: pd.DataFrame, expected: pd.DataFrame, source: str) -> dic
     }
 
 
+# The load generator's record (loadgen.Attempt.to_json; ``shard`` on a sharded point's records).
+RECORD_SCHEMA = pyarrow.schema(
+    [
+        ("request_id", pyarrow.string()),
+        ("seq", pyarrow.int64()),
+        ("class", pyarrow.string()),
+        ("phase", pyarrow.string()),
+        ("block", pyarrow.int64()),
+        ("status", pyarrow.string()),
+        ("http_status", pyarrow.int64()),
+        ("error", pyarrow.string()),
+        ("finish_reason", pyarrow.string()),
+        ("input_tokens", pyarrow.int64()),
+        ("output_tokens_expected", pyarrow.int64()),
+        ("output_tokens", pyarrow.int64()),
+        ("prompt_tokens", pyarrow.int64()),
+        ("completion_tokens", pyarrow.int64()),
+        ("cached_tokens", pyarrow.int64()),
+        ("prompt_tokens_mismatch", pyarrow.bool_()),
+        ("scheduled_offset_ns", pyarrow.int64()),
+        ("t0_ns", pyarrow.int64()),
+        ("t0_realtime_ns", pyarrow.int64()),
+        ("due_ns", pyarrow.int64()),
+        ("sent_ns", pyarrow.int64()),
+        ("sent_realtime_ns", pyarrow.int64()),
+        ("first_token_ns", pyarrow.int64()),
+        ("last_token_ns", pyarrow.int64()),
+        ("end_ns", pyarrow.int64()),
+        ("end_realtime_ns", pyarrow.int64()),
+        ("chunk_ns", pyarrow.list_(pyarrow.int64())),
+        ("chunk_tokens", pyarrow.list_(pyarrow.int64())),
+        ("shard", pyarrow.int64()),
+    ]
+)
+# One record must fit in a block: 32 MB holds a stream of ~2 million chunks.
+RECORD_BLOCK_BYTES = 32 << 20
+
+
 def records_frame(path: str | Path) -> pd.DataFrame:
-    recs = read_records(path)
-    if not recs:
+    """Every complete record of a records.jsonl as a frame (a torn last line is ignored).
+
+    Parsed by pyarrow's JSON reader against :data:`RECORD_SCHEMA`, not into Python dicts: the
+    chunk lists become numpy arrays (8 bytes a stamp instead of a Python int and a pointer),
+    which keeps a long point's normalization within memory (docs/scaling.md).
+    """
+    import pyarrow.json as pj
+
+    data = Path(path).read_bytes()
+    end = data.rfind(b"\n") + 1  # the writer died mid-line: that request never finished recording
+    if end == 0:
         return pd.DataFrame(columns=["request_id"])
-    return pd.DataFrame.from_records(recs)
+    try:
+        table = pj.read_json(
+            pyarrow.BufferReader(memoryview(data)[:end]),
+            read_options=pj.ReadOptions(block_size=RECORD_BLOCK_BYTES),
+            parse_options=pj.ParseOptions(
+                explicit_schema=RECORD_SCHEMA, unexpected_field_behavior="ignore"
+            ),
+        )
+    except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError) as err:
+        raise NormalizeError(f"{path}: not a records file of the load generator: {err}") from None
+    del data
+    return table.to_pandas(split_blocks=True, self_destruct=True)
 
 
 def normalize(
@@ -286,34 +345,40 @@ def normalize(
 
 
 def chunks_frame(records: pd.DataFrame) -> pd.DataFrame:
-    """Explode per-request chunk lists into the long chunks table (vectorized)."""
+    """Explode per-request chunk lists into the long chunks table (vectorized).
+
+    Built with one row-index array and in-place arithmetic: at millions of chunks every
+    temporary array costs 8 bytes a chunk (docs/scaling.md).
+    """
     if not len(records):
         return pd.DataFrame(
             {"request_id": [], "chunk_index": [], "arrival_offset_ns": [], "tokens": [],
              "gap_ms": []}
         )  # fmt: skip
-    counts = records["chunk_ns"].map(len).to_numpy()
-    times = np.concatenate([np.asarray(x, dtype=np.int64) for x in records["chunk_ns"]] or [[]])
-    tokens = np.concatenate(
-        [np.asarray(x, dtype=np.int64) for x in records["chunk_tokens"]] or [[]]
-    )
-    rid = np.repeat(records["request_id"].to_numpy(dtype=object), counts)
-    sent = np.repeat(records["sent_ns"].to_numpy(dtype=np.int64), counts)
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    index = np.arange(times.size) - starts
+    counts = records["chunk_ns"].map(len).to_numpy(dtype=np.int64)
+    times = np.concatenate([np.asarray(x, dtype=np.int64) for x in records["chunk_ns"]])
+    tokens = np.concatenate([np.asarray(x, dtype=np.int64) for x in records["chunk_tokens"]])
+    row = np.repeat(np.arange(len(records), dtype=np.int64), counts)
+    times -= records["sent_ns"].to_numpy(dtype=np.int64)[row]  # now arrival offsets
+    index = np.arange(times.size, dtype=np.int64)
+    index -= (np.cumsum(counts) - counts)[row]
+    rid = records["request_id"].to_numpy(dtype=object)[row]
+    del row
+    # Within a request the offsets share one send time, so their differences are the gaps.
     gaps = np.empty(times.size, dtype=float)
     if times.size:
-        gaps[1:] = np.diff(times) / NS_PER_MS
-        gaps[0] = np.nan
+        np.subtract(times[1:], times[:-1], out=gaps[1:])
+        gaps /= NS_PER_MS
     gaps[index == 0] = np.nan
     return pd.DataFrame(
         {
             "request_id": rid,
-            "chunk_index": index.astype(np.int64),
-            "arrival_offset_ns": times - sent,
+            "chunk_index": index,
+            "arrival_offset_ns": times,
             "tokens": tokens,
             "gap_ms": gaps,
-        }
+        },
+        copy=False,
     )
 
 
