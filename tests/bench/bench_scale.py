@@ -182,13 +182,10 @@ def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
             ]
 
             def merge(per=per, frames=frames, path=path):
-                from capacity_pack.loadgen import read_records
+                from capacity_pack.normalize import records_frame
 
                 merge_series(frames, 1.0)
-                stamps = pd.DataFrame(
-                    read_records(path), columns=["request_id", "shard", "due_ns", "sent_ns"]
-                )
-                return merge_summaries(per, stamps, 5.0, 1.0)
+                return merge_summaries(per, records_frame(path), 5.0, 1.0)
 
             merged, merge_s = timed(merge)
             merged["shards"]["seed"] = seed

@@ -242,9 +242,9 @@ def run_sharded(
     frames = [pd.read_parquet(Path(sp.out_dir) / "metrics.parquet") for sp in specs]
     with atomic_path(out / "metrics.parquet") as tmp:
         merge_series(frames, c.metrics_interval_seconds).to_parquet(tmp, index=False)
-    stamps = pd.DataFrame(
-        read_records(out / "records.jsonl"), columns=["request_id", "shard", "due_ns", "sent_ns"]
-    )
+    from capacity_pack.normalize import records_frame
+
+    stamps = records_frame(out / "records.jsonl")
     summary = merge_summaries(summaries, stamps, c.lateness_bound_ms, c.shard_clock_tolerance_ms)
     summary["shards"]["seed"] = seed
     summary["shards"]["launcher"] = c.shard_launcher
