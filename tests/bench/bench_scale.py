@@ -29,6 +29,10 @@ A 1,000-request warm-up runs first and is not reported (imports, first calls). E
 starts after a full garbage collection. Peak memory is this process's maximum RSS after each
 size (``resource.getrusage``): the sizes run smallest first, so each figure is the peak up to
 and including that size, and it includes the records text the benchmark itself builds.
+Normalization's own memory is measured apart (``--memory-sizes``, 100k by default): the records
+are written, then a fresh process normalizes them and reports its peak RSS before and after,
+once with a chunk per token and once with every request's tokens in one chunk (peak RSS from
+``/proc/self/status`` ``VmHWM``, which starts afresh at exec).
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ def pack_for(rate: float, n: int):
     return validate_pack(data)
 
 
-def write_records(schedule: pd.DataFrame, path: Path, shard: np.ndarray | None) -> int:
+def write_records(
+    schedule: pd.DataFrame, path: Path, shard: np.ndarray | None, *, one_chunk: bool = False
+) -> int:
+    """``one_chunk``: every request's tokens arrive in one chunk (one SSE event)."""
     from capacity_pack.loadgen import Attempt
 
     ttft, itl = 50_000_000, 20_000_000
@@ -75,7 +82,7 @@ def write_records(schedule: pd.DataFrame, path: Path, shard: np.ndarray | None) 
         n = int(row["output_tokens"])
         due = T0 + int(row["scheduled_offset_ns"])
         sent = due + 60_000
-        chunks = (sent + ttft + itl * np.arange(n)).tolist()
+        chunks = (sent + ttft + itl * np.arange(1 if one_chunk else n)).tolist()
         a = Attempt(
             request_id=row["request_id"], seq=int(row["seq"]), klass=row["class"],
             phase=row["phase"], block=int(row["block"]), input_tokens=int(row["input_tokens"]),
@@ -83,7 +90,8 @@ def write_records(schedule: pd.DataFrame, path: Path, shard: np.ndarray | None) 
             due_ns=due, sent_ns=sent, sent_realtime_ns=sent + 5 * T0,
             first_token_ns=chunks[0], last_token_ns=chunks[-1], end_ns=chunks[-1] + 50_000,
             end_realtime_ns=chunks[-1] + 50_000 + 5 * T0, chunk_ns=chunks,
-            chunk_tokens=[1] * n, http_status=200, status="ok", finish_reason="length",
+            chunk_tokens=[n] if one_chunk else [1] * n, http_status=200, status="ok",
+            finish_reason="length",
             prompt_tokens=int(row["input_tokens"]), completion_tokens=n, cached_tokens=0,
         )  # fmt: skip
         line = a.to_json(T0, 5 * T0)
@@ -243,24 +251,105 @@ def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
     return rows
 
 
+def _status_mb(field: str) -> float:
+    """A /proc/self/status figure in MB. VmHWM (peak RSS) starts afresh at exec, unlike
+    getrusage's ru_maxrss, which a child inherits from the process that forked it."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def normalize_child(work: Path, n: int, rate: float) -> None:
+    """In a fresh process: normalize work/records.jsonl; print time and peak RSS as JSON."""
+    from capacity_pack import schedule as S
+    from capacity_pack.normalize import normalize_point
+
+    pack = pack_for(rate, n)
+    point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)
+    inputs = S.ScheduleInputs.for_point(pack, point)
+    before = _status_mb("VmHWM")
+    out, seconds = timed(
+        lambda: normalize_point(
+            work / "records.jsonl",
+            work / "schedule.parquet",
+            work / "metrics.parquet",
+            {"extension_blocks": 0},
+            inputs,
+            point,
+        )  # fmt: skip
+    )
+    peak = _status_mb("VmHWM")
+    print(json.dumps({"normalize_s": seconds, "rss_before_mb": before, "peak_rss_mb": peak,
+                      "rows": len(out["requests"])}))  # fmt: skip
+
+
+def memory(n: int, rate: float, one_chunk: bool, work: Path) -> dict:
+    """Normalization's peak memory for n requests, measured in a fresh process."""
+    import subprocess
+
+    from capacity_pack import schedule as S
+    from capacity_pack.shards import merge_series
+
+    pack = pack_for(rate, n)
+    point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)
+    sched = S.build_schedule(pack, point)
+    sched.to_parquet(work / "schedule.parquet", index=False)
+    nbytes = write_records(sched, work / "records.jsonl", None, one_chunk=one_chunk)
+    duration_s = float(sched["scheduled_offset_ns"].max()) / NS
+    merge_series(client_series(duration_s, 1), 1.0).to_parquet(work / "metrics.parquet")
+    res = subprocess.run(
+        [sys.executable, __file__, "--normalize-child", str(work), "--sizes", str(n),
+         "--rate", str(rate)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    row = json.loads(res.stdout.strip().splitlines()[-1])
+    row.update(requests=int(len(sched)), one_chunk=one_chunk, records_bytes=nbytes)
+    per = (row["peak_rss_mb"] - row["rss_before_mb"]) * 1024 / row["requests"]
+    print(
+        f"memory N={row['requests']} {'one chunk' if one_chunk else 'a chunk per token'}: "
+        f"normalize {row['normalize_s']:.2f} s, peak RSS {row['peak_rss_mb']:.0f} MB "
+        f"({row['rss_before_mb']:.0f} MB before it; {per:.1f} KB per request)",
+        flush=True,
+    )
+    (work / "records.jsonl").unlink()
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,100000,300000")
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--shards", default="4")
+    ap.add_argument(
+        "--memory-sizes",
+        default="100000",
+        help="Sizes whose normalization memory is measured in a fresh process, once with a "
+        "chunk per token and once with one chunk per request ('' to skip).",
+    )
+    ap.add_argument("--normalize-child", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "workflow"))
+    if args.normalize_child is not None:
+        normalize_child(args.normalize_child, int(args.sizes), args.rate)
+        return
     shards = [int(k) for k in args.shards.split(",") if k]
-    rows = []
+    rows, mem = [], []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         print("warm-up (imports, first calls; not reported):")
         one_size(1000, args.rate, shards, Path(tmp))
-        for n in [int(s) for s in args.sizes.split(",")]:
+        for n in [int(s) for s in args.sizes.split(",") if s]:
             rows += one_size(n, args.rate, shards, Path(tmp))
+        for n in [int(s) for s in args.memory_sizes.split(",") if s]:
+            for one_chunk in (False, True):
+                mem.append(memory(n, args.rate, one_chunk, Path(tmp)))
     if args.json:
         args.json.write_text(
-            json.dumps({"cpus": os.cpu_count(), "rate_rps": args.rate, "rows": rows}, indent=2)
+            json.dumps(
+                {"cpus": os.cpu_count(), "rate_rps": args.rate, "rows": rows, "memory": mem},
+                indent=2,
+            )
         )
 
 
