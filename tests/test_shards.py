@@ -309,3 +309,17 @@ def test_a_sharded_point_through_snakemake(tmp_path):
     # The shards' own logs and specs stay beside the point's records.
     shard_dir = tmp_path / base / "raw/open-r20/cold/rep0/shards"
     assert sorted(p.name for p in shard_dir.glob("shard-*.log")) == ["shard-0.log", "shard-1.log"]
+
+
+@pytest.mark.slow
+def test_the_in_flight_ceiling_is_shared_out_between_shards(tmp_path):
+    pack = small_pack(shards=2, max_in_flight=3)
+    p = point(rate=30)
+    summary = measure_point(pack, p, S.build_schedule(pack, p), tmp_path)
+    assert [x["max_in_flight"] for x in summary["shards"]["per_shard"]] == [2, 2]
+    # ~30 RPS of streams lasting 0.4-2 s against a ceiling of 2 per shard: arrivals beyond it
+    # are rejected at once, never delayed, and the two shards never hold more than 4.
+    assert summary["status_counts"]["rejected"] > 0
+    series = pd.read_parquet(tmp_path / "metrics.parquet")
+    in_flight = series[(series["source"] == "client") & (series["metric"] == "in_flight")]
+    assert 0 < in_flight["value"].max() <= 4

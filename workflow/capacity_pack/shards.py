@@ -10,7 +10,8 @@ the order of a permutation drawn from ``numpy.random.default_rng([seed, w])``, w
 derived from the pack's schedule seed and the point (:func:`assignment_seed`). Every shard thus
 gets every K-th arrival on average (rate lambda / K, the same class mix), the split is the same
 on every rerun, and no shard is tied to a periodic slot of the arrival process. Prewarm rows
-(warm points) go to shard 0, which sends them before it reports ready.
+(warm points) go to shard 0, which sends them before it reports ready. A client-side in-flight
+ceiling (``client.max_in_flight``) is shared out: each shard enforces ceil(ceiling / K).
 
 Shared start. Each shard builds its requests, then writes ``ready-<i>.json`` (host, boot id,
 realtime and monotonic stamps) into a rendezvous directory on a filesystem every shard sees, and
@@ -341,6 +342,9 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
     settings.min_successful_per_class = None
     settings.scrape_metrics = spec.index == 0
     settings.shard = spec.index
+    if settings.max_in_flight is not None:
+        # The point's client-side ceiling, shared out: each shard sends every K-th arrival.
+        settings.max_in_flight = max(1, -(-settings.max_in_flight // spec.shards))
     rendezvous = Rendezvous(
         spec.rendezvous_dir, spec.shards, spec.index, spec.lead_s, spec.ready_timeout_s
     )
@@ -366,6 +370,7 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
         shard=spec.index,
         shards=spec.shards,
         scheduled=int(len(rows)),
+        max_in_flight=settings.max_in_flight,
         prewarm_requests=int(len(prewarm)) if prewarm is not None else 0,
         pid=os.getpid(),
         clock=clock,
@@ -494,6 +499,7 @@ def merge_summaries(
                 "host": s["clock"]["host"],
                 "pid": s["pid"],
                 "scheduled": s["scheduled"],
+                "max_in_flight": s.get("max_in_flight"),
                 "requests_recorded": s["requests_recorded"],
                 "failed": s["failed"],
                 "client_cpu_s": s["client_cpu_s"],
