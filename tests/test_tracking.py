@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
@@ -17,6 +16,8 @@ import pytest
 
 from capacity_pack import tracking
 from capacity_pack.manifest import SECTIONS, freeze, load_pack
+
+from .processes import start_together
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"
@@ -372,22 +373,11 @@ def test_parallel_processes_lose_nothing(frozen: dict, tmp_path: Path) -> None:
     (tmp_path / "frozen.json").write_text(json.dumps(frozen))
     start = tmp_path / "start"
     common = [str(tmp_path / "frozen.json"), str(results), str(start)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, *common, str(w), str(runs), str(metrics)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=dict(os.environ),
-        )
+    argvs = [
+        [sys.executable, "-c", WORKER, *common, str(w), str(runs), str(metrics)]
         for w in range(workers)
     ]
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready-{w}").exists() for w in range(workers)):
-        assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs]
-        assert time.monotonic() < deadline, "workers did not start"
-        time.sleep(0.01)
-    start.touch()
+    procs = start_together(argvs, tmp_path, start, dict(os.environ))
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out

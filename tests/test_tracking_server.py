@@ -34,6 +34,8 @@ import yaml
 from capacity_pack import tracking
 from capacity_pack.manifest import freeze, load_pack, validate_pack
 
+from .processes import start_together
+
 ROOT = Path(__file__).resolve().parents[1]
 PACK = "server-test"
 PG_ROLE = "mlflow"
@@ -536,22 +538,8 @@ def test_jobs_sharing_a_fresh_postgresql_store_directly(postgres: Postgres, tmp_
     frozen_path.write_text(json.dumps(freeze(load_pack(ROOT / "config" / "config.yaml"))))
     start = tmp_path / "start"
     workers = 3
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(frozen_path), str(results), str(start), str(w)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for w in range(workers)
-    ]
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready-{w}").exists() for w in range(workers)):
-        assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs]
-        assert time.monotonic() < deadline, "workers did not start"
-        time.sleep(0.01)
-    start.touch()
+    argv = [sys.executable, "-c", WORKER, str(frozen_path), str(results), str(start)]
+    procs = start_together([[*argv, str(w)] for w in range(workers)], tmp_path, start, env)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * workers, "\n".join(outs)
 
