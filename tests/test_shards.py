@@ -323,3 +323,14 @@ def test_the_in_flight_ceiling_is_shared_out_between_shards(tmp_path):
     series = pd.read_parquet(tmp_path / "metrics.parquet")
     in_flight = series[(series["source"] == "client") & (series["metric"] == "in_flight")]
     assert 0 < in_flight["value"].max() <= 4
+
+
+@pytest.mark.slow
+def test_the_launcher_places_each_shard(tmp_path):
+    # One CPU per shard, as docs/scaling.md recommends on a dedicated load generator.
+    pack = small_pack(shards=2, shard_launcher=["taskset", "-c", "{shard}"])
+    p = point()
+    summary = measure_point(pack, p, S.build_schedule(pack, p), tmp_path)
+    assert [x["cpu_affinity"] for x in summary["shards"]["per_shard"]] == [[0], [1]]
+    assert summary["shards"]["launcher"] == ["taskset", "-c", "{shard}"]
+    assert summary["failed"] == 0

@@ -371,6 +371,8 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
         shards=spec.shards,
         scheduled=int(len(rows)),
         max_in_flight=settings.max_in_flight,
+        # Where the launcher let this shard run (taskset, srun --cpu-bind, a cgroup).
+        cpu_affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         prewarm_requests=int(len(prewarm)) if prewarm is not None else 0,
         pid=os.getpid(),
         clock=clock,
@@ -500,6 +502,7 @@ def merge_summaries(
                 "pid": s["pid"],
                 "scheduled": s["scheduled"],
                 "max_in_flight": s.get("max_in_flight"),
+                "cpu_affinity": s.get("cpu_affinity"),
                 "requests_recorded": s["requests_recorded"],
                 "failed": s["failed"],
                 "client_cpu_s": s["client_cpu_s"],
