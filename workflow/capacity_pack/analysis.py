@@ -1078,7 +1078,8 @@ def analyze_point(
         prefix_cache_hit_rate=sweep_summary.get("server_prefix_hit_rate"),
         client_cached_token_fraction=sweep_summary.get("client_cached_token_fraction"),
         client_bound=bool(sweep_summary.get("client_bound", False)),
-        shard_clock_valid=sweep_summary.get("shard_clock_valid", True),
+        # None: one client process, or shards on hosts whose skew could not be measured.
+        shard_clock_valid=sweep_summary.get("shard_clock_valid"),
         dispatch_lateness_ms=sweep_summary.get("dispatch_lateness_ms"),
         under_sampled_classes=[
             c.name for c in classes if not report["classes"][c.name]["sample_adequate"]
@@ -1126,6 +1127,11 @@ def analyze_point(
     )
     # P99 is reported, not gated: say where its sample cannot prove it yet.
     report["notes"] = unproven
+    if sweep_summary.get("shards") and report["shard_clock_valid"] is None:
+        report["notes"].append(
+            "shard clocks unverified: the shards ran on hosts whose realtime skew was not "
+            "measured (no NTP state); see the sweep summary's shards.clock_check"
+        )
     return report
 
 
