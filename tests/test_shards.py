@@ -334,3 +334,29 @@ def test_the_launcher_places_each_shard(tmp_path):
     assert [x["cpu_affinity"] for x in summary["shards"]["per_shard"]] == [[0], [1]]
     assert summary["shards"]["launcher"] == ["taskset", "-c", "{shard}"]
     assert summary["failed"] == 0
+
+
+@pytest.mark.slow
+def test_skewed_or_unverified_shard_clocks_reach_the_verdict(runs):
+    pack, _, _, summary = runs[2]
+    tables = normalized(runs[2])
+    args = (tables["requests"], tables["chunks"], tables["metrics"])
+    skewed = analyze_point(
+        *args, {**summary, "shard_clock_valid": False}, pack_classes(pack), pack_gates(pack)
+    )
+    assert skewed["verdict"] == "inconclusive"
+    assert (
+        "shard clocks: skew between the client shards beyond its tolerance"
+        in (skewed["verdict_reasons"])
+    )
+    unverified = analyze_point(
+        *args, {**summary, "shard_clock_valid": None}, pack_classes(pack), pack_gates(pack)
+    )
+    assert any(n.startswith("shard clocks unverified") for n in unverified["notes"])
+    one = normalized(runs[1])
+    single = analyze_point(
+        one["requests"], one["chunks"], one["metrics"], runs[1][3],
+        pack_classes(runs[1][0]), pack_gates(runs[1][0]),
+    )  # fmt: skip
+    assert single["shard_clock_valid"] is None
+    assert not any(n.startswith("shard clocks") for n in single["notes"])
