@@ -189,14 +189,13 @@ def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
                 for i in range(k)
             ]
 
-            def merge(per=per, frames=frames, path=path):
+            def merge(per=per, frames=frames, path=path, seed=seed):
                 from capacity_pack.normalize import records_frame
 
                 merge_series(frames, 1.0)
-                return merge_summaries(per, records_frame(path), 5.0, 1.0)
+                return merge_summaries(per, records_frame(path), 5.0, 1.0, seed)
 
             merged, merge_s = timed(merge)
-            merged["shards"]["seed"] = seed
             summary = {**merged, "extension_blocks": 0}
         metrics_path = work / "metrics.parquet"
         merge_series(frames, 1.0).to_parquet(metrics_path, index=False)

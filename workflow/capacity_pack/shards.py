@@ -464,7 +464,11 @@ def merge_series(frames: list[pd.DataFrame], interval_s: float) -> pd.DataFrame:
 
 
 def merge_summaries(
-    summaries: list[dict[str, Any]], records: pd.DataFrame, lateness_bound_ms: float, tol_ms: float
+    summaries: list[dict[str, Any]],
+    records: pd.DataFrame,
+    lateness_bound_ms: float,
+    tol_ms: float,
+    seed: int,
 ) -> dict[str, Any]:
     """One point's summary from its shards' (counts summed, lateness over every request)."""
 
@@ -546,7 +550,7 @@ def merge_summaries(
         ),
         "shards": {
             "count": len(summaries),
-            "seed": None,
+            "seed": seed,
             "per_shard": per_shard,
             "clock_check": clocks,
         },

@@ -245,8 +245,9 @@ def run_sharded(
     from capacity_pack.normalize import records_frame
 
     stamps = records_frame(out / "records.jsonl")
-    summary = merge_summaries(summaries, stamps, c.lateness_bound_ms, c.shard_clock_tolerance_ms)
-    summary["shards"]["seed"] = seed
+    summary = merge_summaries(
+        summaries, stamps, c.lateness_bound_ms, c.shard_clock_tolerance_ms, seed
+    )
     summary["shards"]["launcher"] = c.shard_launcher
     return summary
 
