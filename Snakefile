@@ -3,7 +3,7 @@
 #   snakemake --cores 2                                    # the default pack (config/config.yaml)
 #   snakemake --cores 2 --configfile config/packs/X.yaml   # another pack, replacing the default
 #
-# The config is validated by the pydantic schema in capacity_pack.manifest before any job runs.
+# The config is validated by the pydantic schema in capacity_pack.plan.manifest before any job runs.
 import sys
 from pathlib import Path
 
@@ -15,8 +15,8 @@ min_version("9.27")
 # The library also works from a plain checkout (no pip install -e .).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
-from capacity_pack.lint import lint_pack
-from capacity_pack.manifest import ManifestError, validate_pack
+from capacity_pack.plan.lint import lint_pack
+from capacity_pack.plan.manifest import ManifestError, validate_pack
 
 # A --configfile replaces the default pack instead of being merged into it: a merge would
 # silently keep the default's experiments or target in another pack.
@@ -38,7 +38,7 @@ if FINDINGS := lint_pack(PACK):
     )
 
 # The fit probe: a pack whose longest request cannot fit its accelerator stops here too.
-from capacity_pack.capacity import preflight_fit
+from capacity_pack.decide.capacity import preflight_fit
 
 FIT = preflight_fit(PACK)
 if FIT["checked"] and FIT["verdict"] == "does-not-fit":
@@ -53,7 +53,7 @@ include: "rules/common.smk"
 
 
 # Measurement jobs take one unit of the target's resource (TARGET_RESOURCE, `target_<slug>`,
-# capacity_pack.cluster), so no two ever load one target at once, under any executor and
+# capacity_pack.measure.cluster), so no two ever load one target at once, under any executor and
 # whatever --cores or --jobs say. `--resources` given by hand wins (setdefault).
 workflow.global_resources.setdefault(TARGET_RESOURCE, 1)
 

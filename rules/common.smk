@@ -12,11 +12,12 @@
 # gets a child per job while the measurements themselves are reused.
 import importlib.util
 
-from capacity_pack import analysis as analysis_lib
-from capacity_pack import cluster as cluster_lib
-from capacity_pack import failure as failure_lib
-from capacity_pack import schedule as schedule_lib
-from capacity_pack import sweep as sweep_lib
+from capacity_pack.evidence import analysis as analysis_lib
+from capacity_pack.measure import cluster as cluster_lib
+from capacity_pack.drills import failure as failure_lib
+from capacity_pack.plan import schedule as schedule_lib
+from capacity_pack.track import tracking as tracking_lib
+from capacity_pack.measure import sweep as sweep_lib
 from capacity_pack.io import canonical_json, sha256_hex, sha256_of_obj
 
 RESULTS_ROOT = "results"
@@ -79,8 +80,8 @@ def sweep_inputs_json(wildcards):
 
 # Library modules a measurement runs; the simulator's only when the target is simulated.
 SWEEP_MODULES = [
-    "sweep", "loadgen", "target", "prompts", "tokenizer", "schedule", "engines", "managed",
-    "tracking", "dashboard",
+    "measure.sweep", "measure.loadgen", "measure.target", "plan.prompts", "plan.schedule", "engines", "measure.managed",
+    "track.tracking", "drills.dashboard",
 ]  # fmt: skip
 if PACK.target.kind == "sim":
     SWEEP_MODULES += [

@@ -7,7 +7,7 @@ rule dashboard:
     params:
         # Engine name, workload cutoffs, gates and thresholds: the rules' only inputs.
         inputs=lambda w: DASHBOARD_INPUTS_JSON,
-        code=code_hash("dashboard"),
+        code=code_hash("drills.dashboard"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -32,7 +32,7 @@ rule failure_drill:
     params:
         # The drill's settings plus what any measurement reads (target, client, prompts).
         inputs=drill_inputs_json,
-        code=code_hash("failure", *SWEEP_MODULES),
+        code=code_hash("drills.failure", *SWEEP_MODULES),
     resources:
         # One measurement at a time against one target, whatever --cores or --jobs say.
         **{TARGET_RESOURCE: 1},
@@ -60,7 +60,7 @@ rule failure_analyze:
     params:
         # Gates, cutoffs and windows: a changed gate re-analyzes, it never re-runs a drill.
         spec=lambda w: DRILL_SPEC_JSON,
-        code=code_hash("failure", "promql", "normalize", "dashboard"),
+        code=code_hash("drills.failure", "drills.promql", "evidence.normalize", "drills.dashboard"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -84,7 +84,7 @@ rule failure_test:
         json=f"{RESULTS}/pack/failure-test.json",
     params:
         pack=lambda w: PACK_INFO_JSON,
-        code=code_hash("failure"),
+        code=code_hash("drills.failure"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

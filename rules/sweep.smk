@@ -13,7 +13,7 @@ rule sweep:
         # Exactly what a measurement reads: target, model, client, request, prompts, sample gate.
         inputs=sweep_inputs_json,
         code=code_hash(*SWEEP_MODULES),
-    # A sharded point runs one client process per shard (capacity_pack.shards).
+    # A sharded point runs one client process per shard (capacity_pack.measure.shards).
     threads: sweep_threads
     resources:
         # One measurement at a time against one target, whatever --cores or --jobs say.

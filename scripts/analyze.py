@@ -1,14 +1,14 @@
-"""Rule `analyze`: one point's SLO report (logic in capacity_pack.analysis)."""
+"""Rule `analyze`: one point's SLO report (logic in capacity_pack.evidence.analysis)."""
 
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from capacity_pack.analysis import AnalysisSpec, analyze_point
+from capacity_pack.evidence.analysis import AnalysisSpec, analyze_point
 from capacity_pack.io import write_json_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.schedule import Point
+from capacity_pack.plan.schedule import Point
 
 with job_logging(snakemake.log[0]) as log:
     p, i = snakemake.params, snakemake.input

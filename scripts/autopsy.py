@@ -8,7 +8,7 @@ from capacity_pack.autopsy.requests import request_autopsy
 from capacity_pack.autopsy.run import run_autopsy
 from capacity_pack.io import write_json_atomic, write_text_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.manifest import validate_pack
+from capacity_pack.plan.manifest import validate_pack
 
 with job_logging(snakemake.log[0]) as log:
     p = snakemake.params

@@ -1,12 +1,12 @@
-"""Rule `capacity`: select capacity and plan replicas (logic in capacity_pack.capacity)."""
+"""Rule `capacity`: select capacity and plan replicas (logic in capacity_pack.decide.capacity)."""
 
 import json
 
-from capacity_pack.capacity import build_capacity, build_plan
+from capacity_pack.decide.capacity import build_capacity, build_plan
+from capacity_pack.decide.report import load_reports
 from capacity_pack.io import write_json_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.manifest import validate_pack
-from capacity_pack.report import load_reports
+from capacity_pack.plan.manifest import validate_pack
 
 with job_logging(snakemake.log[0]) as log:
     pack = validate_pack(json.loads(snakemake.params.pack), "capacity params")

@@ -1,11 +1,11 @@
-"""Rule `dashboard`: alert rules and Grafana dashboard (logic in capacity_pack.dashboard)."""
+"""Rule `dashboard`: alert rules and Grafana dashboard (logic in capacity_pack.drills.dashboard)."""
 
 import json
 
-from capacity_pack import dashboard
+from capacity_pack.drills import dashboard
 from capacity_pack.io import write_json_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.manifest import Pack
+from capacity_pack.plan.manifest import Pack
 
 with job_logging(snakemake.log[0]) as log:
     pack = Pack.model_validate(json.loads(snakemake.params.inputs))

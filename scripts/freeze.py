@@ -2,12 +2,12 @@
 
 import json
 
-from capacity_pack import tracking
-from capacity_pack.capacity import preflight_fit
+from capacity_pack.decide.capacity import preflight_fit
 from capacity_pack.io import write_json_atomic
-from capacity_pack.lint import lint_data
 from capacity_pack.logs import job_logging
-from capacity_pack.manifest import freeze, validate_pack
+from capacity_pack.plan.lint import lint_data
+from capacity_pack.plan.manifest import freeze, validate_pack
+from capacity_pack.track import tracking
 
 with job_logging(snakemake.log[0]) as log:
     source = snakemake.params.source

@@ -3,10 +3,10 @@
 import json
 from pathlib import Path
 
+from capacity_pack.evidence.normalize import normalize_point, seed_csv_frame
 from capacity_pack.io import atomic_path, write_json_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.normalize import normalize_point, seed_csv_frame
-from capacity_pack.schedule import Point, ScheduleInputs
+from capacity_pack.plan.schedule import Point, ScheduleInputs
 
 with job_logging(snakemake.log[0]) as log:
     p, i, o = snakemake.params, snakemake.input, snakemake.output

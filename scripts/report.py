@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from capacity_pack import tracking
-from capacity_pack.capacity import decision_metrics
+from capacity_pack.decide.capacity import decision_metrics
+from capacity_pack.decide.report import load_reports, selected_point, write_pack
 from capacity_pack.logs import job_logging
-from capacity_pack.report import load_reports, selected_point, write_pack
+from capacity_pack.track import tracking
 
 with job_logging(snakemake.log[0]) as log:
     i = snakemake.input

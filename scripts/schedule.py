@@ -1,7 +1,7 @@
 """Rule `schedule`: build, validate and write one point's schedule (logic in capacity_pack)."""
 
 from capacity_pack.logs import job_logging
-from capacity_pack.schedule import Point, ScheduleInputs, build_schedule, write_schedule
+from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, write_schedule
 
 with job_logging(snakemake.log[0]) as log:
     p = snakemake.params

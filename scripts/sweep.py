@@ -1,4 +1,4 @@
-"""Rule `sweep`: measure one point (logic in capacity_pack.sweep)."""
+"""Rule `sweep`: measure one point (logic in capacity_pack.measure.sweep)."""
 
 from pathlib import Path
 
@@ -6,8 +6,8 @@ import pandas as pd
 
 from capacity_pack.io import write_json_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.schedule import Point
-from capacity_pack.sweep import SweepInputs, measure_point
+from capacity_pack.measure.sweep import SweepInputs, measure_point
+from capacity_pack.plan.schedule import Point
 
 with job_logging(snakemake.log[0]) as log:
     p = snakemake.params

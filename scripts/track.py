@@ -1,11 +1,11 @@
-"""Rule `track`: one MLflow child run per job of a stage (logic in capacity_pack.tracking)."""
+"""Rule `track`: one MLflow child run per job of a stage (logic in capacity_pack.track.tracking)."""
 
 import json
 from pathlib import Path
 
-from capacity_pack import tracking
 from capacity_pack.io import write_json_atomic
 from capacity_pack.logs import job_logging
+from capacity_pack.track import tracking
 
 with job_logging(snakemake.log[0]) as log:
     frozen = json.loads(Path(snakemake.input.frozen).read_text())

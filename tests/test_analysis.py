@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capacity_pack.analysis import (
+from capacity_pack.evidence.analysis import (
     AnalysisError,
     analyze_csv,
     early_stopping_min_samples,
@@ -290,7 +290,7 @@ def test_littles_law():
 
 def both_paths(path: Path, classes=None) -> tuple[dict | None, dict]:
     """The report of the fast path (None if it declined) and of the exact path, same file."""
-    from capacity_pack import analysis as a
+    from capacity_pack.evidence import analysis as a
 
     classes = classes or a.seed_classes()
     summary = a._fast_seed_summary(path, classes)
@@ -309,7 +309,7 @@ def csv_text(rows: list[dict]) -> str:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_and_exact_paths_agree_exactly(tmp_path, monkeypatch, seed):
-    from capacity_pack import analysis as a
+    from capacity_pack.evidence import analysis as a
 
     # Tiny parse blocks and tasks: many record batches, ID chunks and tasks, as in a large file.
     monkeypatch.setattr(a, "_BLOCK_BYTES", int(np.random.default_rng(seed).choice([4096, 1 << 20])))
@@ -328,7 +328,7 @@ def test_fast_and_exact_paths_agree_exactly(tmp_path, monkeypatch, seed):
 
 
 def test_variable_length_classes_and_header_only(tmp_path):
-    from capacity_pack.analysis import ClassSpec
+    from capacity_pack.evidence.analysis import ClassSpec
 
     classes = [ClassSpec("interactive", 500, 40, None), ClassSpec("long_context", 2500, 50, 256)]
     rows = ["r-1,interactive,10,2,30,11,ok", "r-2,long_context,1,1,256,256,ok", "r-3,x,1,1,1,1,ok"]
@@ -388,7 +388,7 @@ def test_numbers_parse_exactly_as_python_float_and_int():
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from capacity_pack.analysis import _numeric
+    from capacity_pack.evidence.analysis import _numeric
 
     rng = np.random.default_rng(7)
     alphabet = list("0123456789_.eE+- ") + ["inf", "nan", "Infinity", "\t", "x", "١", "\xa0"]
@@ -424,7 +424,7 @@ def test_numbers_parse_exactly_as_python_float_and_int():
 def test_id_hash_check_never_misses_a_duplicate(seed):
     import pyarrow as pa
 
-    from capacity_pack.analysis import _ids_valid
+    from capacity_pack.evidence.analysis import _ids_valid
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
@@ -443,7 +443,7 @@ def test_id_hash_check_never_misses_a_duplicate(seed):
 
 
 def test_seed_report_takes_text_columns(tmp_path):
-    from capacity_pack import analysis as a
+    from capacity_pack.evidence import analysis as a
 
     rows = random_rows(np.random.default_rng(3), 3000, ok_share=0.95)
     path = write(tmp_path, csv_text(rows))
@@ -460,7 +460,7 @@ def test_hash_collisions_are_settled_by_comparing_strings(tmp_path, monkeypatch)
     import pandas as pd
     import pyarrow.compute as pc
 
-    from capacity_pack import analysis as a
+    from capacity_pack.evidence import analysis as a
 
     def colliding(ids, longest):  # equal lengths, equal hashes
         return pc.binary_length(ids).to_numpy(zero_copy_only=False).astype(np.uint64)

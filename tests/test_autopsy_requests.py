@@ -320,7 +320,7 @@ def _real_points(name: str) -> list[Path]:
 
 @pytest.mark.skipif(not _real_points("open-r40"), reason="no rehearsal-sim results")
 def test_real_40_rps_misses_are_attributed_from_ground_truth():
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(ROOT / "config" / "config.yaml")
     total = 0

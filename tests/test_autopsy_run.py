@@ -22,7 +22,7 @@ REAL_RESULTS = ROOT / "results" / "rehearsal-sim"
 NS = 1_000_000_000
 PACK = "synth"
 RES = f"results/{PACK}"
-# The per-target resource a sim pack named "synth" holds (capacity_pack.cluster).
+# The per-target resource a sim pack named "synth" holds (capacity_pack.measure.cluster).
 SLOT = "target_sim_synth"
 # Snakemake writes naive local time; the parser reads it in this host's zone, and so does this.
 T0 = datetime(2026, 11, 29, 10, 0, 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from capacity_pack.capacity import (
+from capacity_pack.decide.capacity import (
     build_capacity,
     build_plan,
     closed_loop_curve,
@@ -15,7 +15,7 @@ from capacity_pack.capacity import (
     select_open_loop,
     t_interval,
 )
-from capacity_pack.manifest import load_pack, validate_pack
+from capacity_pack.plan.manifest import load_pack, validate_pack
 
 from .test_schedule import DEFAULT, TUTORIAL
 
@@ -137,7 +137,7 @@ def test_mix_p95_context():
 @pytest.mark.parametrize(("kv_gb", "verdict"), [(4, "fits"), (8, "zero-headroom"),
                                                 (12, "does-not-fit")])  # fmt: skip
 def test_preflight_fit_probe_with_the_seed_numbers(kv_gb, verdict):
-    from capacity_pack.capacity import max_context_tokens, preflight_fit
+    from capacity_pack.decide.capacity import max_context_tokens, preflight_fit
 
     data = yaml.safe_load(DEFAULT.read_text())
     pack = validate_pack(data)
@@ -153,7 +153,7 @@ def test_preflight_fit_probe_with_the_seed_numbers(kv_gb, verdict):
 
 
 def test_preflight_refuses_a_context_beyond_the_model_limit():
-    from capacity_pack.capacity import preflight_fit
+    from capacity_pack.decide.capacity import preflight_fit
 
     data = yaml.safe_load(DEFAULT.read_text())
     data["workload"][1]["input_tokens"] = 9000  # small-fast's max_model_len is 8192
@@ -162,7 +162,7 @@ def test_preflight_refuses_a_context_beyond_the_model_limit():
 
 
 def test_effective_bandwidth_from_the_single_user_tpot():
-    from capacity_pack.capacity import effective_bandwidth, memory_inputs
+    from capacity_pack.decide.capacity import effective_bandwidth, memory_inputs
 
     pack = load_pack(DEFAULT)
     closed = [report(None, 0, "pass", mode="closed", conc=1)]

@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from capacity_pack import engines
-from capacity_pack.manifest import Engine, Model, OpenAITarget
-from capacity_pack.target import TargetError, open_target
+from capacity_pack.measure.target import TargetError, open_target
+from capacity_pack.plan.manifest import Engine, Model, OpenAITarget
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SHA = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -518,7 +518,7 @@ def test_tls_verification_is_on_unless_turned_off(tls_files):
 
 
 def test_the_load_generator_client_honours_the_tls_flag(tls_files, tmp_path, monkeypatch):
-    from capacity_pack.loadgen import LoadSettings, read_records, run_point
+    from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
 
     from .test_loadgen import constant_schedule
 

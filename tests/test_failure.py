@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack import failure as fl
-from capacity_pack.dashboard import write_alert_rules
-from capacity_pack.manifest import validate_pack
+from capacity_pack.drills import failure as fl
+from capacity_pack.drills.dashboard import write_alert_rules
+from capacity_pack.plan.manifest import validate_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000

@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from capacity_pack.analysis import analyze_point, pack_classes, pack_gates
 from capacity_pack.cli import main
-from capacity_pack.imports import ExportFormatError, import_aiperf, import_vllm_bench
+from capacity_pack.evidence.analysis import analyze_point, pack_classes, pack_gates
+from capacity_pack.evidence.imports import ExportFormatError, import_aiperf, import_vllm_bench
+from capacity_pack.evidence.normalize import ChunksTable, RequestsTable, requests_schema
 from capacity_pack.io import file_sha256
-from capacity_pack.manifest import load_pack
-from capacity_pack.normalize import ChunksTable, RequestsTable, requests_schema
+from capacity_pack.plan.manifest import load_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capacity_pack.lint import lint_data, lint_file
+from capacity_pack.plan.lint import lint_data, lint_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKEN = ROOT / "tests" / "data" / "broken-benchmark.yaml"

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack import schedule as S
-from capacity_pack.loadgen import LoadSettings, read_records, run_point
-from capacity_pack.manifest import SimTarget, validate_pack
-from capacity_pack.sweep import measure_point, measurement_error
-from capacity_pack.target import SimProcess
+from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.measure.sweep import measure_point, measurement_error
+from capacity_pack.measure.target import SimProcess
+from capacity_pack.plan import schedule as S
+from capacity_pack.plan.manifest import SimTarget, validate_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 

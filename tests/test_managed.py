@@ -7,7 +7,7 @@ import sys
 import httpx
 import pytest
 
-from capacity_pack.managed import ManagedError, ManagedServer, expand, package_file, prepare
+from capacity_pack.measure.managed import ManagedError, ManagedServer, expand, package_file, prepare
 
 
 def test_placeholders_expand_and_unknown_ones_are_refused():

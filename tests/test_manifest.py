@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from capacity_pack.io import sha256_of_obj
-from capacity_pack.manifest import (
+from capacity_pack.plan.manifest import (
     SECTIONS,
     ManifestError,
     freeze,

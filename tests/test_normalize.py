@@ -9,15 +9,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack import schedule as S
-from capacity_pack.manifest import validate_pack
-from capacity_pack.normalize import (
+from capacity_pack.evidence.normalize import (
     NormalizeError,
     normalize,
     normalize_point,
     reconcile,
     seed_csv_frame,
 )
+from capacity_pack.plan import schedule as S
+from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.tables import TableValidationError
 
 from .test_schedule import DEFAULT
@@ -143,7 +143,7 @@ def test_every_table_rule_reports_row_column_check(schedule, mutate, column, che
 def test_metric_convention_rule_on_an_imported_table(schedule):
     """TPOT derived here always satisfies E2E = TTFT + TPOT x (O - 1); a table from another
     tool may not, and the schema says which row."""
-    from capacity_pack.normalize import requests_schema
+    from capacity_pack.evidence.normalize import requests_schema
     from capacity_pack.tables import validate_table
 
     requests, _ = run(fake_records(schedule))

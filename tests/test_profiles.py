@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capacity_pack.cluster import (
+from capacity_pack.measure.cluster import (
     LEGACY_RESOURCE,
     MAX_NAME_LENGTH,
     held_target_resources,
     target_identity,
     target_resource,
 )
-from capacity_pack.manifest import validate_pack
+from capacity_pack.plan.manifest import validate_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PACK = ROOT / "config" / "config.yaml"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from capacity_pack.prompts import build_prompt, shared_prefix
-from capacity_pack.tokenizer import count_tokens, encode
+from capacity_pack.plan.prompts import build_prompt, shared_prefix
+from capacity_pack.sim.tokenizer import count_tokens, encode
 
 
 def prompt(**kw):

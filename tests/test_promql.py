@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack.promql import (
+from capacity_pack.drills.promql import (
     Aggregation,
     AlertRule,
     BinaryOp,
@@ -143,7 +143,7 @@ def test_ast_shape_follows_precedence():
 
 
 def _many():
-    from capacity_pack.promql import VectorMatching
+    from capacity_pack.drills.promql import VectorMatching
 
     return VectorMatching("many-to-many")
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from capacity_pack.prompts import (
+from capacity_pack.plan.prompts import (
     EndpointCounter,
     FileTokenizerCounter,
     build_prompt_for,
@@ -20,7 +20,7 @@ def tokenizer_json(tmp_path_factory):
     """A small byte-level BPE trained here on the project's own text (a real tokenizer.json)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from capacity_pack.prompts import body
+    from capacity_pack.plan.prompts import body
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

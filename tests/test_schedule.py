@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack import schedule as S
-from capacity_pack.manifest import ManifestError, load_pack, validate_pack
+from capacity_pack.plan import schedule as S
+from capacity_pack.plan.manifest import ManifestError, load_pack, validate_pack
 from capacity_pack.tables import TableValidationError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,13 +12,13 @@ import pytest
 import yaml
 from starlette.responses import JSONResponse
 
-from capacity_pack import schedule as S
-from capacity_pack import tracking
 from capacity_pack.io import write_json_atomic
-from capacity_pack.loadgen import LoadSettings, read_records, run_point
-from capacity_pack.manifest import SimTarget, freeze, validate_pack
-from capacity_pack.sweep import measure_point
-from capacity_pack.target import SimProcess, TargetError, open_target
+from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.measure.sweep import measure_point
+from capacity_pack.measure.target import SimProcess, TargetError, open_target
+from capacity_pack.plan import schedule as S
+from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
+from capacity_pack.track import tracking
 
 from .test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
 from .test_loadgen import constant_schedule

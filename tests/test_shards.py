@@ -15,11 +15,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack import schedule as S
-from capacity_pack.analysis import analyze_point, pack_classes, pack_gates
-from capacity_pack.manifest import validate_pack
-from capacity_pack.normalize import NormalizeError, normalize_point
-from capacity_pack.shards import (
+from capacity_pack.evidence.analysis import analyze_point, pack_classes, pack_gates
+from capacity_pack.evidence.normalize import NormalizeError, normalize_point
+from capacity_pack.measure.shards import (
     Rendezvous,
     ShardError,
     assign_shards,
@@ -28,7 +26,9 @@ from capacity_pack.shards import (
     clock_sample,
     merge_series,
 )
-from capacity_pack.sweep import measure_point, tracking_record
+from capacity_pack.measure.sweep import measure_point, tracking_record
+from capacity_pack.plan import schedule as S
+from capacity_pack.plan.manifest import validate_pack
 
 from .test_schedule import DEFAULT
 

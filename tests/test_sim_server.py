@@ -11,7 +11,7 @@ import pytest
 
 from capacity_pack.sim import metrics as prom
 from capacity_pack.sim.process import SimProcess
-from capacity_pack.tokenizer import count_tokens
+from capacity_pack.sim.tokenizer import count_tokens
 
 MODEL = "sim-small"
 WORDS = [f"word{i}" for i in range(5000)]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from capacity_pack.sizing import (
+from capacity_pack.decide.sizing import (
     bandwidth,
     combine,
     cost,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capacity_pack.loadgen import (
+from capacity_pack.measure.loadgen import (
     BODY_EXTENSION,
     SEND_AT,
     SENT_HOOK,
@@ -24,7 +24,7 @@ from capacity_pack.loadgen import (
     SSEReader,
     _Dispatcher,
 )
-from capacity_pack.tokenizer import count_tokens
+from capacity_pack.sim.tokenizer import count_tokens
 
 
 def attempt(expected: int = 0) -> Attempt:
@@ -506,7 +506,7 @@ def test_a_run_reuses_its_connections(tmp_path, transport):
     import numpy as np
     import pandas as pd
 
-    from capacity_pack.loadgen import LoadSettings, read_records, run_point
+    from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
 
     async def respond(request, writer):
         writer.write(HEAD + chunked(sse(completion(" a"), completion(" b")))[:-5])

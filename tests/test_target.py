@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import yaml
 
-from capacity_pack import schedule as S
-from capacity_pack.manifest import OpenAITarget, SimTarget, validate_pack
-from capacity_pack.sweep import measure_point
-from capacity_pack.target import SimProcess, reset_prefix_cache, verify_cold
+from capacity_pack.measure.sweep import measure_point
+from capacity_pack.measure.target import SimProcess, reset_prefix_cache, verify_cold
+from capacity_pack.plan import schedule as S
+from capacity_pack.plan.manifest import OpenAITarget, SimTarget, validate_pack
 
 from .test_schedule import DEFAULT
 

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from capacity_pack.tokenizer import (
+from capacity_pack.sim.tokenizer import (
     TOKENIZER_REVISION,
     chat_prompt_text,
     count_tokens,
@@ -39,7 +39,7 @@ def test_ids_are_crc32_of_utf8_words():
 
 
 def test_ids_are_stable_across_processes_and_hash_seeds():
-    code = "from capacity_pack.tokenizer import encode; print(encode('alpha beta gamma'))"
+    code = "from capacity_pack.sim.tokenizer import encode; print(encode('alpha beta gamma'))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -14,8 +14,8 @@ from urllib.request import url2pathname
 
 import pytest
 
-from capacity_pack import tracking
-from capacity_pack.manifest import SECTIONS, freeze, load_pack
+from capacity_pack.plan.manifest import SECTIONS, freeze, load_pack
+from capacity_pack.track import tracking
 
 from .processes import start_together
 
@@ -86,7 +86,7 @@ def test_names_and_default_uri(tmp_path: Path) -> None:
 
 
 def test_import_does_not_load_mlflow() -> None:
-    code = "import sys, capacity_pack.tracking; assert 'mlflow' not in sys.modules"
+    code = "import sys, capacity_pack.track.tracking; assert 'mlflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -349,7 +349,7 @@ import json, sys, time
 from pathlib import Path
 
 import mlflow  # imported before the start line so that the processes log at the same moment
-from capacity_pack import tracking
+from capacity_pack.track import tracking
 
 frozen = json.loads(Path(sys.argv[1]).read_text())
 results, start = Path(sys.argv[2]), Path(sys.argv[3])

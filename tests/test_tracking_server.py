@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capacity_pack import tracking
-from capacity_pack.manifest import freeze, load_pack, validate_pack
+from capacity_pack.plan.manifest import freeze, load_pack, validate_pack
+from capacity_pack.track import tracking
 
 from .processes import start_together
 
@@ -506,7 +506,7 @@ import json, sys, time
 from pathlib import Path
 
 import mlflow  # imported before the start line so that the processes open the store at once
-from capacity_pack import tracking
+from capacity_pack.track import tracking
 
 frozen = json.loads(Path(sys.argv[1]).read_text())
 results, start, worker = Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])

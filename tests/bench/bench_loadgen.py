@@ -19,14 +19,15 @@ RPS by default) and each client transport (``--transports``: ``capacity_pack``, 
 generator's own plain-HTTP transport, and ``httpx``, httpx's default httpcore transport, with
 the same SSE reader), the default pack's Poisson schedule and request mix (~56 output tokens
 mean) is run for a 1 s warm-up plus ``--measure-s`` seconds through
-:func:`capacity_pack.loadgen.run_point`, exactly as a sweep point runs it (metrics scraping
+:func:`capacity_pack.measure.loadgen.run_point`, exactly as a sweep point runs it (metrics scraping
 included). Reported per run, from the run's own summary and records:
 
 - dispatch lateness p50/p99/max (actual send - due, every request of the run);
 - client CPU per 1,000 streamed tokens (process CPU time from the clock's start to the end of
   the run, over the tokens streamed);
 - measurement error: |client TTFT - server TTFT| and |client E2E - server E2E|, p50/p99, against
-  the simulator's ground-truth log (:func:`capacity_pack.sweep.measurement_error`), and where
+  the simulator's ground-truth log (:func:`capacity_pack.measure.sweep.measurement_error`),
+  and where
   it arises: "to handler" = server arrival - client send (the request's way into the server's
   handler: the simulator's own reading delay, invisible to its log), "to client" = |client
   read stamp - server send stamp| of first and last tokens (the client's share);
@@ -34,7 +35,8 @@ included). Reported per run, from the run's own summary and records:
 
 Then, unless ``--no-pack``, the acceptance point: the default pack (config/config.yaml, the
 ``small-fast`` profile, a fresh simulator) at its highest swept open-loop rate, cold, through
-:func:`capacity_pack.sweep.measure_point`, exactly as the sweep runs it, with its measurement
+:func:`capacity_pack.measure.sweep.measure_point`, exactly as the sweep runs it, with its
+measurement
 error.
 
 Processes are not pinned unless ``--pin`` (simulator on CPU 0, client on CPU 1). Other
@@ -105,7 +107,7 @@ def wait_for_quiet(max_wait_s: float, busy_limit: float = 0.15) -> float:
 
 
 def load_pack(measure_s: float | None = None):
-    from capacity_pack.manifest import validate_pack
+    from capacity_pack.plan.manifest import validate_pack
 
     data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     if measure_s is not None:
@@ -148,9 +150,9 @@ def sim_nodelay(workdir: Path) -> None:
 
 
 def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: Path) -> dict:
-    from capacity_pack import schedule as S
-    from capacity_pack.loadgen import run_point
-    from capacity_pack.sweep import SweepInputs, load_settings, measurement_error
+    from capacity_pack.measure.loadgen import run_point
+    from capacity_pack.measure.sweep import SweepInputs, load_settings, measurement_error
+    from capacity_pack.plan import schedule as S
 
     point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=repeat)
     schedule = S.build_schedule(pack, point)
@@ -189,7 +191,7 @@ def split_error(records: Path, gt: Path) -> dict:
     the first and last tokens."""
     import numpy as np
 
-    from capacity_pack.loadgen import read_records
+    from capacity_pack.measure.loadgen import read_records
 
     server = {}
     with gt.open() as fh:
@@ -216,8 +218,8 @@ def split_error(records: Path, gt: Path) -> dict:
 
 
 def pack_point(out: Path) -> dict:
-    from capacity_pack import schedule as S
-    from capacity_pack.sweep import measure_point, measurement_error
+    from capacity_pack.measure.sweep import measure_point, measurement_error
+    from capacity_pack.plan import schedule as S
 
     pack = load_pack()
     rate = max(pack.sweep.open_loop_rps)

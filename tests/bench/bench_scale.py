@@ -10,7 +10,7 @@ them are in docs/scaling.md.
 Method. For each size N of ``--sizes`` (10k, 100k and 300k requests by default) the default
 pack's Poisson schedule is built at ``--rate`` (1,000 RPS) for N / rate seconds, and every
 request gets the record a client that saw it succeed would write, through the load generator's
-own serializer (:meth:`capacity_pack.loadgen.Attempt.to_json`): one chunk per token, TTFT
+own serializer (:meth:`capacity_pack.measure.loadgen.Attempt.to_json`): one chunk per token, TTFT
 50 ms, inter-token gap 20 ms, the class's fixed output length (32 / 48 / 128 tokens, 56 on
 average). The records are written as one file (1 shard) and, for ``--shards`` K, as the file a
 K-shard point's measurement job writes (each record on its assigned shard, shard files
@@ -18,12 +18,14 @@ concatenated), with K client series to merge. Measured, each as wall time of the
 this process:
 
 - records volume: bytes of records.jsonl per request and per streamed token;
-- normalization: :func:`capacity_pack.normalize.normalize_point` (read, reconcile, build and
+- normalization: :func:`capacity_pack.evidence.normalize.normalize_point` (read, reconcile,
+  build and
   validate the requests and chunks tables; for K > 1 also the merge check), and the parquet
   bytes of the tables it returns;
-- analysis: :func:`capacity_pack.analysis.analyze_point` on those tables;
+- analysis: :func:`capacity_pack.evidence.analysis.analyze_point` on those tables;
 - the merge a K-shard measurement job does after its shards end: concatenating the shard
-  files, :func:`capacity_pack.shards.merge_series` and the lateness summary over all records.
+  files, :func:`capacity_pack.measure.shards.merge_series` and the lateness summary over all
+  records.
 
 A 1,000-request warm-up runs first and is not reported (imports, first calls). Each timed call
 starts after a full garbage collection. Peak memory is this process's maximum RSS after each
@@ -57,7 +59,7 @@ T0 = 10**12
 
 
 def pack_for(rate: float, n: int):
-    from capacity_pack.manifest import validate_pack
+    from capacity_pack.plan.manifest import validate_pack
 
     data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     data["client"].update(
@@ -74,7 +76,7 @@ def write_records(
     schedule: pd.DataFrame, path: Path, shard: np.ndarray | None, *, one_chunk: bool = False
 ) -> int:
     """``one_chunk``: every request's tokens arrive in one chunk (one SSE event)."""
-    from capacity_pack.loadgen import Attempt
+    from capacity_pack.measure.loadgen import Attempt
 
     ttft, itl = 50_000_000, 20_000_000
     lines = []
@@ -136,10 +138,10 @@ def timed(fn):
 
 
 def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
-    from capacity_pack import schedule as S
-    from capacity_pack.analysis import analyze_point, pack_classes, pack_gates
-    from capacity_pack.normalize import normalize_point
-    from capacity_pack.shards import assign_shards, merge_series, merge_summaries
+    from capacity_pack.evidence.analysis import analyze_point, pack_classes, pack_gates
+    from capacity_pack.evidence.normalize import normalize_point
+    from capacity_pack.measure.shards import assign_shards, merge_series, merge_summaries
+    from capacity_pack.plan import schedule as S
 
     pack = pack_for(rate, n)
     point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)
@@ -190,7 +192,7 @@ def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
             ]
 
             def merge(per=per, frames=frames, path=path, seed=seed):
-                from capacity_pack.normalize import records_frame
+                from capacity_pack.evidence.normalize import records_frame
 
                 merge_series(frames, 1.0)
                 return merge_summaries(per, records_frame(path), 5.0, 1.0, seed)
@@ -261,8 +263,8 @@ def _status_mb(field: str) -> float:
 
 def normalize_child(work: Path, n: int, rate: float) -> None:
     """In a fresh process: normalize work/records.jsonl; print time and peak RSS as JSON."""
-    from capacity_pack import schedule as S
-    from capacity_pack.normalize import normalize_point
+    from capacity_pack.evidence.normalize import normalize_point
+    from capacity_pack.plan import schedule as S
 
     pack = pack_for(rate, n)
     point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)
@@ -287,8 +289,8 @@ def memory(n: int, rate: float, one_chunk: bool, work: Path) -> dict:
     """Normalization's peak memory for n requests, measured in a fresh process."""
     import subprocess
 
-    from capacity_pack import schedule as S
-    from capacity_pack.shards import merge_series
+    from capacity_pack.measure.shards import merge_series
+    from capacity_pack.plan import schedule as S
 
     pack = pack_for(rate, n)
     point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)

@@ -11,7 +11,7 @@ docs/scaling.md ("Sharded load generation").
 Part 1, consistency at a rate one process holds. The default pack (config/config.yaml, the
 embedded ``small-fast`` simulator, a fresh one per run, cold) at ``--hold-rps`` (default 30, the
 pack's capacity point) for ``--hold-s`` seconds after a 1 s warm-up, through
-:func:`capacity_pack.sweep.measure_point` exactly as the sweep runs it, once with
+:func:`capacity_pack.measure.sweep.measure_point` exactly as the sweep runs it, once with
 ``client.shards: 1`` and once with 2; both normalized (``normalize_point``, which checks the
 2-shard merge). Reported: whether both sent the same request population (same IDs), per class
 the TTFT/TPOT/E2E medians and p90s of each and the two-sample Kolmogorov-Smirnov p-value
@@ -58,7 +58,7 @@ LAUNCHER: list[str] = []
 
 
 def pack_for(measure_s: float, shards: int):
-    from capacity_pack.manifest import validate_pack
+    from capacity_pack.plan.manifest import validate_pack
 
     data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     data["client"].update(
@@ -78,9 +78,9 @@ def pack_for(measure_s: float, shards: int):
 def consistency(rate: float, measure_s: float, work: Path) -> dict:
     from scipy.stats import ks_2samp
 
-    from capacity_pack import schedule as S
-    from capacity_pack.normalize import normalize_point
-    from capacity_pack.sweep import measure_point, measurement_error
+    from capacity_pack.evidence.normalize import normalize_point
+    from capacity_pack.measure.sweep import measure_point, measurement_error
+    from capacity_pack.plan import schedule as S
 
     runs = {}
     for k in (1, 2):
@@ -201,9 +201,9 @@ http {{
 
 
 def static_run(rate: float, k: int, measure_s: float, base_url: str, work: Path) -> dict:
-    from capacity_pack import schedule as S
-    from capacity_pack.loadgen import read_records, run_point
-    from capacity_pack.sweep import SweepInputs, load_settings, run_sharded
+    from capacity_pack.measure.loadgen import read_records, run_point
+    from capacity_pack.measure.sweep import SweepInputs, load_settings, run_sharded
+    from capacity_pack.plan import schedule as S
 
     pack = pack_for(measure_s, k)
     point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=0)

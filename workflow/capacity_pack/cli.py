@@ -22,7 +22,7 @@ def _die_on_manifest_error(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from capacity_pack.manifest import ManifestError
+        from capacity_pack.plan.manifest import ManifestError
 
         try:
             return func(*args, **kwargs)
@@ -78,7 +78,7 @@ def schema(output: Path | None) -> None:
     import json
 
     from capacity_pack.io import write_text_atomic
-    from capacity_pack.manifest import json_schema
+    from capacity_pack.plan.manifest import json_schema
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if output is None:
@@ -100,8 +100,8 @@ def schema(output: Path | None) -> None:
 def freeze(config: Path, output: Path) -> None:
     """Validate CONFIG, refuse mutable revisions, and write its canonical frozen manifest."""
     from capacity_pack.io import write_json_atomic
-    from capacity_pack.manifest import freeze as do_freeze
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.plan.manifest import freeze as do_freeze
+    from capacity_pack.plan.manifest import load_pack
 
     doc = do_freeze(load_pack(config), str(config))
     write_json_atomic(output, doc)
@@ -119,7 +119,7 @@ def lint(config: Path, as_json: bool) -> None:
     """
     import json
 
-    from capacity_pack.lint import lint_file
+    from capacity_pack.plan.lint import lint_file
 
     findings = lint_file(config)
     if as_json:
@@ -164,8 +164,8 @@ def schedule(
     output: Path | None,
 ) -> None:
     """Generate the seeded arrival schedule of one measurement point of CONFIG."""
-    from capacity_pack import schedule as sched
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.plan import schedule as sched
+    from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     points = sched.points(pack)
@@ -238,10 +238,10 @@ def load(
     """Measure one point of CONFIG against its target; record every attempted request."""
     import pandas as pd
 
-    from capacity_pack import schedule as sched
     from capacity_pack.io import write_json_atomic
-    from capacity_pack.manifest import load_pack
-    from capacity_pack.sweep import measure_point
+    from capacity_pack.measure.sweep import measure_point
+    from capacity_pack.plan import schedule as sched
+    from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     if shards is not None:
@@ -273,7 +273,7 @@ def shard(spec: Path) -> None:
     (e.g. srun); each meets the others in the spec's rendezvous directory and starts at the
     shared time.
     """
-    from capacity_pack.shards import ShardError, ShardSpec, run_shard
+    from capacity_pack.measure.shards import ShardError, ShardSpec, run_shard
 
     try:
         summary = run_shard(ShardSpec.model_validate_json(spec.read_text()))
@@ -307,8 +307,8 @@ def analyze(
     """
     import json
 
-    from capacity_pack.analysis import AnalysisError, analyze_csv, pack_classes, pack_gates
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.evidence.analysis import AnalysisError, analyze_csv, pack_classes, pack_gates
+    from capacity_pack.plan.manifest import load_pack
 
     classes = gates = None
     if manifest is not None:
@@ -360,8 +360,8 @@ def import_export(
 ) -> None:
     """Import TOOL's per-request EXPORT (AIPerf profile_export.jsonl, or a vllm bench serve
     --save-detailed result JSON) as one point's tables, with their provenance."""
-    from capacity_pack.imports import IMPORTERS, ExportFormatError, write_imported
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.evidence.imports import IMPORTERS, ExportFormatError, write_imported
+    from capacity_pack.plan.manifest import load_pack
     from capacity_pack.tables import TableValidationError
 
     pack = load_pack(config)
@@ -420,10 +420,10 @@ def drill(
     """Run one failure drill of CONFIG and write its failure-test fields (drill-report.json)."""
     import json
 
-    from capacity_pack import dashboard
-    from capacity_pack import failure as fl
+    from capacity_pack.drills import dashboard
+    from capacity_pack.drills import failure as fl
     from capacity_pack.io import write_json_atomic
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     try:
@@ -467,8 +467,8 @@ def drill(
 @_die_on_manifest_error
 def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
     """Alert rules (and a Grafana dashboard) for CONFIG's engine, workload and gates."""
-    from capacity_pack import dashboard
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.drills import dashboard
+    from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     try:
@@ -514,7 +514,7 @@ def autopsy(config: Path, results_root: Path, log_dir: Path, output: Path) -> No
     from capacity_pack.autopsy.requests import request_autopsy
     from capacity_pack.autopsy.run import run_autopsy
     from capacity_pack.io import write_json_atomic, write_text_atomic
-    from capacity_pack.manifest import load_pack
+    from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     results = results_root / pack.pack.name
@@ -572,7 +572,7 @@ def plan(
     warm_pool: int,
 ) -> None:
     """Replicas and GPUs for a peak load with headroom (prints JSON)."""
-    from capacity_pack.sizing import plan_replicas
+    from capacity_pack.decide.sizing import plan_replicas
 
     result = _sizing_call(
         plan_replicas,
@@ -596,7 +596,7 @@ def fit(
     memory_gb: float, margin_gb: float, weights_gb: float, kv_gb: float, overhead_gb: float
 ) -> None:
     """Fit probe: does weights + KV + overhead fit in memory - margin? (prints JSON)"""
-    from capacity_pack.sizing import fit_probe
+    from capacity_pack.decide.sizing import fit_probe
 
     _echo_json(
         _sizing_call(fit_probe, memory_gb, margin_gb, weights_gb, kv_gb, overhead_gb).model_dump()
@@ -618,7 +618,7 @@ def bandwidth(
     bytes_per_token_gb: float, effective_bandwidth_gbps: float, spec_bandwidth_gbps: float | None
 ) -> None:
     """Decode tokens/s from effective bandwidth, and MBU (prints JSON)."""
-    from capacity_pack.sizing import bandwidth as compute
+    from capacity_pack.decide.sizing import bandwidth as compute
 
     _echo_json(
         _sizing_call(
@@ -632,7 +632,7 @@ def bandwidth(
 @click.option("--mean-seconds", type=float, required=True, help="Mean time in system (s).")
 def little(rate: float, mean_seconds: float) -> None:
     """Little's Law: average in flight = rate x mean time (prints JSON)."""
-    from capacity_pack.sizing import little_in_flight
+    from capacity_pack.decide.sizing import little_in_flight
 
     _echo_json(
         {

@@ -31,7 +31,8 @@ Dependencies: job B depends on job A when an output of A is an input of B (as lo
 Critical path: start at the job that finished last (the last completion line) and walk back.
 A job's gate is, among its dependencies and every job that ended within ``GATE_TOLERANCE_S`` of
 its start stamp (a freed core, or the target's slot: the per-target resource ``target_<slug>``
-of ``capacity_pack.cluster``, ``target_slot`` in logs from before it, that lets one measurement
+of ``capacity_pack.measure.cluster``, ``target_slot`` in logs from before it, that lets one
+measurement
 at a time load the target: contention), the one that finished last before it started. "Before"
 is the log's line order (completion line before the job's ``rule X:`` line), exact where the
 stamps are 1 s. The gate is recorded as ``dependency``, ``target_slot`` (both jobs hold the
@@ -99,8 +100,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.cluster import held_target_resources
-from capacity_pack.loadgen import read_records
+from capacity_pack.measure.cluster import held_target_resources
+from capacity_pack.measure.loadgen import read_records
 
 SCHEMA = "capacity_pack.autopsy.run/1"
 NS = 1_000_000_000

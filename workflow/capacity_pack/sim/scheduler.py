@@ -31,7 +31,7 @@ from collections import deque
 from capacity_pack.sim.kv import ROOT_HASH, BlockPool
 from capacity_pack.sim.perf import PerfModel
 from capacity_pack.sim.profile import Profile
-from capacity_pack.tokenizer import token_id
+from capacity_pack.sim.tokenizer import token_id
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
 

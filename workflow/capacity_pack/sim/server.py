@@ -10,7 +10,7 @@ Endpoints:
   cache supplied tokens) follows; ``data: [DONE]`` ends it. ``max_tokens`` /
   ``max_completion_tokens`` (completions default 16, chat default: the rest of the context),
   ``min_tokens``, ``ignore_eos``, ``stop``, ``seed`` are honoured; the prompt is counted with
-  :mod:`capacity_pack.tokenizer`. An ``X-Request-Id`` header names the request (echoed back and
+  :mod:`capacity_pack.sim.tokenizer`. An ``X-Request-Id`` header names the request (echoed back and
   written to the ground-truth log).
 - ``GET /health``, ``GET|POST /ping``, ``GET /version``, ``GET /v1/models``, ``GET /metrics``,
   ``POST /reset_prefix_cache`` (200 either way, like vLLM; the body's ``reset`` says whether it
@@ -31,6 +31,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import secrets
 import socket
 import time
@@ -47,7 +48,7 @@ from starlette.routing import Route
 from capacity_pack.sim.engine import Engine, Faults, Rejected, RequestContext, mono_ns
 from capacity_pack.sim.metrics import CONTENT_TYPE
 from capacity_pack.sim.scheduler import FINISHED, OUTPUT_TEXT, SimRequest, output_index
-from capacity_pack.tokenizer import chat_prompt_text, encode
+from capacity_pack.sim.tokenizer import chat_prompt_text, encode
 
 log = logging.getLogger("capacity_pack.sim")
 
@@ -736,6 +737,15 @@ def install_log_filter() -> None:
     logging.getLogger("uvicorn.error").addFilter(_QuietInjected())
 
 
+def _write_port_file(path: str | Path, port: int) -> None:
+    """Write the bound port atomically (rename), so a reader never sees a torn file; the
+    simulator keeps this small helper rather than import the project's io module."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n", encoding="utf-8")
+    os.replace(tmp, target)
+
+
 def run_app(
     app: Any,
     sock: socket.socket,
@@ -748,8 +758,6 @@ def run_app(
     """Serve ``app`` on ``sock`` with uvicorn until SIGINT/SIGTERM; write ``port_file`` (the
     bound port, atomically) and print ``announce`` once the server accepts requests."""
     import uvicorn
-
-    from capacity_pack.io import write_text_atomic
 
     install_log_filter()
     config = uvicorn.Config(
@@ -772,7 +780,7 @@ def run_app(
             # collections stay short and do not show up as step lateness.
             gc.freeze()
             if port_file is not None:
-                write_text_atomic(port_file, f"{port}\n")
+                _write_port_file(port_file, port)
             if announce:
                 print(announce.format(port=port), flush=True)
         await task

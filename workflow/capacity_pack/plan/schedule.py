@@ -52,7 +52,7 @@ from capacity_pack.io import (
     sha256_of_obj,
     write_json_atomic,
 )
-from capacity_pack.manifest import (
+from capacity_pack.plan.manifest import (
     Client,
     Experiment,
     ManifestError,

@@ -77,9 +77,17 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from capacity_pack.io import file_sha256, sha256_hex, write_json_atomic
+from capacity_pack.redact import (
+    MIN_CONTAINED_SECRET,
+    TRACKING_URI_ENV,
+    holds_secret,
+    looks_secret,
+    manifest_secret_values,
+    redact_text,
+)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -88,7 +96,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DB_NAME = "mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
 MANIFEST_ARTIFACT = "frozen_manifest.json"
@@ -103,6 +110,13 @@ REDACTED = TAG + "redacted"
 STAGE = TAG + "stage"
 FINGERPRINT = TAG + "fingerprint"
 PARENT_RUN_ID = "mlflow.parentRunId"
+# The module of each tracked stage, whose ``tracking_record(summary)`` makes a job's child run.
+STAGE_MODULES = {
+    "schedule": "plan.schedule",
+    "sweep": "measure.sweep",
+    "analysis": "evidence.analysis",
+    "failure": "drills.failure",
+}
 
 # MLflow's limits (mlflow.utils.validation), copied so that importing this module stays cheap.
 MAX_KEY_LENGTH = 250
@@ -114,32 +128,6 @@ MAX_METRICS_PER_BATCH = 1000
 LOCK_TIMEOUT_S = 600.0
 RETRY_DEADLINE_S = 120.0
 _LOCKED_ERROR = re.compile(r"database (table |schema )?is locked", re.IGNORECASE)
-
-# fmt: off
-# Words that make a key a secret wherever they appear in it.
-_SECRET_WORDS = frozenset({
-    "secret", "secrets", "password", "passwd", "passphrase", "pwd", "authorization",
-    "credential", "credentials", "cookie", "bearer", "apikey", "jwt", "privatekey",
-})
-# Word pairs that do (api_key, access_key...), where each word alone does not.
-_SECRET_PAIRS = frozenset({
-    ("api", "key"), ("access", "key"), ("private", "key"), ("signing", "key"),
-    ("encryption", "key"), ("session", "key"), ("auth", "header"), ("client", "secret"),
-})
-# "token" counts tokens far more often than it authenticates (input_tokens, tokenizer,
-# time_to_first_token_ms): it marks a secret only as the key's last word (hf_token, token) or
-# right after one of these words (access_token_value).
-_TOKEN_QUALIFIERS = frozenset({
-    "access", "auth", "api", "bearer", "refresh", "id", "session", "hf", "github", "gh",
-    "gitlab", "oauth", "personal", "secret", "csrf", "slack",
-})
-# fmt: on
-_SECRET_ENV_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
-# libpq reads a database password from here, so a store URI can leave it out.
-_SECRET_ENV_NAMES = frozenset({"PGPASSWORD"})
-REDACTION = "[redacted]"
-# Shorter secrets are matched by equality only: containment would drop "10" for a secret "1".
-_MIN_CONTAINED_SECRET = 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,70 +346,9 @@ def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
     return {prefix: obj}
 
 
-def _words(key: str) -> list[str]:
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key)  # apiKey -> api Key
-    return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
-
-
-def looks_secret(key: str) -> bool:
-    """Whether a param or tag key names a secret (api_key, HF_TOKEN, Authorization...)."""
-    words = _words(key)
-    if any(w in _SECRET_WORDS for w in words):
-        return True
-    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)):
-        return True
-    return any(
-        w == "token" and (i == len(words) - 1 or (i > 0 and words[i - 1] in _TOKEN_QUALIFIERS))
-        for i, w in enumerate(words)
-    )
-
-
-def _secret_values(frozen: Mapping[str, Any] | None = None) -> list[str]:
-    """Values of environment variables named like secrets, the password in the tracking URI,
-    and the API key of the frozen manifest's target (its ``api_key_env`` may have any name),
-    read at each call."""
-    out = []
-    for name, value in os.environ.items():
-        upper = name.upper()
-        if value and (
-            upper in _SECRET_ENV_NAMES
-            or any(upper.endswith(s) or upper == s[1:] for s in _SECRET_ENV_SUFFIXES)
-        ):
-            out.append(value)
-    with contextlib.suppress(ValueError):  # a malformed URI fails where MLflow opens it
-        password = urlsplit(os.environ.get(TRACKING_URI_ENV, "")).password
-        if password:
-            out.extend(dict.fromkeys([password, unquote(password)]))
-    target = ((frozen or {}).get("manifest") or {}).get("target") or {}
-    key_env = target.get("api_key_env") if isinstance(target, Mapping) else None
-    if isinstance(key_env, str) and os.environ.get(key_env):
-        out.append(os.environ[key_env])
-    return out
-
-
-def secret_values(api_key_env: str | None = None) -> list[str]:
-    """The secrets to keep out of logs and files: environment variables named like secrets and
-    the API key held by ``api_key_env``."""
-    target = {"api_key_env": api_key_env} if api_key_env else {}
-    return _secret_values({"manifest": {"target": target}})
-
-
-def redact_text(text: str, secrets: list[str] | None = None) -> str:
-    """``text`` with every secret replaced by ``[redacted]`` (default secrets:
-    :func:`secret_values`); a secret under 8 characters only when it is the whole text."""
-    values = secret_values() if secrets is None else secrets
-    # Longest first, so a secret that contains another is replaced whole.
-    for secret in sorted({v for v in values if v}, key=len, reverse=True):
-        if text == secret:
-            return REDACTION
-        if len(secret) >= _MIN_CONTAINED_SECRET:
-            text = text.replace(secret, REDACTION)
-    return text
-
-
 def _artifact_holds(path: Path, secrets: list[str]) -> bool:
     data = path.read_bytes()
-    return any(len(s) >= _MIN_CONTAINED_SECRET and s.encode() in data for s in secrets)
+    return any(len(s) >= MIN_CONTAINED_SECRET and s.encode() in data for s in secrets)
 
 
 def _redacted_artifacts(
@@ -459,16 +386,12 @@ def _redacted_artifacts(
     return out, scratch
 
 
-def _holds_secret(text: str, secrets: list[str]) -> bool:
-    return any(text == s or (len(s) >= _MIN_CONTAINED_SECRET and s in text) for s in secrets)
-
-
 def _scrub(items: Mapping[str, str], secrets: list[str], redacted: list[str]) -> dict[str, str]:
     """``items`` without secret-looking keys or secret values; dropped keys go to ``redacted``."""
     out = {}
     for key, value in items.items():
-        key_leaks = _holds_secret(key, secrets)
-        if key_leaks or looks_secret(key) or _holds_secret(value, secrets):
+        key_leaks = holds_secret(key, secrets)
+        if key_leaks or looks_secret(key) or holds_secret(value, secrets):
             if not key_leaks:  # a key holding a secret value is not even listed
                 redacted.append(key)
             continue
@@ -543,7 +466,7 @@ def git_state() -> tuple[str, str]:
 
 
 def _check_frozen(frozen: Mapping[str, Any]) -> str:
-    from capacity_pack.manifest import FROZEN_FORMAT
+    from capacity_pack.plan.manifest import FROZEN_FORMAT
 
     if not isinstance(frozen, Mapping) or frozen.get("format") != FROZEN_FORMAT:
         raise ValueError(f"expected a frozen manifest (format {FROZEN_FORMAT!r}; see freeze())")
@@ -666,7 +589,9 @@ def _get_or_create_parent(
             return found[0].info.run_id
         run_id = found[0].info.run_id  # a process died half-way through creating it: finish
     else:
-        tags = _scrub(_parent_tags(frozen), _secret_values(frozen), [])  # see _complete_parent
+        tags = _scrub(
+            _parent_tags(frozen), manifest_secret_values(frozen), []
+        )  # see _complete_parent
         tags[RUN_KIND] = "parent"
         tags[MANIFEST_SHA] = sha
         run = _retry(client.create_run, exp_id, tags=tags, run_name=f"{pack} @ {sha[:12]}")
@@ -681,13 +606,13 @@ def _parent_tags(frozen: Mapping[str, Any]) -> dict[str, str]:
 
 def _complete_parent(client: MlflowClient, run_id: str, frozen: Mapping[str, Any]) -> None:
     """Params, manifest artifact, FINISHED status, then the completion tag; idempotent."""
-    secrets = _secret_values(frozen)
+    secrets = manifest_secret_values(frozen)
     redacted: list[str] = []
     _scrub(_parent_tags(frozen), secrets, redacted)  # names the tags the creation dropped
     settings = _clean_items(_flatten(frozen["manifest"]), "params", MAX_PARAM_VALUE_LENGTH)
     _log_batches(client, run_id, _scrub(settings, secrets, redacted), {})
     text = json.dumps(frozen, sort_keys=True, ensure_ascii=False)
-    if any(len(s) >= _MIN_CONTAINED_SECRET and s in text for s in secrets):
+    if any(len(s) >= MIN_CONTAINED_SECRET and s in text for s in secrets):
         redacted.append(MANIFEST_ARTIFACT)
     else:
         with tempfile.TemporaryDirectory(prefix="capacity-pack-mlflow-") as tmp:
@@ -788,7 +713,7 @@ def log_child_run(
     if fingerprint is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", fingerprint):
         raise ValueError(f"fingerprint {fingerprint!r} must be 1-200 of [A-Za-z0-9._:-]")
     results = Path(results_dir).resolve()
-    secrets = _secret_values(frozen)
+    secrets = manifest_secret_values(frozen)
     redacted: list[str] = []
 
     metric_values, withheld = _prepare_metrics(metrics or {})
@@ -814,7 +739,7 @@ def log_child_run(
     reserved = set(own_tags) | {PARENT_RUN_ID, METRICS_WITHHELD, REDACTED, "mlflow.runName"}
     clash = sorted(set(extra) & reserved)
     if clash:
-        raise ValueError(f"tags {clash} are set by capacity_pack.tracking itself")
+        raise ValueError(f"tags {clash} are set by capacity_pack.track.tracking itself")
     run_tags = _scrub({**own_tags, **extra}, secrets, redacted)
     if withheld:
         run_tags[METRICS_WITHHELD] = _truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
@@ -885,13 +810,13 @@ def log_stage(
 ) -> dict[str, str]:
     """One child run per job of ``stage``, from the jobs' JSON summaries; idempotent.
 
-    The stage's module (``capacity_pack.<stage>``) maps a summary to the child run's keyword
+    The stage's module (:data:`STAGE_MODULES`) maps a summary to the child run's keyword
     arguments with its ``tracking_record(summary)``; the summary itself is the run's artifact.
     """
     import importlib
     import json
 
-    record_of = importlib.import_module(f"capacity_pack.{stage}").tracking_record
+    record_of = importlib.import_module(f"capacity_pack.{STAGE_MODULES[stage]}").tracking_record
     runs: dict[str, str] = {}
     for path in summary_paths:
         record = record_of(json.loads(Path(path).read_text()))
@@ -919,7 +844,7 @@ def log_parent_results(
     _check_frozen(frozen)
     results = Path(results_dir).resolve()
     metric_values, withheld = _prepare_metrics(metrics)
-    secrets = _secret_values(frozen)
+    secrets = manifest_secret_values(frozen)
     redacted: list[str] = []
     tag_values = _scrub(
         _clean_items(dict(tags or {}), "tags", MAX_TAG_VALUE_LENGTH), secrets, redacted

@@ -54,7 +54,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import atomic_path, canonical_json, write_text_atomic
-from capacity_pack.manifest import (
+from capacity_pack.measure.sweep import SweepInputs
+from capacity_pack.plan.manifest import (
     Drill,
     Experiment,
     Failure,
@@ -65,10 +66,9 @@ from capacity_pack.manifest import (
     SimTarget,
     WorkloadClass,
 )
-from capacity_pack.schedule import Point, ScheduleClient, ScheduleInputs, build_schedule
-from capacity_pack.sweep import SweepInputs
+from capacity_pack.plan.schedule import Point, ScheduleClient, ScheduleInputs, build_schedule
 
-log = logging.getLogger("capacity_pack.failure")
+log = logging.getLogger("capacity_pack.drills.failure")
 
 NS = 1_000_000_000
 # The alert that names each drill's mechanism, and what else it may legitimately set off.
@@ -476,9 +476,9 @@ def run_drill(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure one drill; write records.jsonl, scrapes, events.json and drill.json."""
-    from capacity_pack.loadgen import run_point
-    from capacity_pack.sweep import load_settings, token_counter
-    from capacity_pack.target import SimProcess, _healthy
+    from capacity_pack.measure.loadgen import run_point
+    from capacity_pack.measure.sweep import load_settings, token_counter
+    from capacity_pack.measure.target import SimProcess, _healthy
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -560,7 +560,7 @@ def _write_outputs(
     scrapes: pd.DataFrame,
     schedule: pd.DataFrame | None,
 ) -> None:
-    from capacity_pack.loadgen import _finite
+    from capacity_pack.measure.loadgen import _finite
 
     if schedule is not None:
         with atomic_path(out / "schedule.parquet") as tmp:
@@ -594,7 +594,7 @@ class DrillAnalysisSpec(BaseModel):
 
     @classmethod
     def of(cls, pack: Pack) -> DrillAnalysisSpec:
-        from capacity_pack.dashboard import metric_map_name
+        from capacity_pack.drills.dashboard import metric_map_name
 
         f = pack.failure or Failure()
         return cls(
@@ -612,7 +612,7 @@ class DrillAnalysisSpec(BaseModel):
 
 
 def _pct(values: np.ndarray, p: float) -> float | None:
-    from capacity_pack.analysis import nearest_rank
+    from capacity_pack.evidence.analysis import nearest_rank
 
     if not len(values):
         return None
@@ -626,7 +626,7 @@ def _s(t_ns: Any) -> float | None:
 
 def request_frame(records_path: Path, spec: DrillAnalysisSpec, name: str) -> pd.DataFrame:
     """The drill's requests table (pandera-validated like a sweep point's), with SLO columns."""
-    from capacity_pack.normalize import normalize, records_frame
+    from capacity_pack.evidence.normalize import normalize, records_frame
 
     recs = records_frame(records_path)
     fixed = {c.name: c.output_tokens if isinstance(c.output_tokens, int) else None
@@ -782,8 +782,8 @@ def counter_increase(samples: pd.DataFrame, metric: str) -> float | None:
 
 
 def alert_episodes(rules_path: Path, samples: pd.DataFrame, scrapes: pd.DataFrame) -> pd.DataFrame:
-    """The pack's alert rules evaluated at every scrape (capacity_pack.promql)."""
-    from capacity_pack import promql
+    """The pack's alert rules evaluated at every scrape (capacity_pack.drills.promql)."""
+    from capacity_pack.drills import promql
 
     rules = promql.load_rules(rules_path)
     ok = scrapes[scrapes["ok"]] if len(scrapes) else scrapes
@@ -814,7 +814,7 @@ def analyze_drill(
     if facts.get("skipped"):
         report["skipped"] = facts["skipped"]
         return report
-    from capacity_pack.dashboard import engine_metrics
+    from capacity_pack.drills.dashboard import engine_metrics
 
     req = request_frame(d / "records.jsonl", spec, name)
     samples = pd.read_parquet(d / "samples.parquet")
@@ -831,7 +831,7 @@ def analyze_drill(
     injection = _injection_time(kind, plan, events, inject_act, inject_planned)
     # The schedule must be complete: every scheduled request recorded exactly once, terminal.
     sched = pd.read_parquet(d / "schedule.parquet")
-    from capacity_pack.normalize import reconcile
+    from capacity_pack.evidence.normalize import reconcile
 
     rec_ids = req[["request_id"]] if len(req) else pd.DataFrame(columns=["request_id"])
     completeness = reconcile(rec_ids, sched, f"{d}/records.jsonl")

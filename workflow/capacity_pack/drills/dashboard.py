@@ -333,7 +333,7 @@ def engine_metrics(engine_name: str, overrides: dict[str, Any] | None = None) ->
             f"no metric map for engine {engine_name!r}; known engines: "
             f"{', '.join(sorted(ENGINE_METRICS))} (a name may also start with one of them, e.g. "
             "'vllm-0.11'). Give overrides naming the engine's series (fields of "
-            "capacity_pack.dashboard.EngineMetrics: waiting, running, kv_usage, ...)"
+            "capacity_pack.drills.dashboard.EngineMetrics: waiting, running, kv_usage, ...)"
         )
     data = base.model_dump() if base is not None else {}
     data.update(overrides or {})

@@ -22,7 +22,8 @@ the extension blocks the run used, the prewarm rows) appears exactly once; a mis
 is an error, never silently dropped. The only rows of the schedule allowed to be absent are the
 tail of the last extension block cut at the declared maximum duration, and they are counted.
 A sharded point's records are also checked against its shard assignment
-(:func:`capacity_pack.shards.check_merge`: every record on the shard it was assigned to, each
+(:func:`capacity_pack.measure.shards.check_merge`: every record on the shard it was assigned to,
+each
 shard's record count as that shard reported it, dispatch lateness per shard).
 """
 
@@ -37,7 +38,7 @@ import pandera.pandas as pa
 import pyarrow
 from pandera.typing import Series
 
-from capacity_pack.loadgen import STATUSES
+from capacity_pack.measure.loadgen import STATUSES
 from capacity_pack.tables import validate_table
 
 NS_PER_MS = 1e6
@@ -409,11 +410,11 @@ def normalize_point(
 ) -> dict[str, Any]:
     """Normalize one measured point; returns the tables and the reconciliation facts.
 
-    ``inputs`` is the point's :class:`capacity_pack.schedule.ScheduleInputs` (to rebuild the
+    ``inputs`` is the point's :class:`capacity_pack.plan.schedule.ScheduleInputs` (to rebuild the
     extension blocks and prewarm rows the run used), ``point`` its
-    :class:`capacity_pack.schedule.Point`.
+    :class:`capacity_pack.plan.schedule.Point`.
     """
-    from capacity_pack.schedule import build_schedule, prewarm_rows
+    from capacity_pack.plan.schedule import build_schedule, prewarm_rows
 
     source = str(records_path)
     records = records_frame(records_path)
@@ -430,7 +431,7 @@ def normalize_point(
     facts = reconcile(records, expected, source)
     shards = sweep_summary.get("shards")
     if shards and int(shards.get("count", 1)) > 1:
-        from capacity_pack.shards import ShardError, check_merge
+        from capacity_pack.measure.shards import ShardError, check_merge
 
         try:
             facts["shards"] = check_merge(records, schedule, prewarm, shards, source)

@@ -18,7 +18,8 @@ pandera schemas as a measured point (``RequestsTable`` with the pack's classes, 
 a :class:`Provenance` (tool, version, file sha256, the definitions applied, what was estimated
 and what could not be mapped) and the minimal sweep summary :func:`analysis.analyze_point` reads.
 
-Our definitions (``capacity_pack.loadgen``): s = request sent, f = first non-empty content chunk,
+Our definitions (``capacity_pack.measure.loadgen``): s = request sent, f = first non-empty content
+chunk,
 e = last content chunk, O = output tokens (``usage.completion_tokens`` when given):
 TTFT = f - s, E2E = e - s, TPOT = (E2E - TTFT) / (O - 1) for O > 1 (0 otherwise),
 ITL = gaps between consecutive chunks (the chunks table). Failed rows carry zero latencies.
@@ -93,9 +94,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
-from capacity_pack.manifest import LognormalLength, WorkloadClass
-from capacity_pack.normalize import (
+from capacity_pack.evidence.normalize import (
     MEASURED,
     NS_PER_MS,
     ChunksTable,
@@ -103,6 +102,8 @@ from capacity_pack.normalize import (
     requests_schema,
     seed_csv_frame,
 )
+from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
+from capacity_pack.plan.manifest import LognormalLength, WorkloadClass
 from capacity_pack.tables import validate_table
 
 Tool = Literal["aiperf", "vllm-bench"]
@@ -844,7 +845,7 @@ def import_aiperf(
 ) -> ImportedPoint:
     """Import an AIPerf ``profile_export.jsonl`` (see the module docstring for the mapping).
 
-    ``workload`` is a :class:`capacity_pack.manifest.Pack`, a list of its workload classes, or a
+    ``workload`` is a :class:`~capacity_pack.plan.manifest.Pack`, its workload classes, or a
     mapping name -> class.
     """
     path = Path(path)

@@ -1,6 +1,6 @@
 """Managed-process targets: a real engine the pack starts, probes and stops itself.
 
-An ``openai`` target with a ``managed`` block (:class:`capacity_pack.manifest.ManagedProcess`)
+An ``openai`` target with a ``managed`` block (:class:`capacity_pack.plan.manifest.ManagedProcess`)
 is a server process the pipeline owns, e.g. llama.cpp's ``llama-server`` on this machine's CPU:
 
 1. ``prepare`` (optional argv) runs first and must exit 0; the last line it prints is

@@ -25,8 +25,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import canonical_json
-from capacity_pack.loadgen import LoadSettings, read_records, run_point
-from capacity_pack.manifest import (
+from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.plan.manifest import (
     Client,
     Engine,
     Model,
@@ -36,7 +36,7 @@ from capacity_pack.manifest import (
     RequestShape,
     SimTarget,
 )
-from capacity_pack.schedule import (
+from capacity_pack.plan.schedule import (
     Point,
     ScheduleInputs,
     build_schedule,
@@ -122,7 +122,7 @@ def token_counter(inputs: SweepInputs, base_url: str):
     (the project tokenizer, exact for the simulated engine)."""
     import os
 
-    from capacity_pack.prompts import EndpointCounter, FileTokenizerCounter
+    from capacity_pack.plan.prompts import EndpointCounter, FileTokenizerCounter
 
     target = inputs.target
     if not isinstance(target, OpenAITarget):
@@ -184,7 +184,7 @@ def run_sharded(
     import shutil
 
     from capacity_pack.io import atomic_path
-    from capacity_pack.shards import (
+    from capacity_pack.measure.shards import (
         ShardSpec,
         assignment_seed,
         merge_series,
@@ -242,7 +242,7 @@ def run_sharded(
     frames = [pd.read_parquet(Path(sp.out_dir) / "metrics.parquet") for sp in specs]
     with atomic_path(out / "metrics.parquet") as tmp:
         merge_series(frames, c.metrics_interval_seconds).to_parquet(tmp, index=False)
-    from capacity_pack.normalize import records_frame
+    from capacity_pack.evidence.normalize import records_frame
 
     stamps = records_frame(out / "records.jsonl")
     summary = merge_summaries(
@@ -261,7 +261,7 @@ def measure_point(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files)."""
-    from capacity_pack.target import open_target
+    from capacity_pack.measure.target import open_target
 
     inputs = (
         pack_or_inputs

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from capacity_pack.manifest import (
+from capacity_pack.plan.manifest import (
     ManifestError,
     OpenAITarget,
     Pack,

@@ -43,11 +43,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from capacity_pack import engines
-from capacity_pack.loadgen import parse_metrics
-from capacity_pack.manifest import Engine, OpenAITarget, SimTarget
-from capacity_pack.tracking import redact_text
+from capacity_pack.engines.signals import parse_metrics
+from capacity_pack.plan.manifest import Engine, OpenAITarget, SimTarget
+from capacity_pack.redact import redact_text
 
-log = logging.getLogger("capacity_pack.target")
+log = logging.getLogger("capacity_pack.measure.target")
 # engine.config keys under which a pack may declare llama-server's --cache-ram.
 CACHE_RAM_KEYS = ("cache_ram", "cache-ram", "cram")
 
@@ -150,7 +150,7 @@ class Endpoint:
     engine's metric map and where its Prometheus text lives.
 
     Without a map (a simulated engine, an unknown one) signals are read under every name
-    :data:`capacity_pack.loadgen.METRIC_NAMES` knows.
+    :data:`capacity_pack.engines.signals.METRIC_NAMES` knows.
     """
 
     def __init__(
@@ -478,7 +478,7 @@ def _managed(
     target: OpenAITarget, model: str, cache_state: str, *, log_path: Any, expected: Any
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """A fresh managed server for the point, then the openai path against it."""
-    from capacity_pack.managed import ManagedError, ManagedServer, prepare
+    from capacity_pack.measure.managed import ManagedError, ManagedServer, prepare
 
     m = target.managed
     assert m is not None
@@ -519,7 +519,7 @@ def open_target(
     """Yield (base URL, cache-state facts) for one point, cold or warm as asked.
 
     ``expected`` is what the server must be: anything with the manifest's ``engine``, ``model``
-    and ``target`` (a :class:`~capacity_pack.manifest.Pack`, the sweep's inputs); without it
+    and ``target`` (a :class:`~capacity_pack.plan.manifest.Pack`, the sweep's inputs); without it
     only the served ``model`` name is compared.
     """
     if isinstance(target, SimTarget):

@@ -322,9 +322,9 @@ class ShardSpec(BaseModel):
 
 def run_shard(spec: ShardSpec) -> dict[str, Any]:
     """Run one shard: its rows, its records, its summary (with clock samples)."""
-    from capacity_pack.loadgen import run_point
-    from capacity_pack.schedule import Point
-    from capacity_pack.sweep import SweepInputs, load_settings, token_counter
+    from capacity_pack.measure.loadgen import run_point
+    from capacity_pack.measure.sweep import SweepInputs, load_settings, token_counter
+    from capacity_pack.plan.schedule import Point
 
     inputs = SweepInputs.model_validate_json(spec.inputs_json)
     point = Point.parse(spec.point, spec.cache_state, spec.repeat)
@@ -383,7 +383,7 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
 
 
 def _finite(obj: Any) -> Any:
-    from capacity_pack.loadgen import _finite as finite
+    from capacity_pack.measure.loadgen import _finite as finite
 
     return finite(obj)
 
@@ -403,7 +403,7 @@ def run_shards(
 ) -> list[dict[str, Any]]:
     """Start every shard at once, wait for all; their summaries (ShardError if one failed)."""
     # The shards import this very package, also from a plain checkout (no pip install -e .).
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
     procs = []
@@ -572,7 +572,7 @@ def check_merge(
 ) -> dict[str, Any]:
     """Every record on its assigned shard, each shard's count as it reported; lateness per shard.
 
-    The exactly-once check over all shards is :func:`capacity_pack.normalize.reconcile`'s.
+    The exactly-once check over all shards is :func:`capacity_pack.evidence.normalize.reconcile`'s.
     """
     k, seed = int(shards["count"]), int(shards["seed"])
     if "shard" not in records.columns:

@@ -34,7 +34,8 @@ how to read its metrics and empty its cache.
   values and the URL that reported the server's.
 - :func:`read_signals` reads the canonical signals (queue depth, running, KV usage, prefix-cache
   hits) from Prometheus text through the engine's map in
-  :data:`capacity_pack.dashboard.ENGINE_METRICS`, and lists each one the engine does not expose
+  :data:`capacity_pack.drills.dashboard.ENGINE_METRICS`, and lists each one the engine does not
+  expose
   or the scrape lacks as missing evidence; nothing is estimated in its place.
 - :func:`verify_setting` turns ``tls_verify``/``ca_bundle`` into httpx's ``verify``.
 
@@ -54,7 +55,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.tracking import looks_secret, redact_text, secret_values
+from capacity_pack.redact import looks_secret, redact_text, secret_values
 
 # Engine kinds, and the names a manifest's engine.name may use for each (exact, or followed by
 # a non-alphanumeric suffix: "vllm-0.11", "llamacpp-b6123").
@@ -443,7 +444,7 @@ def check_identity(
 ) -> list[str]:
     """Mismatches between the server's identity and the manifest, one message each.
 
-    ``pack`` is a :class:`~capacity_pack.manifest.Pack` or anything with its ``engine`` (may be
+    ``pack`` is a :class:`~capacity_pack.plan.manifest.Pack` or anything with its ``engine`` (may be
     None: not compared), ``model`` and ``target``. Messages quote the server, so ``secrets``
     (default: the target's API key and secret-named environment variables) are redacted.
     """
@@ -528,8 +529,8 @@ def _answer_summary(identity: EngineIdentity) -> str:
 
 
 def metric_map(name: str | None) -> Any:
-    """The :class:`~capacity_pack.dashboard.EngineMetrics` of a kind or engine name, or None."""
-    from capacity_pack.dashboard import DashboardError, engine_metrics
+    """The ``EngineMetrics`` of a kind or engine name, or None."""
+    from capacity_pack.drills.dashboard import DashboardError, engine_metrics
 
     if not name:
         return None
@@ -562,10 +563,10 @@ def read_signals(
 ) -> tuple[dict[str, float], list[str]]:
     """Canonical signals from ``text`` through ``emap``, and the missing ones, each a sentence.
 
-    A signal the map names is also read under the older names ``loadgen.METRIC_NAMES`` lists
+    A signal the map names is also read under the older names ``engines.signals.METRIC_NAMES`` lists
     for the same engine (vLLM's ``gpu_cache_usage_perc`` before ``kv_cache_usage_perc``).
     """
-    from capacity_pack.loadgen import METRIC_NAMES
+    from capacity_pack.engines.signals import METRIC_NAMES
 
     names: dict[str, list[str]] = {}
     for signal, field in SIGNALS.items():

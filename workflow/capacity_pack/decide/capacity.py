@@ -246,7 +246,7 @@ def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
 
 def mix_p95_context(pack) -> float:
     """P95 of prompt + output tokens over the class mix (per-class P95 for distributions)."""
-    from capacity_pack.manifest import length_stats
+    from capacity_pack.plan.manifest import length_stats
 
     rows = sorted(
         (length_stats(c.input_tokens).p95 + length_stats(c.output_tokens).p95, c.mix)
@@ -283,7 +283,7 @@ def memory_inputs(pack) -> dict[str, float] | None:
 
 def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) -> dict[str, Any]:
     """Replicas and GPUs for the pack's peak, from throughput and from memory; cost."""
-    from capacity_pack import sizing
+    from capacity_pack.decide import sizing
 
     state = capacity["primary_cache_state"]
     sel = capacity["open_loop"].get(state, {})
@@ -365,7 +365,7 @@ def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None
     tokens/s = 1000 / the lowest class P95 TPOT at concurrency 1 (a conservative decode rate),
     bytes moved per token = the replica's weights, effective bandwidth = tokens/s x bytes per
     token, MBU = effective / spec bandwidth."""
-    from capacity_pack import sizing
+    from capacity_pack.decide import sizing
 
     mem = memory_inputs(pack)
     single = None
@@ -420,7 +420,7 @@ def decision_metrics(capacity: dict[str, Any], plan: dict[str, Any]) -> dict[str
 
 def max_context_tokens(pack) -> int:
     """The longest request the pack can send: max prompt + max output over its classes."""
-    from capacity_pack.manifest import length_stats
+    from capacity_pack.plan.manifest import length_stats
 
     return max(length_stats(c.input_tokens).max + length_stats(c.output_tokens).max
                for c in pack.workload)  # fmt: skip
@@ -430,7 +430,7 @@ def preflight_fit(pack) -> dict[str, Any]:
     """Fit probe before any measurement: does one request at the pack's longest context fit
     next to the weights and overhead (``does-not-fit`` stops the pack), and is the context
     within the simulated model's limit?"""
-    from capacity_pack import sizing
+    from capacity_pack.decide import sizing
 
     mem = memory_inputs(pack)
     context = max_context_tokens(pack)

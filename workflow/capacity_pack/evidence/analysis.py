@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from capacity_pack.manifest import Acceptance, WorkloadClass
+from capacity_pack.plan.manifest import Acceptance, WorkloadClass
 
 STATUSES = ("ok", "error", "timeout", "rejected", "cancelled")
 SEED_CUTOFFS = {
@@ -90,7 +90,7 @@ def seed_classes() -> list[ClassSpec]:
 
 
 def pack_classes(pack) -> list[ClassSpec]:
-    """Class specs from a :class:`capacity_pack.manifest.Pack` (fixed lengths only when fixed)."""
+    """Class specs from a :class:`~capacity_pack.plan.manifest.Pack` (fixed lengths if fixed)."""
     return [
         ClassSpec(
             c.name,

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from capacity_pack.manifest import Pack
+    from capacity_pack.plan.manifest import Pack
 
 RESOURCE_PREFIX = "target_"
 # The resource's name before issue 10: one global slot for whatever target the pack had. It

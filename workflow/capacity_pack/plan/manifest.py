@@ -510,7 +510,7 @@ class SimTarget(_Model):
 
 
 class ManagedProcess(_Model):
-    """A server the pack starts itself for every point (capacity_pack.managed)."""
+    """A server the pack starts itself for every point (capacity_pack.measure.managed)."""
 
     prepare: list[str] | None = Field(
         default=None,
@@ -852,7 +852,7 @@ class Failure(_Model):
     )
     alert_thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Overrides of the alert thresholds (capacity_pack.dashboard.AlertThresholds).",
+        description="Overrides of the alert thresholds (drills.dashboard.AlertThresholds).",
     )
     drills: list[Drill] = Field(default_factory=default_drills, min_length=1)
 

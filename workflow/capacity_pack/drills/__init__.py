@@ -1,0 +1,3 @@
+"""Failure drills and what watches them: the drill pipeline, alert rules, the Grafana dashboard and
+the PromQL evaluator.
+"""

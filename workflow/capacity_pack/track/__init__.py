@@ -1,0 +1,1 @@
+"""MLflow tracking: parent run per frozen manifest, one child run per job."""
