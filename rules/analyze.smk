@@ -1,5 +1,5 @@
 rule analyze:
-    """Per-class SLO report of one point: the seed's gates plus CIs, trend, Little's Law."""
+    """Per-class SLO report of one point: the acceptance gates plus CIs, trend, Little's Law."""
     input:
         requests=f"{RESULTS}/tables/{{point}}/{{cache}}/rep{{repeat}}/requests.parquet",
         chunks=f"{RESULTS}/tables/{{point}}/{{cache}}/rep{{repeat}}/chunks.parquet",

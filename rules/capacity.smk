@@ -20,7 +20,7 @@ rule capacity:
 
 
 rule report:
-    """The pack a person reads: README, plots, the seed's files; the decision on MLflow."""
+    """The pack a person reads: README, plots, manifest, requests and SLO report; MLflow run."""
     input:
         frozen=FROZEN,
         fit=f"{RESULTS}/manifest/fit-probe.json",

@@ -295,15 +295,27 @@ def shard(spec: Path) -> None:
     "--manifest",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Take classes, cutoffs and gates from this pack (default: the seed's tutorial fixture).",
+    help=(
+        "Take classes, cutoffs and gates from this pack (default: interactive 500/40 ms, 128 "
+        "tokens; long_context 2500/50 ms, 256; generation_heavy 800/45 ms, 1024; gates 0.95 "
+        "attainment, 2,000 successes per class, 1% errors)."
+    ),
 )
 @_die_on_manifest_error
 def analyze(
     requests_csv: Path, duration_seconds: float, queue_trend: str, manifest: Path | None
 ) -> None:
-    """The seed's SLO analyzer: REQUESTS_CSV DURATION_SECONDS QUEUE_TREND (flat|growing).
+    """Per-class SLO report and capacity gate of a requests.csv (prints JSON).
 
-    Prints the report as JSON (the seed's keys and values, plus extra keys).
+    REQUESTS_CSV has columns request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status;
+    DURATION_SECONDS is the whole cohort's window; QUEUE_TREND is flat or growing. A successful
+    request passes when its TTFT and TPOT are within its class's cutoffs; a class passes with
+    attainment >= the gate over at least the minimum successful rows; the capacity gate also
+    needs the global error rate within its cap and a flat queue. Percentiles are nearest-rank;
+    P99 is withheld for a class with fewer successful rows than its sample gate (10,000).
+
+    The JSON report holds counts, error rate, goodput and throughputs, the gate verdicts,
+    and per class its counts, attainment and percentiles.
     """
     import json
 

@@ -12,8 +12,9 @@ Open-loop sweep, per cache state:
 - run-to-run variation across repeats: mean, min, max and a Student-t confidence interval of
   goodput, every class's attainment and P95 TTFT/TPOT; never only the best run;
 - per-replica capacity = capacity / replicas under test (valid only for the same workload, cache
-  state, placement and engine configuration), and DistServe-style goodput per GPU =
-  capacity / GPUs under test.
+  state, placement and engine configuration), and goodput per GPU = capacity / GPUs under test,
+  in DistServe's sense (Zhong et al., OSDI 2024: the highest request rate per provisioned GPU
+  that meets the SLO attainment goal), not the per-window observed goodput of a report.
 
 Closed-loop sweep: the latency-throughput curve (output tokens/s against P95 TTFT/TPOT per
 concurrency) and the operating point = the highest throughput whose point still passes the
@@ -361,8 +362,9 @@ def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) ->
 
 
 def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None:
-    """Decode-bound effective bandwidth from the measured single-user TPOT (seed 004 section 8):
-    tokens/s = 1000 / the lowest class P95 TPOT at concurrency 1 (a conservative decode rate),
+    """Decode-bound effective bandwidth from the measured single-user TPOT (the formula in
+    :mod:`capacity_pack.decide.sizing`): tokens/s = 1000 / the lowest class P95 TPOT at
+    concurrency 1 (a conservative decode rate),
     bytes moved per token = the replica's weights, effective bandwidth = tokens/s x bytes per
     token, MBU = effective / spec bandwidth."""
     from capacity_pack.decide import sizing

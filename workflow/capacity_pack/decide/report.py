@@ -1,4 +1,4 @@
-"""The capacity pack a person reads: decision, plan, plots and the seed's files.
+"""The capacity pack a person reads: decision, plan, plots, manifest, requests and SLO report.
 
 ``results/<pack>/pack/`` holds ``workload-manifest.yaml`` (the frozen manifest), ``requests.csv``
 and ``slo-report.json`` of the selected point, ``capacity.json`` (selection, variation, curves),

@@ -1,14 +1,15 @@
 """Sizing arithmetic: replicas and GPUs from throughput and from memory, fit, bandwidth, cost.
 
-Formulas (seeds 000 "Worked Capacity Plan With Headroom", 001 "From throughput to GPUs" and
-"Little's Law for capacity", 004 section 8):
+Formulas (in parentheses, the worked numbers that ``tests/test_sizing.py`` checks):
 
 - throughput sizing: replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)),
   GPUs = replicas x GPUs per replica; then N+k redundancy and a warm pool add whole replicas
   (36 RPS, 6 RPS/replica, 0.75, TP2 -> 8 replicas, 16 GPUs);
 - GPU-seconds form: GPUs = ceil(peak_rps x GPU-seconds per request / target_utilization)
   (50 RPS x 0.2 GPU-s / 0.6 -> 17 GPUs);
-- Little's Law: in-flight L = lambda x W (20 RPS x 2 s p95 -> 40 in flight);
+- Little's law (J. D. C. Little, "A proof for the queuing formula L = lambda W", Operations
+  Research 9(3), 1961): in-flight L = lambda x W for a stable system
+  (20 RPS x 2 s p95 -> 40 in flight);
 - memory sizing: in-flight at peak = peak_rps x P95 latency; KV bytes per request = KV bytes per
   token x P95 context (prompt + output); KV capacity per replica = usable memory - weights -
   overhead; requests per replica = floor(capacity / KV per request); replicas =
@@ -17,8 +18,11 @@ Formulas (seeds 000 "Worked Capacity Plan With Headroom", 001 "From throughput t
 - fit probe: weights + KV + overhead <= memory - margin; headroom = budget - need;
   ``fits`` (headroom > 0), ``zero-headroom`` (== 0 within 1e-9), ``does-not-fit`` (< 0)
   (24 GB with a 2 GB margin: 12+4+2 = 18 fits with 4 GB; 12+8+2 = 22 zero; 12+12+2 = 26 no);
-- effective bandwidth: tokens/s = effective bandwidth / bytes moved per token,
-  MBU = effective / spec (20 GB/token at 600 GB/s -> 30 tokens/s, MBU 0.67 of 900 GB/s);
+- effective bandwidth of a decode-bound (memory-bandwidth-bound) workload: tokens/s =
+  effective bandwidth / bytes moved per token, where the effective bandwidth is the one achieved
+  (bytes per token x measured tokens/s), not the spec sheet's; memory-bandwidth utilization
+  MBU = effective / spec, as Databricks' "LLM Inference Performance Engineering: Best
+  Practices" (2023) defines it (20 GB/token at 600 GB/s -> 30 tokens/s, MBU 0.67 of 900 GB/s);
 - cost: GPU-hours per hour = GPUs provisioned; cost per completed request =
   GPUs x price per GPU-hour / (3600 x successful requests per second at the planned load), which
   counts the idle headroom, failures and retries because only successes divide the bill; a task
@@ -89,7 +93,8 @@ def plan_replicas(
 def gpus_from_gpu_seconds(
     peak_rps: float, gpu_seconds_per_request: float, utilization: float
 ) -> int:
-    """Seed 001: ceil(peak x GPU-seconds per request / utilization)."""
+    """ceil(peak x GPU-seconds per request / utilization); GPU-seconds per request is the
+    inverse of one GPU's request throughput."""
     if not 0 < utilization <= 1:
         raise ValueError("utilization must be in (0, 1]")
     return _ceil(peak_rps * gpu_seconds_per_request / utilization)

@@ -1244,8 +1244,8 @@ IMPORTERS = {"aiperf": import_aiperf, "vllm-bench": import_vllm_bench}
 
 
 def write_imported(imported: ImportedPoint, out_dir: str | Path) -> list[Path]:
-    """requests.parquet, chunks.parquet, requests.csv (the seed's layout), provenance.json and
-    summary.json, each written atomically."""
+    """requests.parquet, chunks.parquet, requests.csv (the flat layout ``capacity-pack analyze``
+    reads), provenance.json and summary.json, each written atomically."""
     out = Path(out_dir)
     written = []
     for name, frame in (

@@ -4,17 +4,20 @@ Tables (one pandera ``DataFrameModel`` each, strict and coercing, validated lazi
 failure is reported at once):
 
 - ``RequestsTable``: one row per attempted request of a point (prewarm, warm-up, measured and
-  extension rows alike), with raw nanosecond stamps and derived milliseconds:
-  TTFT = first - sent, E2E = last - sent, TPOT = (E2E - TTFT) / (O - 1) for O > 1 (0 otherwise,
-  the seed's convention for rows it cannot define), client scheduling delay = sent - due,
+  extension rows alike), with raw nanosecond stamps and derived milliseconds, all from one
+  monotonic client clock (the client-side definitions of vLLM's benchmark docs, ``vllm bench
+  serve``): TTFT = first - sent, E2E = last - sent, TPOT = (E2E - TTFT) / (O - 1) for O > 1
+  output tokens (undefined for O <= 1, written as 0), client scheduling delay = sent - due,
   and latencies from the *scheduled* arrival (first - due, last - due), so a late client cannot
-  hide queueing. Failed rows carry zeros in the latency columns, as in the seed's requests.csv.
+  hide queueing. Failed rows carry zeros in the latency columns (their raw stamps stay), so a
+  row's latencies are either measured or plainly absent.
 - ``ChunksTable``: long format, one row per streamed chunk: request_id, chunk index, arrival
   offset from the request's send, tokens in the chunk, gap to the previous chunk (ITL).
 - ``ServerMetricsTable``: the scraped time series (server signals and the client's backlog).
 
-Dataframe checks carry the seed's rules: unique non-empty IDs, known classes, recognized terminal
-statuses, finite non-negative latencies on ``ok`` rows, ``ok`` output length equal to the class's
+Dataframe checks (the same rules ``capacity-pack analyze`` applies to a requests.csv): unique
+non-empty IDs, known classes, recognized terminal statuses (ok, error, timeout, rejected,
+cancelled), finite non-negative latencies on ``ok`` rows, ``ok`` output length equal to the class's
 fixed length (fixed-length classes only), and E2E = TTFT + TPOT x (O - 1) within 0.5 ms.
 
 Reconciliation against the precommitted schedule: every scheduled request (the schedule file,
@@ -287,7 +290,7 @@ def normalize(
     e2e = (last - sent) / NS_PER_MS
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / (out - 1), 0.0)
-    # Failed rows carry zeros (the seed's requests.csv convention); their raw stamps stay.
+    # Failed rows carry zeros, never a partial latency; their raw stamps stay.
     ttft = np.where(ok, ttft, 0.0)
     e2e = np.where(ok, e2e, 0.0)
     tpot = np.where(ok, tpot, 0.0)
@@ -384,7 +387,8 @@ def chunks_frame(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_csv_frame(requests: pd.DataFrame) -> pd.DataFrame:
-    """The seed's requests.csv layout: measured rows, zeros on failed rows."""
+    """The flat requests.csv that ``capacity-pack analyze`` reads: measured rows only, columns
+    request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status; zeros on failed rows."""
     m = requests[requests["phase"].isin(MEASURED)]
     return pd.DataFrame(
         {

@@ -1,7 +1,8 @@
-"""Benchmark anti-pattern findings (the seed's "Deliberately Broken Benchmark").
+"""Benchmark anti-pattern findings: what makes a load test produce a number but no evidence.
 
 :func:`lint_file` accepts either a pack configuration (anything with a ``workload`` list) or a
-plain benchmark description in the flat shape the seed shows::
+plain, flat benchmark description such as this deliberately broken one (the shape of
+``tests/data/broken-benchmark.yaml``, which trips all six findings)::
 
     load_mode: concurrency_only      concurrency: 128         request_count: 100
     prompts: repeat_the_same_prompt  prefix_cache: enabled    clear_cache_before_run: false
@@ -37,7 +38,9 @@ from capacity_pack.plan.manifest import (
     validate_pack,
 )
 
-# The seed's sample gate, used when a plain description states none.
+# Successful requests per class before a percentile or attainment counts as evidence; the
+# default packs' ``acceptance.min_successful_samples_per_class``, used when a plain description
+# states none.
 DEFAULT_MIN_SAMPLES = 2000
 PERCENTILE_WORDS = ("p50", "p90", "p95", "p99", "percentile", "quantile", "attainment", "median")
 
@@ -84,7 +87,7 @@ def _finding(code: str, message: str) -> Finding:
 
 
 class BenchmarkDescription(BaseModel):
-    """The flat benchmark description the seed's broken example uses."""
+    """A flat, tool-agnostic benchmark description (load mode, counts, cache and version fields)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -4,13 +4,15 @@ A *pack* is everything that defines a capacity experiment: the frozen serving sy
 engine, placement), the client (arrival process, seed, durations, timeouts), the request
 shape (sampling, stop behaviour, chat template), the prompt source and prefix distribution,
 the workload classes with their per-request SLO cutoffs, the acceptance gate, the target
-endpoint, the sweep, named load-shape experiments, and the sizing plan. Its key names follow
-the seed's ``workload-manifest.yaml`` (``model.revision``, ``client.warmup_seconds``,
-``workload[].request_ttft_cutoff_ms``, ``acceptance.class_slo_attainment_min``...).
+endpoint, the sweep, named load-shape experiments, and the sizing plan. Its sections are those
+of a workload manifest (``model``, ``engine``, ``client``, ``workload``, ``acceptance``), with
+key names such as ``model.revision``, ``client.warmup_seconds``,
+``workload[].request_ttft_cutoff_ms`` and ``acceptance.class_slo_attainment_min``.
 
 Formulas held here:
 
-- weighted mean tokens = sum_c mix_c * E[tokens_c]   (the seed's 2,406.4 input / 243.2 output)
+- weighted mean tokens = sum_c mix_c * E[tokens_c]; for a 0.70/0.20/0.10 mix of
+  1,024/8,192/512 input and 128/256/1,024 output tokens: 2,406.4 input / 243.2 output
 - lognormal lengths from a stated p50 and p95:  mu = ln p50,  sigma = (ln p95 - ln p50) / z_0.95
   with z_0.95 = 1.6448536; draws are rounded and clipped to [min, max], and the reported mean is
   that of the clipped distribution: E[clip(X, a, b)] = a Phi(la) + b (1 - Phi(lb))

@@ -9,7 +9,9 @@ assignment, a prompt seed and an optional cancellation deadline.
 Construction, per block (0 = warm-up, 1 = the measured schedule, 2.. = extension blocks):
 
 1. Exact class counts by the largest-remainder method over the block's size and the mix, then a
-   seeded shuffle of the class labels (stratified before shuffling, as the seed prescribes).
+   seeded shuffle of the class labels: stratified before shuffling, so every block holds each
+   class's exact quota (22,000 at 0.70/0.20/0.10 is always 15,400/4,400/2,200) rather than a
+   binomial draw around it.
 2. Lengths: fixed, or drawn from the class's lognormal/empirical distribution.
 3. Arrivals in *operational time* (unit rate): gaps are exponential (``poisson``),
    gamma with shape 1/CV^2 and scale CV^2 (``gamma``, mean 1, coefficient of variation CV), or 1
@@ -191,7 +193,7 @@ class Point(BaseModel):
 
     @property
     def identity(self) -> str:
-        """What the seed derives from; the cache state is deliberately not part of it."""
+        """What the random streams derive from; the cache state is deliberately not part of it."""
         return f"{self.point_id}|{self.repeat}"
 
     @classmethod
