@@ -38,9 +38,9 @@ from capacity_pack.plan.manifest import (
     validate_pack,
 )
 
-# Successful requests per class before a percentile or attainment counts as evidence; the
-# default packs' ``acceptance.min_successful_samples_per_class``, used when a plain description
-# states none.
+# Successful requests per class before a percentile or attainment counts as evidence (the
+# full-size tutorial-70b pack's ``acceptance.min_successful_samples_per_class``), used when a
+# plain description states none. A reporting policy, not a statistical guarantee.
 DEFAULT_MIN_SAMPLES = 2000
 PERCENTILE_WORDS = ("p50", "p90", "p95", "p99", "percentile", "quantile", "attainment", "median")
 
