@@ -14,7 +14,8 @@ import importlib.util
 
 from capacity_pack.evidence import analysis as analysis_lib
 from capacity_pack.measure import cluster as cluster_lib
-from capacity_pack.drills import failure as failure_lib
+from capacity_pack.drills import analyze as drill_analyze_lib
+from capacity_pack.drills import plan as drill_plan_lib
 from capacity_pack.plan import schedule as schedule_lib
 from capacity_pack.track import tracking as tracking_lib
 from capacity_pack.measure import sweep as sweep_lib
@@ -121,7 +122,7 @@ def open_report_targets():
 
 # Failure drills: their names, what each reads, and what analysing them reads.
 DRILLS = [d.name for d in PACK.failure.drills] if PACK.failure else []
-DRILL_SPEC_JSON = failure_lib.DrillAnalysisSpec.of(PACK).canonical_json()
+DRILL_SPEC_JSON = drill_analyze_lib.DrillAnalysisSpec.of(PACK).canonical_json()
 PACK_INFO_JSON = canonical_json({**PACK.pack.model_dump(mode="json"), "label": PACK.pack.label})
 # The alert rules read the engine name, cutoffs, gates and thresholds; the rule is cheap, so it
 # takes the whole pack (a changed pack rewrites the rules; the drills are not re-run).
@@ -129,7 +130,7 @@ DASHBOARD_INPUTS_JSON = MANIFEST_JSON
 
 
 def drill_inputs_json(wildcards):
-    return failure_lib.DrillInputs.for_drill(PACK, wildcards.drill).canonical_json()
+    return drill_plan_lib.DrillInputs.for_drill(PACK, wildcards.drill).canonical_json()
 
 
 def drill_report_targets():

@@ -32,7 +32,7 @@ rule failure_drill:
     params:
         # The drill's settings plus what any measurement reads (target, client, prompts).
         inputs=drill_inputs_json,
-        code=code_hash("drills.failure", *SWEEP_MODULES),
+        code=code_hash("drills.plan", "drills.run", *SWEEP_MODULES),
     resources:
         # One measurement at a time against one target, whatever --cores or --jobs say.
         **{TARGET_RESOURCE: 1},
@@ -60,7 +60,13 @@ rule failure_analyze:
     params:
         # Gates, cutoffs and windows: a changed gate re-analyzes, it never re-runs a drill.
         spec=lambda w: DRILL_SPEC_JSON,
-        code=code_hash("drills.failure", "drills.promql", "evidence.normalize", "drills.dashboard"),
+        code=code_hash(
+            "drills.plan",
+            "drills.analyze",
+            "drills.promql",
+            "evidence.normalize",
+            "drills.dashboard",
+        ),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -84,7 +90,7 @@ rule failure_test:
         json=f"{RESULTS}/pack/failure-test.json",
     params:
         pack=lambda w: PACK_INFO_JSON,
-        code=code_hash("drills.failure"),
+        code=code_hash("drills.render", "drills.plan"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -1,8 +1,8 @@
-"""Rule `failure_analyze`: one drill's failure-test fields (capacity_pack.drills.failure)."""
+"""Rule `failure_analyze`: one drill's failure-test fields (capacity_pack.drills.analyze)."""
 
 from pathlib import Path
 
-from capacity_pack.drills.failure import DrillAnalysisSpec, analyze_drill
+from capacity_pack.drills.analyze import DrillAnalysisSpec, analyze_drill
 from capacity_pack.io import write_json_atomic
 from capacity_pack.logs import job_logging
 

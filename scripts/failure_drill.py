@@ -1,9 +1,10 @@
-"""Rule `failure_drill`: run one drill (logic in capacity_pack.drills.failure)."""
+"""Rule `failure_drill`: run one drill (logic in capacity_pack.drills.plan and .run)."""
 
 import json
 from pathlib import Path
 
-from capacity_pack.drills.failure import DrillInputs, plan_drill, run_drill
+from capacity_pack.drills.plan import DrillInputs, plan_drill
+from capacity_pack.drills.run import run_drill
 from capacity_pack.logs import job_logging
 
 with job_logging(snakemake.log[0]) as log:

@@ -1,9 +1,9 @@
-"""Rule `failure_test`: failure-test.md and its JSON twin (capacity_pack.drills.failure)."""
+"""Rule `failure_test`: failure-test.md and its JSON twin (capacity_pack.drills.render)."""
 
 import json
 from pathlib import Path
 
-from capacity_pack.drills.failure import failure_test, failure_test_markdown
+from capacity_pack.drills.render import failure_test, failure_test_markdown
 from capacity_pack.io import write_json_atomic, write_text_atomic
 from capacity_pack.logs import job_logging
 

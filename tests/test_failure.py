@@ -16,8 +16,26 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack.drills import failure as fl
+from capacity_pack.drills import analyze
+from capacity_pack.drills.analyze import (
+    DrillAnalysisSpec,
+    analyze_drill,
+    counter_increase,
+    phase_stats,
+    queue_evidence,
+    windows,
+)
 from capacity_pack.drills.dashboard import write_alert_rules
+from capacity_pack.drills.plan import (
+    CONSEQUENCES,
+    MECHANISM,
+    DrillError,
+    DrillInputs,
+    drill_schedule,
+    plan_drill,
+)
+from capacity_pack.drills.render import failure_test, failure_test_markdown, tracking_record
+from capacity_pack.drills.run import run_drill
 from capacity_pack.plan.manifest import validate_pack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,38 +67,34 @@ def report(rate: float, in_flight: float) -> dict:
 
 def test_plan_uses_the_selected_capacity_and_littles_law():
     pack = make_pack()
-    inputs = fl.DrillInputs.for_drill(pack, "replica_kill")
+    inputs = DrillInputs.for_drill(pack, "replica_kill")
     reports = {"a": report(30, 20.0), "b": report(30, 25.0), "c": report(40, 60.0)}
-    plan = fl.plan_drill(inputs, capacity_doc(30.0), reports)
+    plan = plan_drill(inputs, capacity_doc(30.0), reports)
     assert plan.replicas == 2
     assert plan.rate_rps == 60.0 and plan.rate_after_rps == 60.0
     assert "30 RPS per replica" in plan.rate_source
     # 2 x the larger in-flight count measured at 30 RPS (not at 40 RPS).
     assert plan.admission_max_outstanding == 50
     assert plan.inject_at_s == 8 and plan.restore_at_s is None
-    cold = fl.plan_drill(
-        fl.DrillInputs.for_drill(pack, "cold_replica"), capacity_doc(30.0), reports
-    )
+    cold = plan_drill(DrillInputs.for_drill(pack, "cold_replica"), capacity_doc(30.0), reports)
     assert cold.rate_after_rps == 60.0  # the default pack keeps the load steady (2-core host)
     stepped = make_pack(lambda d: d["failure"]["drills"][1].pop("rate_multiplier"))
-    cold = fl.plan_drill(
-        fl.DrillInputs.for_drill(stepped, "cold_replica"), capacity_doc(30.0), reports
-    )
+    cold = plan_drill(DrillInputs.for_drill(stepped, "cold_replica"), capacity_doc(30.0), reports)
     assert cold.rate_after_rps == pytest.approx(90.0)  # (N + 1) / N: the autoscaler's trigger
-    kv = fl.plan_drill(fl.DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), reports)
+    kv = plan_drill(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), reports)
     assert kv.restore_at_s == 16
 
 
 def test_plan_without_a_capacity_point_falls_back_and_says_so():
-    inputs = fl.DrillInputs.for_drill(make_pack(), "replica_kill")
-    plan = fl.plan_drill(inputs, capacity_doc(None), {"a": report(20, 10.0), "b": report(40, 9)})
+    inputs = DrillInputs.for_drill(make_pack(), "replica_kill")
+    plan = plan_drill(inputs, capacity_doc(None), {"a": report(20, 10.0), "b": report(40, 9)})
     assert plan.rate_rps == 40.0  # lowest tested rate (20 on one replica) x 2 replicas
     assert "no capacity point selected" in plan.rate_source
     configured = make_pack(lambda d: d["failure"].update(rate_rps=12, admission_max_outstanding=5))
-    plan = fl.plan_drill(fl.DrillInputs.for_drill(configured, "replica_kill"), None, {})
+    plan = plan_drill(DrillInputs.for_drill(configured, "replica_kill"), None, {})
     assert plan.rate_rps == 12 and plan.admission_max_outstanding == 5
-    with pytest.raises(fl.DrillError, match="set failure.rate_rps"):
-        fl.plan_drill(inputs, None, {})
+    with pytest.raises(DrillError, match="set failure.rate_rps"):
+        plan_drill(inputs, None, {})
 
 
 def test_real_target_without_commands_is_skipped_with_a_reason():
@@ -88,11 +102,11 @@ def test_real_target_without_commands_is_skipped_with_a_reason():
         d["target"] = {"kind": "openai", "base_url": "http://127.0.0.1:9", "cache_reset": "none"}
 
     pack = make_pack(real)
-    plan = fl.plan_drill(fl.DrillInputs.for_drill(pack, "replica_kill"), capacity_doc(30.0), {})
+    plan = plan_drill(DrillInputs.for_drill(pack, "replica_kill"), capacity_doc(30.0), {})
     assert not plan.runnable
     assert "needs failure.drills[].commands" in plan.skip_reason
     # Cancellations are the client's own doing: they need no command.
-    plan = fl.plan_drill(fl.DrillInputs.for_drill(pack, "cancellation"), capacity_doc(30.0), {})
+    plan = plan_drill(DrillInputs.for_drill(pack, "cancellation"), capacity_doc(30.0), {})
     assert plan.runnable
 
 
@@ -104,16 +118,16 @@ def test_bad_drill_settings_are_refused_with_the_field():
             lambda d: d["failure"]["drills"].append({"name": "replica_kill", "kind": "kv_pressure"})
         )
     pack = make_pack(lambda d: d["failure"]["drills"][2].update(fault_s=30))
-    with pytest.raises(fl.DrillError, match="after the schedule"):
-        fl.plan_drill(fl.DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), {})
+    with pytest.raises(DrillError, match="after the schedule"):
+        plan_drill(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), {})
 
 
 def test_cancellation_schedule_cancels_only_inside_the_fault_window():
     pack = make_pack()
-    inputs = fl.DrillInputs.for_drill(pack, "cancellation")
-    plan = fl.plan_drill(inputs, capacity_doc(30.0), {})
-    frame, start = fl.drill_schedule(inputs, plan)
-    again, _ = fl.drill_schedule(inputs, plan)
+    inputs = DrillInputs.for_drill(pack, "cancellation")
+    plan = plan_drill(inputs, capacity_doc(30.0), {})
+    frame, start = drill_schedule(inputs, plan)
+    again, _ = drill_schedule(inputs, plan)
     pd.testing.assert_frame_equal(frame, again)  # seeded
     cancelled = frame[frame["cancel_after_ns"] >= 0]
     lo, hi = start + 8 * NS, start + 16 * NS
@@ -126,8 +140,8 @@ def test_cancellation_schedule_cancels_only_inside_the_fault_window():
 # -- analysis on hand-made timelines -------------------------------------------------------------
 
 
-def spec() -> fl.DrillAnalysisSpec:
-    return fl.DrillAnalysisSpec.of(make_pack())
+def spec() -> DrillAnalysisSpec:
+    return DrillAnalysisSpec.of(make_pack())
 
 
 def requests(rows: list[tuple[float, str, float, float]]) -> pd.DataFrame:
@@ -162,17 +176,17 @@ def test_windows_phases_and_recovery_on_a_known_timeline():
             rows.append((t, "ok", 100.0, 10.0))
     req = requests(rows)
     s = spec()
-    wins = fl.windows(req, 0, 20 * NS, 2.0)
+    wins = windows(req, 0, 20 * NS, 2.0)
     assert list(wins["attempted"]) == [20] * 10
     assert wins.loc[0, "attainment"] == 1.0 and wins.loc[5, "attainment"] == 0.0
     assert wins.loc[5, "failure_share"] == pytest.approx(0.5)
-    rec, rule = fl._recovery(wins, 10 * NS, 12 * NS, s, start_s=0)
+    rec, rule = analyze._recovery(wins, 10 * NS, 12 * NS, s, start_s=0)
     assert rec == 14 * NS  # the window [12, 14) still holds failures; [14, 16) on all pass
     assert "first window from which every window" in rule
     # A fault that is still there keeps the service unrecovered, whatever the latencies say.
-    assert fl._recovery(wins, 10 * NS, None, s, start_s=0)[0] is None
-    before = fl.phase_stats(req, 0, 10 * NS, s)
-    during = fl.phase_stats(req, 10 * NS, 14 * NS, s)
+    assert analyze._recovery(wins, 10 * NS, None, s, start_s=0)[0] is None
+    before = phase_stats(req, 0, 10 * NS, s)
+    during = phase_stats(req, 10 * NS, 14 * NS, s)
     assert before["error_rate"] == 0 and before["attainment"] == 1.0
     assert during["rejected"] == 15 and during["attainment"] == pytest.approx(10 / 25)
     assert during["classes"]["interactive"]["ttft_p95_ms"] == 900.0
@@ -187,7 +201,7 @@ def test_queue_evidence_and_counter_increase():
          "value": waiting}
     )  # fmt: skip
     scrapes = pd.DataFrame({"t_ns": t, "realtime_ns": t, "ok": True, "client_in_flight": in_flight})
-    q = fl.queue_evidence(samples, scrapes, 10 * NS, 2 * NS, "vllm:num_requests_waiting")
+    q = queue_evidence(samples, scrapes, 10 * NS, 2 * NS, "vllm:num_requests_waiting")
     assert q["peak_server_waiting"] == 30 and q["peak_client_in_flight"] == 80
     assert q["baseline_server_waiting_max"] == 1 and q["recovered_t_s"] == 14.0
     counter = pd.DataFrame(
@@ -195,8 +209,8 @@ def test_queue_evidence_and_counter_increase():
          "value": [0.0, 5.0, 2.0, 4.0, 1.0, 3.0]}
     )  # fmt: skip
     # a: +5, reset to 2 (counts 2), +2; b: +2.
-    assert fl.counter_increase(counter, "c") == 11.0
-    assert fl.counter_increase(counter, "missing") is None
+    assert counter_increase(counter, "c") == 11.0
+    assert counter_increase(counter, "missing") is None
 
 
 # -- real drills -----------------------------------------------------------------------------
@@ -228,13 +242,13 @@ def run_all(pack, out_dir: Path) -> dict[str, dict]:
     """Every drill of the pack run for real, then analysed with the pack's own rule file."""
     rules = out_dir / "rules.yaml"
     write_alert_rules(pack, rules)
-    spec = fl.DrillAnalysisSpec.of(pack)
+    spec = DrillAnalysisSpec.of(pack)
     out = {}
     for d in pack.failure.drills:
-        inputs = fl.DrillInputs.for_drill(pack, d.name)
-        plan = fl.plan_drill(inputs, None, {})
-        fl.run_drill(inputs, plan, out_dir / d.name)
-        out[d.name] = fl.analyze_drill(out_dir / d.name, rules, spec)
+        inputs = DrillInputs.for_drill(pack, d.name)
+        plan = plan_drill(inputs, None, {})
+        run_drill(inputs, plan, out_dir / d.name)
+        out[d.name] = analyze_drill(out_dir / d.name, rules, spec)
     return out
 
 
@@ -285,9 +299,9 @@ def test_replica_kill_fields_are_present_and_consistent(drills):
 def test_each_drill_fires_its_own_alert_and_no_other_drills(drills, name):
     r = drills[name]
     assert r["expected_alert_fired"], (name, r["alerts_fired"])
-    own = [a for a in r["alerts"] if a["mechanism"] == fl.MECHANISM[name] and a["firing_t_s"]]
+    own = [a for a in r["alerts"] if a["mechanism"] == MECHANISM[name] and a["firing_t_s"]]
     assert min(a["firing_t_s"] for a in own) >= r["injection_time_s"]
-    others = {fl.MECHANISM[k] for k in fl.MECHANISM if k != name} - fl.CONSEQUENCES[name]
+    others = {MECHANISM[k] for k in MECHANISM if k != name} - CONSEQUENCES[name]
     fired = {a["mechanism"] for a in r["alerts"] if a["firing_t_s"] is not None}
     assert not fired & others, (name, r["alerts_fired"])
     assert r["unexpected_mechanisms_fired"] == []
@@ -303,8 +317,8 @@ def test_admission_control_sheds_instead_of_queueing(drills):
 
 @pytest.mark.slow
 def test_failure_test_markdown_names_every_seed_field(drills, tmp_path):
-    doc = fl.failure_test(list(drills.values()), {"name": "t", "label": "rehearsal"})
-    md = fl.failure_test_markdown(doc)
+    doc = failure_test(list(drills.values()), {"name": "t", "label": "rehearsal"})
+    md = failure_test_markdown(doc)
     for field in (
         "injection_time", "detection_time", "router_removal_time", "first_error_time",
         "last_error_time", "queue peak", "queue recovery time", "recovery_time",
@@ -353,12 +367,12 @@ def test_real_target_drill_runs_the_configured_commands(tmp_path):
     assert kill_report["injection_source"].startswith("injector action started")
     assert "ReplicaDown" in kill_report["alerts_fired"]
     assert "needs failure.drills[].commands" in reports["kv_pressure"]["skipped"]
-    md = fl.failure_test_markdown(fl.failure_test(list(reports.values()), {"name": "real"}))
+    md = failure_test_markdown(failure_test(list(reports.values()), {"name": "real"}))
     assert "`kv_pressure` skipped: drill 'kv_pressure' (kv_pressure) needs" in md
 
 
 def test_tracking_record_of_a_skipped_drill():
     skipped = {"drill": "x", "kind": "kv_pressure", "mechanism": "kv_pressure", "skipped": "why"}
-    rec = fl.tracking_record(skipped)
+    rec = tracking_record(skipped)
     assert rec["job"] == "failure/x" and rec["tags"]["capacity_pack.skipped"] == "true"
     assert rec["metrics"] == {}

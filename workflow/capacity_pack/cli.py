@@ -433,21 +433,23 @@ def drill(
     import json
 
     from capacity_pack.drills import dashboard
-    from capacity_pack.drills import failure as fl
+    from capacity_pack.drills.analyze import DrillAnalysisSpec, analyze_drill
+    from capacity_pack.drills.plan import DrillError, DrillInputs, plan_drill
+    from capacity_pack.drills.run import run_drill
     from capacity_pack.io import write_json_atomic
     from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     try:
-        inputs = fl.DrillInputs.for_drill(pack, name)
+        inputs = DrillInputs.for_drill(pack, name)
         capacity = json.loads(capacity_path.read_text()) if capacity_path else None
         reports = {str(p): json.loads(p.read_text()) for p in report_paths}
-        plan = fl.plan_drill(inputs, capacity, reports)
-        fl.run_drill(inputs, plan, output)
+        plan = plan_drill(inputs, capacity, reports)
+        run_drill(inputs, plan, output)
         rules = output / "alert-rules.yaml"
         dashboard.write_alert_rules(pack, rules)
-        report = fl.analyze_drill(output, rules, fl.DrillAnalysisSpec.of(pack))
-    except (fl.DrillError, dashboard.DashboardError) as err:
+        report = analyze_drill(output, rules, DrillAnalysisSpec.of(pack))
+    except (DrillError, dashboard.DashboardError) as err:
         raise _Fail(str(err)) from None
     write_json_atomic(output / "drill-report.json", report)
     if report.get("skipped"):

@@ -115,7 +115,7 @@ STAGE_MODULES = {
     "schedule": "plan.schedule",
     "sweep": "measure.sweep",
     "analysis": "evidence.analysis",
-    "failure": "drills.failure",
+    "failure": "drills.render",
 }
 
 # MLflow's limits (mlflow.utils.validation), copied so that importing this module stays cheap.

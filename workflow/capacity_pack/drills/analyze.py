@@ -1,0 +1,491 @@
+"""Failure drills, analysed: the failure-test fields of one drill from its records and series.
+
+Everything is computed from the drill's own files (see :mod:`capacity_pack.drills.run`), on
+the load generator's clock (seconds from its t0); router events are mapped onto it through the
+run's (t0, t0_realtime) anchor, and :func:`clock_check` reports the divergence of
+CLOCK_MONOTONIC from CLOCK_REALTIME over the run, measured on every request's
+(sent, sent_realtime) pair.
+
+What a drill measures:
+
+- Injection time: the router's event for the fault (``killed`` for ``replica_kill``, ``added``
+  for ``cold_replica``), else the injector's action, else the planned time.
+- SLO attainment: requests are binned by when they ended (``window_s`` wide windows, from the
+  end of the warm-up), so a request cut by the fault counts in the incident, not in the healthy
+  window it was sent in. A request meets its SLO when it succeeded with TTFT <= its class's
+  ``request_ttft_cutoff_ms`` and TPOT <= ``request_tpot_cutoff_ms``; a window's attainment is
+  meets / successful requests, its failure share (errors + timeouts + rejections) /
+  (attempted - cancelled): policy cancellations are neither successes nor failures.
+- Phases: before = [warm-up end, injection), during = [injection, recovery), after =
+  [recovery, last request's end]; per phase and per class: counts, error rate, attainment,
+  goodput (requests meeting their SLO per second of the phase) and nearest-rank p50/p95 of TTFT
+  and TPOT.
+- Fault cleared: for ``replica_kill``/``cold_replica`` the router's ``ready`` event after the
+  injection (the replica back in rotation), else when the drill lifted the fault.
+- Recovery time = max(fault cleared, injection, start of the first window, from one window
+  before the injection on, from which every later window passes: attainment >=
+  ``class_slo_attainment_min`` and failure share <= ``error_rate_max``); none if either never
+  happened during the run.
+- Queue recovery: the first scrape after the incident's peak (engines' waiting queue + client's
+  in-flight count) at which the engines' waiting queue is back at or under its baseline maximum
+  and the client's in-flight count at or under 1.2 x its baseline maximum (baseline = scrapes
+  in [warm-up end, injection)).
+- Counters (router retries, admission rejections): increase summed over series, a counter
+  reset counting the new value as the increase (as PromQL's ``increase`` does).
+- Alert timing: the pack's alert rules are evaluated by :mod:`capacity_pack.drills.promql` at
+  every successful scrape time over the scraped series; each episode has its pending, firing
+  and resolved times. Detection time = the first firing at or after the injection of an alert
+  naming the drill's mechanism, else of any alert. Mechanisms other than the drill's own, its
+  allowed consequences and the generic symptoms are reported as unexpected.
+- Capacity returned without manual repair: the ``after`` phase passes both gates and recovery
+  was reached, with no action beyond lifting the injected fault.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.drills.plan import CONSEQUENCES, MECHANISM, NS, SYMPTOMS, DrillPlan
+from capacity_pack.io import canonical_json
+from capacity_pack.plan.manifest import Failure, Pack, PackInfo, WorkloadClass
+
+
+class DrillAnalysisSpec(BaseModel):
+    """What analysing a drill reads from the manifest (the analysis rule's params)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: list[WorkloadClass]
+    attainment_min: float = Field(description="acceptance.class_slo_attainment_min")
+    error_rate_max: float = Field(description="acceptance.error_rate_max")
+    window_s: float
+    warmup_s: float
+    pack: PackInfo
+    engine_name: str = Field(description="The engine's metric-name map (queue depth).")
+
+    @classmethod
+    def of(cls, pack: Pack) -> DrillAnalysisSpec:
+        from capacity_pack.drills.dashboard import metric_map_name
+
+        f = pack.failure or Failure()
+        return cls(
+            workload=pack.workload,
+            attainment_min=pack.acceptance.class_slo_attainment_min,
+            error_rate_max=pack.acceptance.error_rate_max,
+            window_s=f.window_s,
+            warmup_s=f.warmup_s,
+            pack=pack.pack,
+            engine_name=metric_map_name(pack),
+        )
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+
+def _pct(values: np.ndarray, p: float) -> float | None:
+    from capacity_pack.evidence.analysis import nearest_rank
+
+    if not len(values):
+        return None
+    return nearest_rank(np.sort(values), p / 100)
+
+
+def _s(t_ns: Any) -> float | None:
+    """Nanoseconds on the drill clock as seconds; None for a missing time (None, NaN, NA)."""
+    return None if t_ns is None or pd.isna(t_ns) else float(t_ns) / NS
+
+
+def request_frame(records_path: Path, spec: DrillAnalysisSpec, name: str) -> pd.DataFrame:
+    """The drill's requests table (pandera-validated like a sweep point's), with SLO columns."""
+    from capacity_pack.evidence.normalize import normalize, records_frame
+
+    recs = records_frame(records_path)
+    fixed = {c.name: c.output_tokens if isinstance(c.output_tokens, int) else None
+             for c in spec.workload}  # fmt: skip
+    if not len(recs) or "sent_ns" not in recs:
+        return pd.DataFrame()
+    req, _ = normalize(
+        recs,
+        point=f"drill-{name}",
+        cache_state="warm",
+        repeat=0,
+        class_names=[c.name for c in spec.workload],
+        fixed_output=fixed,
+        source=str(records_path),
+    )
+    ttft = req["class"].map({c.name: c.request_ttft_cutoff_ms for c in spec.workload})
+    tpot = req["class"].map({c.name: c.request_tpot_cutoff_ms for c in spec.workload})
+    ok = req["status"] == "ok"
+    req["meets_slo"] = ok & (req["ttft_ms"] <= ttft) & (req["tpot_ms"] <= tpot)
+    req["failed"] = req["status"].isin(["error", "timeout", "rejected"])
+    # Where a request lands in time: when it ended. A request cut by the fault belongs to the
+    # incident, not to the healthy window in which it happened to be sent.
+    req["end_offset_ns"] = req["sent_offset_ns"] + (req["end_ns"] - req["sent_ns"])
+    return req
+
+
+def windows(req: pd.DataFrame, start_ns: int, end_ns: int, width_s: float) -> pd.DataFrame:
+    """Per-window counts and latencies by terminal time (vectorized)."""
+    width = int(width_s * NS)
+    edges = np.arange(start_ns, end_ns + width, width)
+    r = req[(req["end_offset_ns"] >= start_ns) & (req["end_offset_ns"] < edges[-1])].copy()
+    r["w"] = ((r["end_offset_ns"] - start_ns) // width).astype(int)
+    ok = r[r["status"] == "ok"]
+    g = r.groupby("w")
+    frame = pd.DataFrame(
+        {
+            "attempted": g.size(),
+            "ok": g["status"].apply(lambda s: int((s == "ok").sum())),
+            "failed": g["failed"].sum(),
+            "rejected": g["status"].apply(lambda s: int((s == "rejected").sum())),
+            "cancelled": g["status"].apply(lambda s: int((s == "cancelled").sum())),
+            "meets_slo": g["meets_slo"].sum(),
+        }
+    ).reindex(range(len(edges) - 1), fill_value=0)
+    og = ok.groupby("w")
+    frame["ttft_p95_ms"] = og["ttft_ms"].quantile(0.95, interpolation="higher")
+    frame["tpot_p95_ms"] = og["tpot_ms"].quantile(0.95, interpolation="higher")
+    frame["start_s"] = edges[:-1] / NS
+    judged = frame["attempted"] - frame["cancelled"]
+    frame["attainment"] = np.where(frame["ok"] > 0, frame["meets_slo"] / frame["ok"].clip(lower=1),
+                                   np.nan)  # fmt: skip
+    frame["failure_share"] = np.where(judged > 0, frame["failed"] / judged.clip(lower=1), np.nan)
+    return frame.reset_index(drop=True)
+
+
+def phase_stats(req: pd.DataFrame, lo_ns: int, hi_ns: int, spec: DrillAnalysisSpec) -> dict:
+    """TTFT/TPOT/attainment of the requests that ended in [lo, hi), per class and joint."""
+    r = req[(req["end_offset_ns"] >= lo_ns) & (req["end_offset_ns"] < hi_ns)]
+    out: dict[str, Any] = {
+        "from_s": lo_ns / NS,
+        "to_s": hi_ns / NS,
+        "attempted": int(len(r)),
+        "ok": int((r["status"] == "ok").sum()),
+        "failed": int(r["failed"].sum()),
+        "rejected": int((r["status"] == "rejected").sum()),
+        "cancelled": int((r["status"] == "cancelled").sum()),
+    }
+    judged = out["attempted"] - out["cancelled"]
+    out["error_rate"] = out["failed"] / judged if judged else None
+    ok = r[r["status"] == "ok"]
+    out["attainment"] = float(ok["meets_slo"].mean()) if len(ok) else None
+    dur = max(1e-9, (hi_ns - lo_ns) / NS)
+    out["goodput_rps"] = float(ok["meets_slo"].sum()) / dur
+    classes = {}
+    for c in spec.workload:
+        k = ok[ok["class"] == c.name]
+        classes[c.name] = {
+            "ok": int(len(k)),
+            "ttft_p50_ms": _pct(k["ttft_ms"].to_numpy(), 50),
+            "ttft_p95_ms": _pct(k["ttft_ms"].to_numpy(), 95),
+            "tpot_p50_ms": _pct(k["tpot_ms"].to_numpy(), 50),
+            "tpot_p95_ms": _pct(k["tpot_ms"].to_numpy(), 95),
+            "attainment": float(k["meets_slo"].mean()) if len(k) else None,
+        }
+    out["classes"] = classes
+    return out
+
+
+def clock_check(req: pd.DataFrame) -> dict[str, Any]:
+    """Divergence of CLOCK_MONOTONIC from CLOCK_REALTIME over the run, on every request."""
+    if not len(req):
+        return {"requests": 0}
+    rt0 = req["sent_realtime_ns"] - req["sent_ns"]
+    drift = (rt0 - rt0.iloc[0]).abs()
+    return {
+        "requests": int(len(req)),
+        "max_divergence_us": float(drift.max() / 1e3),
+        "note": "realtime - monotonic on each request's send; router events are mapped with it",
+    }
+
+
+def _series(samples: pd.DataFrame, metric: str) -> pd.DataFrame:
+    s = samples[samples["metric"] == metric]
+    return s.groupby("t_ns", as_index=False)["value"].sum()
+
+
+def queue_evidence(
+    samples: pd.DataFrame, scrapes: pd.DataFrame, inject_ns: int, base_lo_ns: int,
+    waiting_metric: str, incident_end_ns: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Queue peak after the injection and when it came back to its baseline."""
+    sc = scrapes[scrapes["ok"]] if len(scrapes) else scrapes
+    wait = (
+        _series(samples, waiting_metric)
+        if len(samples)
+        else pd.DataFrame(columns=["t_ns", "value"])
+    )
+    q = sc[["t_ns", "client_in_flight"]].merge(wait, on="t_ns", how="left").fillna({"value": 0.0})
+    q = q.rename(columns={"value": "server_waiting"})
+    base = q[(q["t_ns"] >= base_lo_ns) & (q["t_ns"] < inject_ns)]
+    inc = q[(q["t_ns"] >= inject_ns) & (q["t_ns"] <= (incident_end_ns or q["t_ns"].max()))]
+    out: dict[str, Any] = {"waiting_metric": waiting_metric, "scrapes": int(len(q))}
+    if not len(base) or not len(inc):
+        out["note"] = "too few scrapes around the injection"
+        return out
+    b_wait, b_fl = float(base["server_waiting"].max()), float(base["client_in_flight"].max())
+    peak_i = (inc["server_waiting"] + inc["client_in_flight"]).idxmax()
+    peak = inc.loc[peak_i]
+    after = q[q["t_ns"] > peak["t_ns"]]
+    back = after[(after["server_waiting"] <= b_wait) & (after["client_in_flight"] <= 1.2 * b_fl)]
+    out.update(
+        baseline_server_waiting_max=b_wait,
+        baseline_client_in_flight_max=b_fl,
+        peak_t_s=_s(int(peak["t_ns"])),
+        peak_server_waiting=float(inc["server_waiting"].max()),
+        peak_client_in_flight=float(inc["client_in_flight"].max()),
+        recovered_t_s=_s(int(back["t_ns"].iloc[0])) if len(back) else None,
+    )
+    return out
+
+
+def counter_increase(samples: pd.DataFrame, metric: str) -> float | None:
+    """Increase of a counter summed over its series across the run (resets counted)."""
+    s = samples[samples["metric"] == metric]
+    if not len(s):
+        return None
+    total = 0.0
+    for _, g in s.groupby("labels"):
+        v = g.sort_values("t_ns")["value"].to_numpy()
+        d = np.diff(v)
+        total += float(np.where(d < 0, v[1:], d).sum())
+    return total
+
+
+def alert_episodes(rules_path: Path, samples: pd.DataFrame, scrapes: pd.DataFrame) -> pd.DataFrame:
+    """The pack's alert rules evaluated at every scrape (capacity_pack.drills.promql)."""
+    from capacity_pack.drills import promql
+
+    rules = promql.load_rules(rules_path)
+    ok = scrapes[scrapes["ok"]] if len(scrapes) else scrapes
+    if not len(ok):
+        return pd.DataFrame(columns=["alert", "labels", "pending_t_ns", "firing_t_ns",
+                                     "resolved_t_ns", "max_value", "mechanism"])  # fmt: skip
+    store = promql.SeriesStore.from_frame(samples, ok["t_ns"].to_numpy(dtype=np.int64))
+    ep = promql.evaluate_alerts(rules, store, ok["t_ns"].to_numpy(dtype=np.int64))
+    mech = {r.alert: r.labels.get("mechanism") for r in rules}
+    ep["mechanism"] = ep["alert"].map(mech)
+    return ep
+
+
+def analyze_drill(
+    drill_dir: str | Path, rules_path: str | Path, spec: DrillAnalysisSpec
+) -> dict[str, Any]:
+    """The failure-test fields of one drill, all from its records, scrapes and events."""
+    d = Path(drill_dir)
+    facts = json.loads((d / "drill.json").read_text())
+    plan = DrillPlan.model_validate(facts["plan"])
+    name, kind = plan.drill.name, plan.drill.kind
+    report: dict[str, Any] = {
+        "drill": name,
+        "kind": kind,
+        "mechanism": MECHANISM[kind],
+        "plan": facts["plan"],
+    }
+    if facts.get("skipped"):
+        report["skipped"] = facts["skipped"]
+        return report
+    from capacity_pack.drills.dashboard import engine_metrics
+
+    req = request_frame(d / "records.jsonl", spec, name)
+    samples = pd.read_parquet(d / "samples.parquet")
+    scrapes = pd.read_parquet(d / "scrapes.parquet")
+    events = json.loads((d / "events.json").read_text()).get("events") or []
+    start = int(facts["profile_start_s"] * NS)
+    inject_planned = start + int(plan.inject_at_s * NS)
+    t0_rt = int(facts["t0_realtime_ns"])
+    for e in events:
+        e["t_s"] = (int(e["unix_ns"]) - t0_rt) / NS
+    actions = facts.get("actions") or []
+    inject_act = next((a for a in actions if a["action"] == "inject"), None)
+    restore_act = next((a for a in actions if a["action"] == "restore"), None)
+    injection = _injection_time(kind, plan, events, inject_act, inject_planned)
+    # The schedule must be complete: every scheduled request recorded exactly once, terminal.
+    sched = pd.read_parquet(d / "schedule.parquet")
+    from capacity_pack.evidence.normalize import reconcile
+
+    rec_ids = req[["request_id"]] if len(req) else pd.DataFrame(columns=["request_id"])
+    completeness = reconcile(rec_ids, sched, f"{d}/records.jsonl")
+    last_due = int(req["end_offset_ns"].max()) if len(req) else start
+    base_lo = start + int(spec.warmup_s * NS)
+    wins = windows(req, base_lo, last_due + 1, spec.window_s)
+    inj_ns = int(injection["t_s"] * NS)
+    cleared_ns, cleared_how = _fault_cleared(kind, plan, events, restore_act, inj_ns, start)
+    recovered_ns, recovery_how = _recovery(wins, inj_ns, cleared_ns, spec, start_s=base_lo)
+    waiting = engine_metrics(spec.engine_name).waiting or "vllm:num_requests_waiting"
+    queue = queue_evidence(samples, scrapes, inj_ns, base_lo, waiting, recovered_ns)
+    # Alerts over the same scrapes, on the same clock.
+    ep = alert_episodes(Path(rules_path), samples, scrapes)
+    fired = []
+    for row in ep.itertuples():
+        first = row.firing_t_ns
+        fired.append(
+            {
+                "alert": row.alert,
+                "mechanism": row.mechanism,
+                "labels": row.labels,
+                "pending_t_s": _s(row.pending_t_ns),
+                "firing_t_s": None if pd.isna(first) else _s(first),
+                "resolved_t_s": None if pd.isna(row.resolved_t_ns) else _s(row.resolved_t_ns),
+                "max_value": float(row.max_value),
+            }
+        )
+    firing = [a for a in fired if a["firing_t_s"] is not None]
+    after_inj = [a for a in firing if a["firing_t_s"] >= injection["t_s"]]
+    own = [a for a in after_inj if a["mechanism"] == MECHANISM[kind]]
+    detection = min((a["firing_t_s"] for a in own), default=None)
+    if detection is None:
+        detection = min((a["firing_t_s"] for a in after_inj), default=None)
+    removed = [
+        e for e in events
+        if e["event"] == "removed" and e.get("replica") == plan.drill.replica
+        and e["t_s"] >= injection["t_s"] - 1e-3
+    ]  # fmt: skip
+    router_removal = removed[0]["t_s"] if removed and kind == "replica_kill" else None
+    fails = req[req["failed"]] if len(req) else req
+    fails_after = fails[fails["end_ns"] - fails["sent_ns"] + fails["sent_offset_ns"] >= inj_ns]
+    end_off = fails_after["sent_offset_ns"] + (fails_after["end_ns"] - fails_after["sent_ns"])
+    mech_fired = {a["mechanism"] for a in firing}
+    others = sorted(mech_fired - {MECHANISM[kind]} - CONSEQUENCES[kind] - SYMPTOMS)
+    end_ns = last_due + 1
+    lost = fails_after[fails_after["status"].isin(["error", "timeout"])]
+    report.update(
+        clock=facts["clock"] + "; router events mapped from CLOCK_REALTIME via t0_realtime_ns",
+        clock_check=clock_check(req),
+        schedule_completeness=completeness,
+        terminal_statuses=req["status"].value_counts().to_dict() if len(req) else {},
+        rate_rps=plan.rate_rps,
+        rate_after_rps=plan.rate_after_rps,
+        replicas=plan.replicas,
+        admission_max_outstanding=plan.admission_max_outstanding,
+        injection_time_s=injection["t_s"],
+        injection_source=injection["source"],
+        detection_time_s=detection,
+        detection_source="first firing of the alert naming the mechanism (else of any alert)",
+        router_removal_time_s=router_removal,
+        router_events=[e for e in events if e["t_s"] >= -1.0],
+        fault_cleared_time_s=_s(cleared_ns),
+        fault_cleared_by=cleared_how,
+        first_error_time_s=float(end_off.min() / NS) if len(end_off) else None,
+        last_error_time_s=float(end_off.max() / NS) if len(end_off) else None,
+        recovery_time_s=_s(recovered_ns),
+        recovery_rule=recovery_how,
+        phases={
+            "before": phase_stats(req, base_lo, inj_ns, spec),
+            "during": phase_stats(req, inj_ns, recovered_ns or end_ns, spec),
+            "after": phase_stats(req, recovered_ns, end_ns, spec) if recovered_ns else None,
+        },
+        queue=queue,
+        requests_retried=counter_increase(samples, "router:retries_total"),
+        retried_source="router:retries_total increase (the client does not retry: "
+        "automatic_retries is false)",
+        requests_rejected=int((fails_after["status"] == "rejected").sum()),
+        requests_lost=int(len(lost)),
+        requests_cancelled=int((req["status"] == "cancelled").sum()) if len(req) else 0,
+        admission_rejected=counter_increase(samples, "router:admission_rejected_total"),
+        alerts=fired,
+        alerts_fired=sorted({a["alert"] for a in firing}),
+        expected_alert_fired=bool(own),
+        unexpected_mechanisms_fired=others,
+        windows=wins.replace({np.nan: None}).to_dict("records"),
+    )
+    report["capacity_returned_without_manual_repair"] = _capacity_returned(
+        report, kind, events, plan, spec
+    )
+    return report
+
+
+def _injection_time(kind, plan, events, act, planned_ns) -> dict[str, Any]:
+    if kind == "replica_kill":
+        ev = [
+            e for e in events if e["event"] == "killed" and e.get("replica") == plan.drill.replica
+        ]
+        if ev:
+            return {"t_s": ev[0]["t_s"], "source": "router event 'killed' (SIGKILL sent)"}
+    if kind == "cold_replica":
+        ev = [e for e in events if e["event"] == "added"]
+        if ev:
+            return {"t_s": ev[0]["t_s"], "source": "router event 'added' (replica spawned)"}
+    if act is not None:
+        return {
+            "t_s": act["t_s"],
+            "source": "injector action started "
+            f"({act.get('request') or act.get('command') or 'client side'})",
+        }
+    return {"t_s": planned_ns / NS, "source": "planned injection time (no action recorded)"}
+
+
+def _fault_cleared(kind, plan, events, restore_act, inj_ns, start_ns) -> tuple[int | None, str]:
+    if kind in ("replica_kill", "cold_replica"):
+        want = plan.drill.replica if kind == "replica_kill" else None
+        ready = [
+            e for e in events
+            if e["event"] == "ready" and e["t_s"] * NS > inj_ns
+            and (want is None or e.get("replica") == want)
+        ]  # fmt: skip
+        if ready:
+            what = "restarted replica" if kind == "replica_kill" else "added replica"
+            return int(ready[0]["t_s"] * NS), f"router event 'ready': the {what} is in rotation"
+        if kind == "replica_kill" and plan.drill.commands is not None and not events:
+            return None, "unknown: a real target exposes no router events"
+        return None, "never: the replica did not come back into rotation during the run"
+    if restore_act is not None:
+        return int(restore_act["done_t_s"] * NS), "the drill lifted the fault"
+    return None, "never: the fault was not lifted"
+
+
+def _recovery(wins: pd.DataFrame, inj_ns: int, cleared_ns, spec, start_s: int):
+    width = int(spec.window_s * NS)
+    after = wins[(wins["start_s"] * NS) >= inj_ns - width]
+    ok = (after["attainment"].fillna(0) >= spec.attainment_min) & (
+        after["failure_share"].fillna(0) <= spec.error_rate_max
+    )
+    # The first window from which every later one passes.
+    tail_ok = ok[::-1].cummin()[::-1]
+    first = after.loc[tail_ok[tail_ok].index, "start_s"]
+    rule = (
+        "later of: fault cleared, and the start of the first window from which every window "
+        f"has attainment >= {spec.attainment_min} and failure share <= {spec.error_rate_max}"
+    )
+    if not len(first) or cleared_ns is None:
+        return None, rule + " (not reached during the run)"
+    return max(int(first.iloc[0] * NS), int(cleared_ns), inj_ns), rule
+
+
+def _capacity_returned(report, kind, events, plan, spec) -> dict[str, Any]:
+    """Did the service get back to passing its gates with nobody repairing anything?"""
+    after = (report["phases"] or {}).get("after")
+    evidence = []
+    passing = bool(
+        after
+        and after["attainment"] is not None
+        and after["attainment"] >= spec.attainment_min
+        and (after["error_rate"] or 0.0) <= spec.error_rate_max
+    )
+    if kind == "replica_kill":
+        restarted = [e for e in events if e["event"] == "restarted"]
+        evidence.append(
+            f"supervisor restarts: {len(restarted)}; the replica was back in rotation at "
+            f"{report['fault_cleared_time_s']} s (router event)"
+        )
+    elif report["fault_cleared_by"]:
+        evidence.append(f"fault cleared: {report['fault_cleared_by']}")
+    if after:
+        evidence.append(
+            f"after recovery ({after['from_s']:.1f}-{after['to_s']:.1f} s): attainment "
+            f"{after['attainment']}, error rate {after['error_rate']}"
+        )
+    else:
+        evidence.append("no recovered window during the run")
+    return {
+        "value": bool(passing and report["recovery_time_s"] is not None),
+        # The drill only lifts the fault it injected; nothing touches data or replicas by hand.
+        "manual_actions": 0,
+        "evidence": evidence,
+    }

@@ -1,0 +1,303 @@
+"""Failure drills, planned: which drills exist, what each reads, its rate, limit and schedule.
+
+A drill is one named experiment with one fault mechanism (never a combined chaos score):
+
+- ``replica_kill``: SIGKILL one replica (simulated cluster: ``POST /cluster/replicas/i/kill``;
+  real target: the configured command). The router must detect it, stop routing to it, shed
+  what the survivors cannot carry (admission control answers 429), and the supervisor restarts
+  it (``restart_after_s``), cold.
+- ``cold_replica``: at the injection the offered rate steps up by (N + 1) / N and a new replica
+  is added (an autoscaler's reaction); it joins cold.
+- ``kv_pressure``: one replica's usable KV blocks drop to ``kv_capacity_fraction`` for
+  ``fault_s``.
+- ``cancellation``: the client cancels ``cancel_fraction`` of the requests it sends during
+  ``fault_s``, ``cancel_after_s`` after sending them.
+- ``degraded_link``: ``latency_ms`` (and optionally a bandwidth cap) on the link between the
+  router and one replica for ``fault_s``.
+
+Each drill names the alert mechanism it must fire (:data:`MECHANISM`), the other mechanisms it
+may legitimately set off (:data:`CONSEQUENCES`) and the symptom alerts any fault may fire
+(:data:`SYMPTOMS`).
+
+Replicas: ``failure.replicas``, else max(2, the replicas the sweep measured). Drill rate:
+``failure.rate_rps`` if set, else the selected capacity per replica (primary cache state, then
+warm, then cold; else the configured fallback, else the lowest tested rate / replicas under
+test) x the drill's replicas, i.e. every replica at its capacity point. The rate from the
+injection on is that rate x ``rate_multiplier`` (default (N + 1) / N for ``cold_replica``, 1
+otherwise). Admission limit per replica: ``failure.admission_max_outstanding`` if set, else
+ceil(``admission_headroom`` x L / replicas under test), where L is the largest average number
+of requests in flight (Little's law, L = lambda x W, from the SLO reports at the capacity
+rate); no such report turns admission control off.
+
+Timeline (seconds after the rate profile starts, i.e. after the warm-up): injection at
+``inject_at_s`` (default ``baseline_s``); reversible faults (``kv_pressure``, ``cancellation``,
+``degraded_link``) are lifted ``fault_s`` later, which must fall inside ``duration_s``. The
+arrivals are the sweep's open-loop schedule with two segments (before and from the injection);
+a ``cancellation`` drill picks its cancelled requests with a seeded generator so that the same
+pack cancels the same requests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.io import canonical_json
+from capacity_pack.measure.sweep import SweepInputs
+from capacity_pack.plan.manifest import (
+    Drill,
+    Experiment,
+    Failure,
+    OpenAITarget,
+    Pack,
+    Segment,
+)
+from capacity_pack.plan.schedule import Point, ScheduleClient, ScheduleInputs, build_schedule
+
+NS = 1_000_000_000
+# The alert that names each drill's mechanism, and what else it may legitimately set off.
+MECHANISM = {
+    "replica_kill": "replica_failure",
+    "cold_replica": "cold_start",
+    "kv_pressure": "kv_pressure",
+    "cancellation": "cancellation",
+    "degraded_link": "transfer_degradation",
+}
+CONSEQUENCES = {
+    # The survivors cannot carry the rate: shedding is the honest answer, and the supervisor's
+    # replacement comes back with an empty cache.
+    "replica_kill": {"queue_saturation", "cold_start"},
+    # The step up in load is what made the autoscaler act: until the new replica is ready the
+    # old ones shed the excess.
+    "cold_replica": {"queue_saturation"},
+    # A replica that cannot hold its batch queues what it cannot admit.
+    "kv_pressure": {"queue_saturation"},
+    "cancellation": set(),
+    "degraded_link": set(),
+}
+SYMPTOMS = {"errors", "slo"}
+
+
+class DrillError(RuntimeError):
+    """A drill could not be planned or run (bad configuration, target missing)."""
+
+
+class DrillInputs(BaseModel):
+    """Exactly the manifest content one drill measurement reads (the rule's params)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    failure: Failure = Field(description="Drill settings, with only this drill in `drills`.")
+    drill: Drill = Field(description="The drill.")
+    sweep: SweepInputs = Field(description="Target, model, client, request and prompt shape.")
+    replicas_under_test: int = Field(description="Replicas the sweep measured (per-replica rate).")
+
+    @classmethod
+    def for_drill(cls, pack: Pack, name: str) -> DrillInputs:
+        if pack.failure is None:
+            raise DrillError("the pack has no `failure` section")
+        drills = {d.name: d for d in pack.failure.drills}
+        if name not in drills:
+            raise DrillError(f"no drill named {name!r} (drills: {sorted(drills)})")
+        drill = drills[name]
+        schedule = ScheduleInputs(
+            pack=pack.pack,
+            client=ScheduleClient.of(pack.client),
+            workload=pack.workload,
+            prompts=pack.prompts,
+        )
+        sweep = SweepInputs(
+            schedule=schedule,
+            target=pack.target,
+            model=pack.model,
+            client=pack.client,
+            request=pack.request,
+            prompts=pack.prompts,
+            min_successful_samples_per_class=pack.acceptance.min_successful_samples_per_class,
+        )
+        # Alert thresholds and the analysis window only change how a drill is read: they are
+        # left out, so changing them re-analyzes the drills without running them again.
+        defaults = Failure.model_fields
+        measured = pack.failure.model_copy(
+            update={
+                "drills": [drill],
+                "alert_thresholds": {},
+                "window_s": defaults["window_s"].default,
+            }
+        )
+        return cls(
+            failure=measured,
+            drill=drill,
+            sweep=sweep,
+            replicas_under_test=pack.plan.replicas_under_test,
+        )
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+
+class DrillPlan(BaseModel):
+    """What a drill does, with every derived number and where it came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drill: Drill
+    replicas: int = Field(description="Replicas behind the router.")
+    rate_rps: float = Field(description="Offered rate before the injection.")
+    rate_after_rps: float = Field(description="Offered rate from the injection on.")
+    rate_source: str = Field(description="Where the rate came from.")
+    admission_max_outstanding: int | None = Field(description="Router admission limit/replica.")
+    admission_source: str
+    inject_at_s: float = Field(description="Injection, seconds after the rate profile starts.")
+    restore_at_s: float | None = Field(description="When a reversible fault is lifted.")
+    duration_s: float
+    runnable: bool = Field(description="False: skipped (see skip_reason).")
+    skip_reason: str | None = None
+
+
+def _selected_rate(
+    inputs: DrillInputs, capacity: dict[str, Any] | None, reports: dict[str, dict[str, Any]]
+) -> tuple[float | None, str, list[dict[str, Any]]]:
+    """Per-replica rate and the SLO reports of that rate."""
+    f = inputs.failure
+    n_test = inputs.replicas_under_test
+    open_loop = (capacity or {}).get("open_loop") or {}
+    primary = (capacity or {}).get("primary_cache_state")
+    per = None
+    source = ""
+    for state in [primary, "warm", "cold"]:
+        sel = open_loop.get(state) if state else None
+        if sel and sel.get("capacity_per_replica_rps"):
+            per = float(sel["capacity_per_replica_rps"])
+            source = (
+                f"selected capacity ({state} cache): {per:g} RPS per replica "
+                f"(capacity.json open_loop.{state})"
+            )
+            break
+    rates = sorted(
+        {float(r["offered_rps"]) for r in reports.values() if r.get("offered_rps") is not None}
+    )
+    if per is None:
+        if f.fallback_rate_per_replica_rps is not None:
+            per = f.fallback_rate_per_replica_rps
+            source = f"no capacity point selected: configured fallback {per:g} RPS per replica"
+        elif rates:
+            per = rates[0] / n_test
+            source = (
+                f"no capacity point selected: the lowest tested rate, {rates[0]:g} RPS on "
+                f"{n_test} replica(s)"
+            )
+    at_rate = [
+        r
+        for r in reports.values()
+        if per is not None
+        and r.get("offered_rps") is not None
+        and abs(float(r["offered_rps"]) - per * n_test) < 1e-9
+    ]
+    return per, source, at_rate
+
+
+def plan_drill(
+    inputs: DrillInputs,
+    capacity: dict[str, Any] | None = None,
+    reports: dict[str, dict[str, Any]] | None = None,
+) -> DrillPlan:
+    """The drill's rate, admission limit and timeline from the capacity decision."""
+    f, d = inputs.failure, inputs.drill
+    reports = reports or {}
+    n = f.replicas or max(2, inputs.replicas_under_test)
+    per, source, at_rate = _selected_rate(inputs, capacity, reports)
+    if f.rate_rps is not None:
+        rate, source = f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)"
+    elif per is not None:
+        rate = per * n
+        source = f"{source} x {n} replicas"
+    else:
+        raise DrillError(
+            "no drill rate: the sweep selected no capacity point and tested no open-loop rate; "
+            "set failure.rate_rps"
+        )
+    k, k_source = f.admission_max_outstanding, "configured failure.admission_max_outstanding"
+    if k is None:
+        inflight = [
+            float(r["littles_law"]["average_in_flight"])
+            for r in at_rate
+            if (r.get("littles_law") or {}).get("average_in_flight")
+        ]
+        if inflight:
+            per_replica = max(inflight) / inputs.replicas_under_test
+            k = max(1, math.ceil(f.admission_headroom * per_replica))
+            k_source = (
+                f"{f.admission_headroom:g} x {per_replica:.1f} requests in flight per replica "
+                f"measured at the capacity point (max over {len(inflight)} report(s))"
+            )
+        else:
+            k_source = "no in-flight measurement at the drill rate: admission control off"
+    mult = d.rate_multiplier or ((n + 1) / n if d.kind == "cold_replica" else 1.0)
+    inject = d.inject_at_s or f.baseline_s
+    restore = (
+        inject + d.fault_s if d.kind in ("kv_pressure", "cancellation", "degraded_link") else None
+    )
+    if restore is not None and restore >= f.duration_s:
+        raise DrillError(
+            f"drill {d.name!r}: the fault ends at {restore:g} s, after the schedule "
+            f"({f.duration_s:g} s)"
+        )
+    runnable, why = True, None
+    real = isinstance(inputs.sweep.target, OpenAITarget)
+    if real and d.commands is None and d.kind != "cancellation":
+        runnable = False
+        why = (
+            f"drill {d.name!r} ({d.kind}) needs failure.drills[].commands for a real "
+            "target (an argv that injects the fault, e.g. a kubectl line); none configured"
+        )
+    return DrillPlan(
+        drill=d,
+        replicas=n,
+        rate_rps=rate,
+        rate_after_rps=rate * mult,
+        rate_source=source,
+        admission_max_outstanding=k,
+        admission_source=k_source,
+        inject_at_s=inject,
+        restore_at_s=restore,
+        duration_s=f.duration_s,
+        runnable=runnable,
+        skip_reason=why,
+    )
+
+
+def drill_point(plan: DrillPlan) -> Point:
+    return Point(mode="exp", experiment=plan.drill.name, cache_state="warm", repeat=0)
+
+
+def drill_schedule(inputs: DrillInputs, plan: DrillPlan) -> tuple[pd.DataFrame, int]:
+    """The drill's arrivals and the offset (ns) at which its rate profile starts."""
+    segs = [Segment(duration_s=plan.inject_at_s, rate_rps=plan.rate_rps)]
+    segs.append(
+        Segment(duration_s=plan.duration_s - plan.inject_at_s, rate_rps=plan.rate_after_rps)
+    )
+    exp = Experiment(
+        name=plan.drill.name,
+        test_type="stress" if plan.rate_after_rps > plan.rate_rps else "average-load",
+        segments=segs,
+        cache_states=["warm"],
+    )
+    sched_inputs = inputs.sweep.schedule.model_copy(update={"experiments": [exp]})
+    frame = build_schedule(sched_inputs, drill_point(plan))
+    warm = frame.loc[frame["phase"] == "warmup", "scheduled_offset_ns"]
+    start_ns = int(warm.max()) if len(warm) else 0
+    if plan.drill.kind == "cancellation":
+        lo = start_ns + int(plan.inject_at_s * NS)
+        hi = start_ns + int((plan.restore_at_s or plan.duration_s) * NS)
+        rng = np.random.default_rng([inputs.sweep.schedule.client.request_schedule_seed, 0xCA9CE1])
+        due = frame["scheduled_offset_ns"].to_numpy()
+        pick = (due >= lo) & (due < hi) & (rng.random(len(frame)) < plan.drill.cancel_fraction)
+        cancel = frame["cancel_after_ns"].to_numpy().copy()
+        cancel[pick] = int(plan.drill.cancel_after_s * NS)
+        frame["cancel_after_ns"] = cancel
+    return frame, start_ns

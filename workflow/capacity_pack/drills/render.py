@@ -1,0 +1,223 @@
+"""Failure drills, rendered: failure-test.md, its JSON twin, and each drill's MLflow child run.
+
+``failure-test.json`` holds every drill's report (see :mod:`capacity_pack.drills.analyze`) and
+a summary across them: drills run and skipped, whether any alert fired, whether each drill's
+own mechanism alert fired, and the other mechanisms' alerts each set off.
+``failure-test.md`` is its rendering: a summary table (detection and recovery as seconds after
+the injection), then per drill its load, admission limit, schedule completeness, clock check,
+the field table (every time on the drill clock with its offset from the injection), TTFT, TPOT
+and attainment by phase, and the alert episodes. :func:`tracking_record` maps one drill report
+to its MLflow child run: times as seconds after the injection, counts, phase attainment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capacity_pack.drills.plan import CONSEQUENCES
+
+
+def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}{unit}"
+    return f"{v}{unit}"
+
+
+def _rel(t: float | None, inj: float | None) -> str:
+    if t is None:
+        return "n/a"
+    if inj is None:
+        return f"{t:.2f} s"
+    return f"{t:.2f} s (injection {t - inj:+.2f} s)"
+
+
+def failure_test(reports: list[dict[str, Any]], pack: dict[str, Any]) -> dict[str, Any]:
+    """The JSON twin of failure-test.md: every drill's fields plus the checks across them."""
+    ran = [r for r in reports if not r.get("skipped")]
+    return {
+        "pack": pack,
+        "clock": ran[0]["clock"] if ran else None,
+        "drills": reports,
+        "summary": {
+            "drills_run": [r["drill"] for r in ran],
+            "drills_skipped": {r["drill"]: r["skipped"] for r in reports if r.get("skipped")},
+            "any_alert_fired": any(r["alerts_fired"] for r in ran),
+            "expected_alerts_fired": {r["drill"]: r["expected_alert_fired"] for r in ran},
+            "unexpected_mechanisms": {r["drill"]: r["unexpected_mechanisms_fired"] for r in ran},
+        },
+    }
+
+
+def failure_test_markdown(doc: dict[str, Any]) -> str:
+    """failure-test.md: every drill's failure-test fields, measured, with the clock named."""
+    pack = doc["pack"]
+    lines = [
+        f"# Failure test: {pack.get('title') or pack.get('name')}",
+        "",
+        f"> {pack['label']}" if pack.get("label") else "",
+        "",
+        "Each drill is its own experiment with one failure mechanism (no combined chaos score). "
+        "Every time below is in seconds on one clock: "
+        f"{doc['clock'] or 'n/a'}. Fields come from the per-request records, the scraped "
+        "`/metrics` series and the router's event log of each drill.",
+        "",
+    ]
+    s = doc["summary"]
+    lines += [
+        "## Summary",
+        "",
+        "| drill | mechanism | expected alert fired | alerts fired | detection | recovery | "
+        "capacity returned |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["drills"]:
+        if r.get("skipped"):
+            lines.append(f"| {r['drill']} | {r['mechanism']} | skipped | | | | |")
+            continue
+        inj = r["injection_time_s"]
+        det = r["detection_time_s"]
+        rec = r["recovery_time_s"]
+        lines.append(
+            f"| {r['drill']} | {r['mechanism']} | {'yes' if r['expected_alert_fired'] else 'NO'}"
+            f" | {', '.join(r['alerts_fired']) or 'none'} | "
+            f"{_fmt(det - inj if det is not None else None, ' s')} after injection | "
+            f"{_fmt(rec - inj if rec is not None else None, ' s')} after injection | "
+            f"{'yes' if r['capacity_returned_without_manual_repair']['value'] else 'no'} |"
+        )
+    lines.append("")
+    for name, why in s["drills_skipped"].items():
+        lines += [f"- `{name}` skipped: {why}"]
+    for r in doc["drills"]:
+        if r.get("skipped"):
+            continue
+        lines += _drill_section(r)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _drill_section(r: dict[str, Any]) -> list[str]:
+    inj = r["injection_time_s"]
+    p = r["plan"]
+    q = r["queue"]
+    lines = [
+        "",
+        f"## Drill `{r['drill']}` ({r['kind']}, mechanism `{r['mechanism']}`)",
+        "",
+        f"- Load: {r['rate_rps']:.1f} RPS open loop against {r['replicas']} replicas "
+        f"({p['rate_source']}); from the injection on {r['rate_after_rps']:.1f} RPS.",
+        f"- Router admission limit: {r['admission_max_outstanding'] or 'off'} requests per "
+        f"healthy replica ({p['admission_source']}).",
+        f"- Schedule completeness: {r['schedule_completeness']}; terminal statuses: "
+        f"{r['terminal_statuses']} (no request without a terminal status).",
+        f"- Clock check: monotonic vs realtime divergence over the run "
+        f"{_fmt(r['clock_check'].get('max_divergence_us'), ' us', 1)}.",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| injection_time | {_rel(inj, None)} ({r['injection_source']}) |",
+        f"| detection_time | {_rel(r['detection_time_s'], inj)} ({r['detection_source']}) |",
+        f"| router_removal_time | {_rel(r['router_removal_time_s'], inj)} |",
+        f"| fault cleared | {_rel(r['fault_cleared_time_s'], inj)} ({r['fault_cleared_by']}) |",
+        f"| first_error_time | {_rel(r['first_error_time_s'], inj)} |",
+        f"| last_error_time | {_rel(r['last_error_time_s'], inj)} |",
+        f"| queue peak | {_fmt(q.get('peak_server_waiting'), '', 0)} waiting in the engines, "
+        f"{_fmt(q.get('peak_client_in_flight'), '', 0)} in flight at the client (baseline max "
+        f"{_fmt(q.get('baseline_server_waiting_max'), '', 0)} / "
+        f"{_fmt(q.get('baseline_client_in_flight_max'), '', 0)}) |",
+        f"| queue recovery time | {_rel(q.get('recovered_t_s'), inj)} |",
+        f"| recovery_time | {_rel(r['recovery_time_s'], inj)} |",
+        f"| requests retried | {_fmt(r['requests_retried'], '', 0)} ({r['retried_source']}) |",
+        f"| requests rejected | {r['requests_rejected']} (429/503 answers; router admission "
+        f"control shed {_fmt(r['admission_rejected'], '', 0)}) |",
+        f"| requests lost | {r['requests_lost']} (errors and timeouts after the injection) |",
+        f"| requests cancelled | {r['requests_cancelled']} (client policy) |",
+        f"| alerts fired | {', '.join(r['alerts_fired']) or 'none'} |",
+        f"| capacity returned without manual repair | "
+        f"{'yes' if r['capacity_returned_without_manual_repair']['value'] else 'no'}: "
+        f"{'; '.join(r['capacity_returned_without_manual_repair']['evidence'])} |",
+        "",
+        "TTFT, TPOT and SLO attainment by phase (requests binned by when they ended; "
+        "attainment = share of successful requests meeting both class cutoffs):",
+        "",
+        "| phase | window | attempted | ok | failed | error rate | attainment | goodput | "
+        "worst-class p95 TTFT | worst-class p95 TPOT |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for phase in ("before", "during", "after"):
+        st = r["phases"].get(phase)
+        if not st:
+            lines.append(f"| {phase} | not reached | | | | | | | | |")
+            continue
+        cls = st["classes"].values()
+        ttft = max((c["ttft_p95_ms"] for c in cls if c["ttft_p95_ms"] is not None), default=None)
+        tpot = max((c["tpot_p95_ms"] for c in cls if c["tpot_p95_ms"] is not None), default=None)
+        lines.append(
+            f"| {phase} | {st['from_s']:.1f}-{st['to_s']:.1f} s | {st['attempted']} | {st['ok']}"
+            f" | {st['failed']} | {_fmt(st['error_rate'], '', 3)} | "
+            f"{_fmt(st['attainment'], '', 3)} | {_fmt(st['goodput_rps'], ' RPS', 1)} | "
+            f"{_fmt(ttft, ' ms', 1)} | {_fmt(tpot, ' ms', 1)} |"
+        )
+    lines += ["", "Alerts (evaluated by the project over the scraped series with the pack's "
+              "rule file; times on the drill clock):", ""]  # fmt: skip
+    if not r["alerts"]:
+        lines.append("- none fired")
+    for a in r["alerts"]:
+        lines.append(
+            f"- `{a['alert']}` ({a['mechanism']}) {a['labels']}: pending "
+            f"{_rel(a['pending_t_s'], inj)}, firing {_rel(a['firing_t_s'], inj)}, resolved "
+            f"{_rel(a['resolved_t_s'], inj)}"
+        )
+    verdict = "yes" if r["expected_alert_fired"] else "NO"
+    lines += [
+        "",
+        f"Expected mechanism alert fired: {verdict}. Other mechanisms' alerts fired: "
+        f"{', '.join(r['unexpected_mechanisms_fired']) or 'none'} (allowed consequences of "
+        f"this drill: {', '.join(sorted(CONSEQUENCES[r['kind']])) or 'none'}).",
+    ]
+    return lines
+
+
+def tracking_record(report: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow child run of one drill (keyword arguments of ``log_child_run``)."""
+    inj = report.get("injection_time_s")
+
+    def after(t: float | None) -> float | None:
+        return None if t is None or inj is None else t - inj
+
+    metrics: dict[str, Any] = {}
+    params: dict[str, Any] = {"kind": report["kind"], "mechanism": report["mechanism"]}
+    tags = {"capacity_pack.drill": report["drill"]}
+    if report.get("skipped"):
+        tags["capacity_pack.skipped"] = "true"
+    else:
+        before = report["phases"]["before"]
+        during = report["phases"]["during"]
+        params.update(
+            rate_rps=report["rate_rps"],
+            replicas=report["replicas"],
+            admission_max_outstanding=report["admission_max_outstanding"],
+        )
+        metrics = {
+            "detection_after_injection_s": after(report["detection_time_s"]),
+            "router_removal_after_injection_s": after(report["router_removal_time_s"]),
+            "recovery_after_injection_s": after(report["recovery_time_s"]),
+            "requests_rejected": report["requests_rejected"],
+            "requests_lost": report["requests_lost"],
+            "requests_retried": report["requests_retried"],
+            "attainment_before": before["attainment"],
+            "attainment_during": during["attainment"],
+            "error_rate_during": during["error_rate"],
+            "queue_peak_waiting": report["queue"].get("peak_server_waiting"),
+            "alerts_fired": len(report["alerts_fired"]),
+            "expected_alert_fired": float(report["expected_alert_fired"]),
+        }
+        tags["capacity_pack.alerts_fired"] = ",".join(report["alerts_fired"]) or "none"
+    return {
+        "stage": "failure",
+        "job": f"failure/{report['drill']}",
+        "point": f"drill-{report['drill']}",
+        "params": {k: v for k, v in params.items() if v is not None},
+        "metrics": metrics,
+        "tags": tags,
+    }
