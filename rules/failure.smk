@@ -64,6 +64,14 @@ rule failure_analyze:
             "drills.plan",
             "drills.analyze",
             "drills.promql",
+            # drills.promql is a package: hash each of its modules, not only its __init__.
+            *(
+                f"drills.promql.{p.stem}"
+                for p in sorted(
+                    Path(importlib.util.find_spec("capacity_pack.drills.promql").origin)
+                    .parent.glob("[!_]*.py")
+                )
+            ),
             "evidence.normalize",
             "drills.dashboard",
         ),
