@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from capacity_pack.drills import promql
 from capacity_pack.drills.dashboard import (
     DCGM_METRICS,
     ENGINE_METRICS,
@@ -570,7 +571,6 @@ def _panel_exprs(dashboard: dict) -> list[str]:
 
 @pytest.mark.parametrize("engine", sorted(ENGINE_METRICS))
 def test_every_expression_parses_and_selects_only_mapped_names(engine):
-    promql = pytest.importorskip("capacity_pack.drills.promql")
     pack = pack_with(**{"engine.name": engine})
     allowed = _allowed(engine)
     for rule in rules_of(alert_rules(pack)[0]):
@@ -600,7 +600,6 @@ def _expand(values: str) -> list[float]:
 
 def test_project_evaluator_agrees_with_the_scenarios(sim_pack):
     """The drills judge alerts with drills.promql; it must fire what promtool fires."""
-    promql = pytest.importorskip("capacity_pack.drills.promql")
     import pandas as pd
 
     doc, _ = alert_rules(sim_pack)
@@ -626,7 +625,6 @@ def test_project_evaluator_agrees_with_the_scenarios(sim_pack):
 
 
 def test_written_rules_load_with_the_project_parser(tmp_path, sim_pack):
-    promql = pytest.importorskip("capacity_pack.drills.promql")
     path = tmp_path / "rules.yml"
     write_alert_rules(sim_pack, path)
     loaded = promql.load_rules(path)
