@@ -59,11 +59,13 @@ from capacity_pack.drills.promql.store import SeriesStore
 
 DEFAULT_LOOKBACK_NS = 300 * NS_PER_S
 
-
+# What an expression yields at one time: a scalar or an instant vector.
 Value = float | list[tuple[Labels, float]]
 
 
 class _Evaluator:
+    """Evaluates nodes recursively at one time ``t`` over one store."""
+
     def __init__(self, store: SeriesStore, t_ns: int, lookback_ns: int, left_open: bool):
         self.store = store
         self.t = int(t_ns)
