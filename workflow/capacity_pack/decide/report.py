@@ -265,9 +265,24 @@ def render_readme(
     selected: dict[str, Any] | None,
     files: list[str],
 ) -> str:
+    """The pack's README.md: decision, replica plan, gates, evidence, selected point, failure
+    test, limits and files, one section renderer each."""
     m = frozen["manifest"]
-    pack = m["pack"]
-    acc = m["acceptance"]
+    lines = [
+        *_readme_title(m["pack"]),
+        *_readme_decision(m, capacity),
+        *_readme_plan(m, plan),
+        *_readme_gates(m),
+        *_readme_evidence(capacity),
+        *_readme_selected(selected),
+        *_readme_failure(m),
+        *_readme_limits(m),
+        *_readme_files(frozen, files),
+    ]
+    return "\n".join(lines)
+
+
+def _readme_title(pack: dict[str, Any]) -> list[str]:
     lines = [f"# Capacity pack: {pack['title']}", ""]
     if pack["size"] == "rehearsal":
         lines += [
@@ -276,10 +291,14 @@ def render_readme(
             "> capacity claim**.",
             "",
         ]
+    return lines
+
+
+def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
     primary = capacity["primary_cache_state"]
     sel = capacity["open_loop"].get(primary, {})
     cap = sel.get("capacity_rps")
-    lines += ["## Decision", ""]
+    lines = ["## Decision", ""]
     if cap is None:
         lines.append(f"**No SLO-compliant capacity** among the tested rates ({primary} cache).")
     else:
@@ -290,41 +309,49 @@ def render_readme(
             f"{sel['goodput_per_gpu_rps']:g} RPS per GPU (goodput per GPU, DistServe's sense)."
         )
     lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
-    if plan.get("required_replicas") is not None:
-        lines += [
-            "## Replica plan",
-            "",
-            f"For a peak of **{m['plan']['peak_rps']:g} RPS** at a target utilization of "
-            f"{plan['throughput']['target_utilization']:g}: "
-            f"**{plan['required_replicas']} replicas, {plan['required_gpus']} GPUs** "
-            f"(bound by {plan['bound_by']}; {plan['throughput']['replicas_for_load']} replicas "
-            f"for the load by throughput"
-            + (f", {plan['memory']['replicas_for_memory']} by KV memory" if plan.get("memory")
-               else "")
-            + f", + {plan['throughput']['redundancy_replicas']} redundancy, "
-            f"+ {plan['throughput']['warm_pool_replicas']} warm pool).",
-            "",
-            "required_replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)); "
-            "the memory bound comes from Little's Law (peak x P95 latency in flight) and KV bytes "
-            "per request at the P95 context.",
-            "",
-        ]  # fmt: skip
-        if plan.get("cost"):
-            c = plan["cost"]
-            lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour; "
-                      f"{_fmt(c['cost_per_request'])} per successful request; "
-                      f"{_fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
-        if plan.get("effective_bandwidth"):
-            b = plan["effective_bandwidth"]
-            lines += [f"Effective bandwidth (from the single-user TPOT): "
-                      f"{_fmt(b['effective_bandwidth_gbps'])} GB/s for "
-                      f"{_fmt(b['tokens_per_second'])} tokens/s at "
-                      f"{_fmt(b['bytes_per_token_gb'])} GB per token"
-                      + (f"; MBU {_fmt(b['mbu'])} of the spec" if b.get("mbu") else "") + ".",
-                      ""]  # fmt: skip
-    elif plan.get("reason"):
-        lines += ["## Replica plan", "", plan["reason"], ""]
-    lines += [
+    return lines
+
+
+def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    if plan.get("required_replicas") is None:
+        return ["## Replica plan", "", plan["reason"], ""] if plan.get("reason") else []
+    lines = [
+        "## Replica plan",
+        "",
+        f"For a peak of **{m['plan']['peak_rps']:g} RPS** at a target utilization of "
+        f"{plan['throughput']['target_utilization']:g}: "
+        f"**{plan['required_replicas']} replicas, {plan['required_gpus']} GPUs** "
+        f"(bound by {plan['bound_by']}; {plan['throughput']['replicas_for_load']} replicas "
+        f"for the load by throughput"
+        + (f", {plan['memory']['replicas_for_memory']} by KV memory" if plan.get("memory")
+           else "")
+        + f", + {plan['throughput']['redundancy_replicas']} redundancy, "
+        f"+ {plan['throughput']['warm_pool_replicas']} warm pool).",
+        "",
+        "required_replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)); "
+        "the memory bound comes from Little's Law (peak x P95 latency in flight) and KV bytes "
+        "per request at the P95 context.",
+        "",
+    ]  # fmt: skip
+    if plan.get("cost"):
+        c = plan["cost"]
+        lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour; "
+                  f"{_fmt(c['cost_per_request'])} per successful request; "
+                  f"{_fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
+    if plan.get("effective_bandwidth"):
+        b = plan["effective_bandwidth"]
+        lines += [f"Effective bandwidth (from the single-user TPOT): "
+                  f"{_fmt(b['effective_bandwidth_gbps'])} GB/s for "
+                  f"{_fmt(b['tokens_per_second'])} tokens/s at "
+                  f"{_fmt(b['bytes_per_token_gb'])} GB per token"
+                  + (f"; MBU {_fmt(b['mbu'])} of the spec" if b.get("mbu") else "") + ".",
+                  ""]  # fmt: skip
+    return lines
+
+
+def _readme_gates(m: dict[str, Any]) -> list[str]:
+    acc = m["acceptance"]
+    return [
         "## Gates",
         "",
         f"A rate passes when, in **every repeat**, every class has joint TTFT+TPOT attainment "
@@ -339,9 +366,11 @@ def render_readme(
         *[f"| {c['name']} | {c['request_ttft_cutoff_ms']:g} | {c['request_tpot_cutoff_ms']:g} |"
           for c in m["workload"]],
         "",
-        "## Evidence",
-        "",
     ]  # fmt: skip
+
+
+def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
+    lines = ["## Evidence", ""]
     for state, s in capacity["open_loop"].items():
         lines += [f"### Open loop, {state} cache", "",
                   "| offered RPS | status | verdicts | goodput RPS (mean, min-max) | limited by |",
@@ -368,32 +397,44 @@ def render_readme(
             tpot = ", ".join(f"{k} {_fmt(v)} ms" for k, v in single["p95_tpot_ms"].items())
             lines.append(f"Single user (concurrency 1): P95 TTFT {ttft}; P95 TPOT {tpot}.")
         lines.append("")
-    if selected is not None:
-        lines += [
-            "## The selected point",
-            "",
-            f"`slo-report.json` and `requests.csv` are point `{selected['key']}` "
-            f"(verdict {selected['verdict']}): {selected['attempted']} attempted, "
-            f"{selected['successful']} successful, error rate {_fmt(selected['error_rate'])}, "
-            f"observed goodput {_fmt(selected['observed_goodput_rps'])} RPS, queue trend "
-            f"{selected['queue_trend']}, prefix-cache hit rate "
-            f"{_fmt(selected.get('prefix_cache_hit_rate'))}.",
-            "",
-        ]
-    if m.get("failure"):
-        drills = ", ".join(f"`{d['name']}` ({d['kind']})" for d in m["failure"]["drills"])
-        lines += [
-            "## Failure test, alerts and dashboard",
-            "",
-            f"`failure-test.md` (and `failure-test.json`) hold the drills {drills}, each run "
-            "against replicas behind the router at the selected capacity point: injection, "
-            "detection, router removal, errors, queue and recovery on one clock, and which "
-            "alerts fired. `alerts/alert-rules.yaml` holds the Prometheus alerting rules the "
-            "drills were judged by; `dashboard/grafana-dashboard.json` is an importable Grafana "
-            "dashboard of the same signals.",
-            "",
-        ]
-    lines += [
+    return lines
+
+
+def _readme_selected(selected: dict[str, Any] | None) -> list[str]:
+    if selected is None:
+        return []
+    return [
+        "## The selected point",
+        "",
+        f"`slo-report.json` and `requests.csv` are point `{selected['key']}` "
+        f"(verdict {selected['verdict']}): {selected['attempted']} attempted, "
+        f"{selected['successful']} successful, error rate {_fmt(selected['error_rate'])}, "
+        f"observed goodput {_fmt(selected['observed_goodput_rps'])} RPS, queue trend "
+        f"{selected['queue_trend']}, prefix-cache hit rate "
+        f"{_fmt(selected.get('prefix_cache_hit_rate'))}.",
+        "",
+    ]
+
+
+def _readme_failure(m: dict[str, Any]) -> list[str]:
+    if not m.get("failure"):
+        return []
+    drills = ", ".join(f"`{d['name']}` ({d['kind']})" for d in m["failure"]["drills"])
+    return [
+        "## Failure test, alerts and dashboard",
+        "",
+        f"`failure-test.md` (and `failure-test.json`) hold the drills {drills}, each run "
+        "against replicas behind the router at the selected capacity point: injection, "
+        "detection, router removal, errors, queue and recovery on one clock, and which "
+        "alerts fired. `alerts/alert-rules.yaml` holds the Prometheus alerting rules the "
+        "drills were judged by; `dashboard/grafana-dashboard.json` is an importable Grafana "
+        "dashboard of the same signals.",
+        "",
+    ]
+
+
+def _readme_limits(m: dict[str, Any]) -> list[str]:
+    return [
         "## Limits",
         "",
         "- The capacity holds only for this workload mix, cache state, placement, engine "
@@ -402,20 +443,24 @@ def render_readme(
         "benchmark before procurement (load balancing, network paths and cache locality can "
         "prevent it).",
         "- Percentiles are nearest-rank; P99 is withheld below "
-        f"{acc['p99_min_samples']} successful requests per class, and the 2,000/10,000 sample "
-        "thresholds are reporting policies, not statistical guarantees.",
+        f"{m['acceptance']['p99_min_samples']} successful requests per class, and the "
+        "2,000/10,000 sample thresholds are reporting policies, not statistical guarantees.",
         f"- Target: {m['target']['kind']}"
         + (f" (simulated engine, profile `{m['target']['profile']}`): latencies come from a "
            "performance model, not hardware." if m["target"]["kind"] == "sim" else "."),
         "",
+    ]  # fmt: skip
+
+
+def _readme_files(frozen: dict[str, Any], files: list[str]) -> list[str]:
+    return [
         "## Files",
         "",
         *[f"- `{f}`" for f in files],
         "",
         f"Frozen manifest sha256 `{frozen['sha256']}`.",
         "",
-    ]  # fmt: skip
-    return "\n".join(lines)
+    ]
 
 
 def load_reports(paths: list[Path]) -> list[dict[str, Any]]:
