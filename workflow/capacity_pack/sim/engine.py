@@ -542,9 +542,19 @@ class Engine:
         }
 
     def metrics_text(self) -> str:
-        sched, pool = self.sched, self.sched.pool
+        """The ``/metrics`` exposition: vLLM's families under vLLM's names, help texts and
+        labels (``model_name``, ``engine``), then the simulator's own ``sim:`` families."""
         base = [("model_name", self.model_name), ("engine", str(self.engine_index))]
         x = m.Exposition()
+        self._vllm_counts(x, base)
+        self._vllm_histograms(x, base)
+        self._vllm_cache_config(x)
+        self._sim_families(x, base)
+        return x.text()
+
+    def _vllm_counts(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
+        """vLLM's scheduler gauges and its token, preemption and request counters."""
+        sched, pool = self.sched, self.sched.pool
         x.gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
@@ -590,6 +600,9 @@ class Engine:
             "Count of successfully processed requests.",
             [([*base, ("finished_reason", r)], n) for r, n in self.success.items()],
         )
+
+    def _vllm_histograms(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
+        """vLLM's per-request and per-step histograms."""
         x.histogram(
             "vllm:request_prompt_tokens",
             "Number of prefill tokens processed.",
@@ -630,6 +643,10 @@ class Engine:
             "Histogram of time spent in RUNNING phase for request.",
             [(base, self.inference_time)],
         )
+
+    def _vllm_cache_config(self, x: m.Exposition) -> None:
+        """vLLM's ``cache_config_info``: the cache settings as labels of a constant 1."""
+        pool = self.sched.pool
         x.gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -646,6 +663,10 @@ class Engine:
                 )
             ],
         )
+
+    def _sim_families(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
+        """The simulator's own families: step timing, KV blocks, rejections, faults, resets."""
+        pool = self.sched.pool
         x.histogram(
             "sim:step_lateness_seconds",
             "Wake-up time of the engine loop minus the step's deadline.",
@@ -698,7 +719,6 @@ class Engine:
             [([*base, ("result", r)], n) for r, n in self.resets.items()],
         )
         x.counter("sim:steps_total", "Engine steps executed.", [(base, self.steps)])
-        return x.text()
 
 
 _ERROR_TYPES = {
