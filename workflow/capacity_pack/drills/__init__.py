@@ -1,3 +1,4 @@
-"""Failure drills and what watches them: the drill pipeline, alert rules, the Grafana dashboard and
-the PromQL evaluator.
+"""Failure drills and what watches them: a drill planned (``plan``), run against its target
+(``run``), analysed (``analyze``) and rendered (``render``); alert rules and the Grafana dashboard
+(``dashboard``); the PromQL evaluator (``promql``).
 """

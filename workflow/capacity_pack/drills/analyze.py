@@ -296,22 +296,14 @@ def analyze_drill(
     req = request_frame(d / "records.jsonl", spec, name)
     samples = pd.read_parquet(d / "samples.parquet")
     scrapes = pd.read_parquet(d / "scrapes.parquet")
-    events = json.loads((d / "events.json").read_text()).get("events") or []
+    events = _router_events(d / "events.json", int(facts["t0_realtime_ns"]))
     start = int(facts["profile_start_s"] * NS)
     inject_planned = start + int(plan.inject_at_s * NS)
-    t0_rt = int(facts["t0_realtime_ns"])
-    for e in events:
-        e["t_s"] = (int(e["unix_ns"]) - t0_rt) / NS
     actions = facts.get("actions") or []
     inject_act = next((a for a in actions if a["action"] == "inject"), None)
     restore_act = next((a for a in actions if a["action"] == "restore"), None)
     injection = _injection_time(kind, plan, events, inject_act, inject_planned)
-    # The schedule must be complete: every scheduled request recorded exactly once, terminal.
-    sched = pd.read_parquet(d / "schedule.parquet")
-    from capacity_pack.evidence.normalize import reconcile
-
-    rec_ids = req[["request_id"]] if len(req) else pd.DataFrame(columns=["request_id"])
-    completeness = reconcile(rec_ids, sched, f"{d}/records.jsonl")
+    completeness = _completeness(d, req)
     last_due = int(req["end_offset_ns"].max()) if len(req) else start
     base_lo = start + int(spec.warmup_s * NS)
     wins = windows(req, base_lo, last_due + 1, spec.window_s)
@@ -321,38 +313,12 @@ def analyze_drill(
     waiting = engine_metrics(spec.engine_name).waiting or "vllm:num_requests_waiting"
     queue = queue_evidence(samples, scrapes, inj_ns, base_lo, waiting, recovered_ns)
     # Alerts over the same scrapes, on the same clock.
-    ep = alert_episodes(Path(rules_path), samples, scrapes)
-    fired = []
-    for row in ep.itertuples():
-        first = row.firing_t_ns
-        fired.append(
-            {
-                "alert": row.alert,
-                "mechanism": row.mechanism,
-                "labels": row.labels,
-                "pending_t_s": _s(row.pending_t_ns),
-                "firing_t_s": None if pd.isna(first) else _s(first),
-                "resolved_t_s": None if pd.isna(row.resolved_t_ns) else _s(row.resolved_t_ns),
-                "max_value": float(row.max_value),
-            }
-        )
+    fired = _alerts_fired(alert_episodes(Path(rules_path), samples, scrapes))
     firing = [a for a in fired if a["firing_t_s"] is not None]
-    after_inj = [a for a in firing if a["firing_t_s"] >= injection["t_s"]]
-    own = [a for a in after_inj if a["mechanism"] == MECHANISM[kind]]
-    detection = min((a["firing_t_s"] for a in own), default=None)
-    if detection is None:
-        detection = min((a["firing_t_s"] for a in after_inj), default=None)
-    removed = [
-        e for e in events
-        if e["event"] == "removed" and e.get("replica") == plan.drill.replica
-        and e["t_s"] >= injection["t_s"] - 1e-3
-    ]  # fmt: skip
-    router_removal = removed[0]["t_s"] if removed and kind == "replica_kill" else None
-    fails = req[req["failed"]] if len(req) else req
-    fails_after = fails[fails["end_ns"] - fails["sent_ns"] + fails["sent_offset_ns"] >= inj_ns]
+    detection, own, others = _detection(firing, kind, injection["t_s"])
+    router_removal = _router_removal(events, plan, injection["t_s"])
+    fails_after = _failures_after(req, inj_ns)
     end_off = fails_after["sent_offset_ns"] + (fails_after["end_ns"] - fails_after["sent_ns"])
-    mech_fired = {a["mechanism"] for a in firing}
-    others = sorted(mech_fired - {MECHANISM[kind]} - CONSEQUENCES[kind] - SYMPTOMS)
     end_ns = last_due + 1
     lost = fails_after[fails_after["status"].isin(["error", "timeout"])]
     report.update(
@@ -399,6 +365,77 @@ def analyze_drill(
         report, kind, events, plan, spec
     )
     return report
+
+
+def _router_events(path: Path, t0_realtime_ns: int) -> list[dict[str, Any]]:
+    """The router's events, each with ``t_s`` on the drill clock (mapped from CLOCK_REALTIME)."""
+    events = json.loads(path.read_text()).get("events") or []
+    for e in events:
+        e["t_s"] = (int(e["unix_ns"]) - t0_realtime_ns) / NS
+    return events
+
+
+def _completeness(d: Path, req: pd.DataFrame) -> dict[str, Any]:
+    """The schedule must be complete: every scheduled request recorded exactly once, terminal."""
+    sched = pd.read_parquet(d / "schedule.parquet")
+    from capacity_pack.evidence.normalize import reconcile
+
+    rec_ids = req[["request_id"]] if len(req) else pd.DataFrame(columns=["request_id"])
+    return reconcile(rec_ids, sched, f"{d}/records.jsonl")
+
+
+def _alerts_fired(ep: pd.DataFrame) -> list[dict[str, Any]]:
+    """Alert episodes with their times in seconds on the drill clock."""
+    fired = []
+    for row in ep.itertuples():
+        first = row.firing_t_ns
+        fired.append(
+            {
+                "alert": row.alert,
+                "mechanism": row.mechanism,
+                "labels": row.labels,
+                "pending_t_s": _s(row.pending_t_ns),
+                "firing_t_s": None if pd.isna(first) else _s(first),
+                "resolved_t_s": None if pd.isna(row.resolved_t_ns) else _s(row.resolved_t_ns),
+                "max_value": float(row.max_value),
+            }
+        )
+    return fired
+
+
+def _detection(
+    firing: list[dict[str, Any]], kind: str, inj_s: float
+) -> tuple[float | None, list[dict[str, Any]], list[str]]:
+    """(detection time, the drill's own alerts fired after the injection, unexpected mechanisms).
+
+    Detection is the first firing at or after the injection of the alert naming the drill's
+    mechanism, else of any alert; unexpected mechanisms are those fired that are neither the
+    drill's own, its allowed consequences nor generic symptoms.
+    """
+    after_inj = [a for a in firing if a["firing_t_s"] >= inj_s]
+    own = [a for a in after_inj if a["mechanism"] == MECHANISM[kind]]
+    detection = min((a["firing_t_s"] for a in own), default=None)
+    if detection is None:
+        detection = min((a["firing_t_s"] for a in after_inj), default=None)
+    mech_fired = {a["mechanism"] for a in firing}
+    others = sorted(mech_fired - {MECHANISM[kind]} - CONSEQUENCES[kind] - SYMPTOMS)
+    return detection, own, others
+
+
+def _router_removal(events: list[dict[str, Any]], plan: DrillPlan, inj_s: float) -> float | None:
+    """When the router took the killed replica out of rotation (``replica_kill`` only)."""
+    removed = [
+        e for e in events
+        if e["event"] == "removed" and e.get("replica") == plan.drill.replica
+        and e["t_s"] >= inj_s - 1e-3
+    ]  # fmt: skip
+    return removed[0]["t_s"] if removed and plan.drill.kind == "replica_kill" else None
+
+
+def _failures_after(req: pd.DataFrame, inj_ns: int) -> pd.DataFrame:
+    """Failed requests (errors, timeouts, rejections) that ended at or after the injection."""
+    fails = req[req["failed"]] if len(req) else req
+    return fails[fails["end_ns"] - fails["sent_ns"] + fails["sent_offset_ns"] >= inj_ns]
 
 
 def _injection_time(kind, plan, events, act, planned_ns) -> dict[str, Any]:
