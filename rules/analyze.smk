@@ -13,7 +13,7 @@ rule analyze:
         repeat=lambda w: int(w.repeat),
         # Cutoffs, fixed lengths and gates: a changed gate re-analyzes, it does not re-measure.
         spec=lambda w: ANALYSIS_SPEC_JSON,
-        code=code_hash("evidence.analysis"),
+        code=code_hash("analyze.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

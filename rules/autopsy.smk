@@ -13,7 +13,7 @@ rule autopsy:
         # Provenance the run itself wrote: Snakemake's own logs and the git history.
         log_dir=".snakemake/log",
         repo_dir=workflow.basedir,
-        code=code_hash("autopsy.run", "autopsy.requests"),
+        code=code_hash("autopsy.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

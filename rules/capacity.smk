@@ -8,7 +8,7 @@ rule capacity:
     params:
         # Everything the decision reads: workload, gates, placement, plan, target profile.
         pack=lambda w: CAPACITY_INPUTS_JSON,
-        code=code_hash("decide.capacity", "decide.sizing"),
+        code=code_hash("capacity.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -37,7 +37,7 @@ rule report:
         ],
     params:
         results_root=results_root,
-        code=code_hash("decide.report"),
+        code=code_hash("report.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

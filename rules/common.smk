@@ -3,15 +3,14 @@
 # Manifest-derived params are given as functions: Snakemake formats a string param with the
 # job's wildcards, and a manifest may hold literal braces (a managed target's "{port}").
 #
-# A rule's params carry exactly the manifest content it reads (or its sha256) and the sha256 of
-# the library modules it runs, so a change reruns only the stages that read it. Compute rules do
+# A rule's params carry exactly the manifest content it reads (or its sha256) and the hash of the
+# code it runs (code_hash below), so a change reruns only the stages that read it. Compute rules do
 # not take the frozen manifest as an input: every manifest change reruns `freeze`, and Snakemake
 # 9.27 marks every job downstream of a rerun job as needing a rerun, or (for ancient() inputs)
 # skips the job's own params check entirely. The MLflow child runs of a stage are logged by a
 # cheap `track_<stage>` job that does depend on the frozen manifest, so every new parent run
 # gets a child per job while the measurements themselves are reused.
-import importlib.util
-
+from capacity_pack import codehash
 from capacity_pack.evidence import analysis as analysis_lib
 from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
@@ -19,7 +18,7 @@ from capacity_pack.drills import plan as drill_plan_lib
 from capacity_pack.plan import schedule as schedule_lib
 from capacity_pack.track import tracking as tracking_lib
 from capacity_pack.measure import sweep as sweep_lib
-from capacity_pack.io import canonical_json, sha256_hex, sha256_of_obj
+from capacity_pack.io import canonical_json
 
 RESULTS_ROOT = "results"
 RESULTS = f"{RESULTS_ROOT}/{PACK.pack.name}"
@@ -51,13 +50,17 @@ wildcard_constraints:
     drill=r"[a-z][a-z0-9_]*",
 
 
-def code_hash(*modules):
-    """sha256 of the library modules a rule runs (a changed module reruns that stage)."""
-    h = []
-    for m in modules:
-        spec = importlib.util.find_spec(f"capacity_pack.{m}")
-        h.append(sha256_hex(Path(spec.origin).read_bytes()))
-    return sha256_of_obj(h)
+# Parsed files' hashes, kept beside Snakemake's own metadata: a parse re-reads only changed files.
+codehash.use_cache_file(".snakemake/codehash.json")
+# A measurement against the simulated target also runs it, as `python -m capacity_pack.sim`.
+SIM_ENGINE = ["capacity_pack.sim.__main__"] if PACK.target.kind == "sim" else []
+
+
+def code_hash(script, *modules):
+    """Hash of the code a rule's job runs: scripts/<script> and every library module it imports,
+    transitively, plus `modules` and theirs (capacity_pack.codehash). A real change there
+    reruns the job; a comment or docstring does not."""
+    return codehash.code_hash(Path(workflow.basedir) / "scripts" / script, *modules)
 
 
 def wildcard_point(wildcards):
@@ -77,18 +80,6 @@ def results_root(wildcards, output):
 def sweep_inputs_json(wildcards):
     """The manifest content one measurement reads, as canonical JSON."""
     return sweep_lib.SweepInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
-
-
-# Library modules a measurement runs; the simulator's only when the target is simulated.
-SWEEP_MODULES = [
-    "measure.sweep", "measure.loadgen", "measure.target", "plan.prompts", "plan.schedule", "engines", "measure.managed",
-    "track.tracking", "drills.dashboard",
-]  # fmt: skip
-if PACK.target.kind == "sim":
-    SWEEP_MODULES += [
-        "sim.cli", "sim.cluster", "sim.engine", "sim.kv", "sim.metrics", "sim.perf",
-        "sim.profile", "sim.scheduler", "sim.server", "sim.virtual",
-    ]  # fmt: skip
 
 
 def sweep_threads(wildcards):

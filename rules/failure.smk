@@ -7,7 +7,7 @@ rule dashboard:
     params:
         # Engine name, workload cutoffs, gates and thresholds: the rules' only inputs.
         inputs=lambda w: DASHBOARD_INPUTS_JSON,
-        code=code_hash("drills.dashboard"),
+        code=code_hash("dashboard.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -32,7 +32,7 @@ rule failure_drill:
     params:
         # The drill's settings plus what any measurement reads (target, client, prompts).
         inputs=drill_inputs_json,
-        code=code_hash("drills.plan", "drills.run", *SWEEP_MODULES),
+        code=code_hash("failure_drill.py", *SIM_ENGINE),
     resources:
         # One measurement at a time against one target, whatever --cores or --jobs say.
         **{TARGET_RESOURCE: 1},
@@ -60,21 +60,7 @@ rule failure_analyze:
     params:
         # Gates, cutoffs and windows: a changed gate re-analyzes, it never re-runs a drill.
         spec=lambda w: DRILL_SPEC_JSON,
-        code=code_hash(
-            "drills.plan",
-            "drills.analyze",
-            "drills.promql",
-            # drills.promql is a package: hash each of its modules, not only its __init__.
-            *(
-                f"drills.promql.{p.stem}"
-                for p in sorted(
-                    Path(importlib.util.find_spec("capacity_pack.drills.promql").origin)
-                    .parent.glob("[!_]*.py")
-                )
-            ),
-            "evidence.normalize",
-            "drills.dashboard",
-        ),
+        code=code_hash("failure_analyze.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -98,7 +84,7 @@ rule failure_test:
         json=f"{RESULTS}/pack/failure-test.json",
     params:
         pack=lambda w: PACK_INFO_JSON,
-        code=code_hash("drills.render", "drills.plan"),
+        code=code_hash("failure_test.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -7,7 +7,7 @@ rule freeze:
         manifest=lambda w: MANIFEST_JSON,
         source=CONFIG_SOURCE,
         results_root=results_root,
-        code=code_hash("plan.manifest", "plan.lint", "track.tracking", "decide.capacity", "decide.sizing"),
+        code=code_hash("freeze.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -16,7 +16,7 @@ rule normalize:
         cache_state=lambda w: w.cache,
         repeat=lambda w: int(w.repeat),
         inputs=schedule_inputs_json,
-        code=code_hash("evidence.normalize", "tables", "plan.schedule"),
+        code=code_hash("normalize.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -9,7 +9,7 @@ rule schedule:
         repeat=lambda w: int(w.repeat),
         # Exactly what this point's schedule reads; a change here (and only here) reruns it.
         inputs=schedule_inputs_json,
-        code=code_hash("plan.schedule", "tables"),
+        code=code_hash("schedule.py"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

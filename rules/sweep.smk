@@ -12,7 +12,7 @@ rule sweep:
         repeat=lambda w: int(w.repeat),
         # Exactly what a measurement reads: target, model, client, request, prompts, sample gate.
         inputs=sweep_inputs_json,
-        code=code_hash(*SWEEP_MODULES),
+        code=code_hash("sweep.py", *SIM_ENGINE),
     # A sharded point runs one client process per shard (capacity_pack.measure.shards).
     threads: sweep_threads
     resources:

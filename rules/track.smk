@@ -8,7 +8,7 @@ rule track:
     params:
         stage=lambda w: w.stage,
         results_root=results_root,
-        code=lambda w: code_hash("track.tracking", tracking_lib.STAGE_MODULES[w.stage]),
+        code=lambda w: code_hash("track.py", tracking_lib.STAGE_MODULES[w.stage]),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
