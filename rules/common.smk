@@ -3,12 +3,12 @@
 # Manifest-derived params are given as functions: Snakemake formats a string param with the
 # job's wildcards, and a manifest may hold literal braces (a managed target's "{port}").
 #
-# A rule's params carry exactly the manifest content it reads (or its sha256) and the hash of the
-# code it runs (code_hash below), so a change reruns only the stages that read it. Compute rules do
-# not take the frozen manifest as an input: every manifest change reruns `freeze`, and Snakemake
-# 9.27 marks every job downstream of a rerun job as needing a rerun, or (for ancient() inputs)
-# skips the job's own params check entirely. The MLflow child runs of a stage are logged by a
-# cheap `track_<stage>` job that does depend on the frozen manifest, so every new parent run
+# A rule's params carry exactly the manifest content it reads (or its sha256) and the hash of
+# the code it runs (code_hash below), so a change reruns only the stages that read it. Compute
+# rules do not take the frozen manifest as an input: every manifest change reruns `freeze`, and
+# Snakemake 9.27 marks every job downstream of a rerun job as needing a rerun, or (for ancient()
+# inputs) skips the job's own params check entirely. The MLflow child runs of a stage are logged
+# by a cheap `track_<stage>` job that does depend on the frozen manifest, so every new parent run
 # gets a child per job while the measurements themselves are reused.
 from capacity_pack import codehash
 from capacity_pack.evidence import analysis as analysis_lib

@@ -133,8 +133,9 @@ def _imported_names(tree: ast.AST, package: str) -> set[str]:
             for alias in node.names:
                 names.update(_with_parents(alias.name))
             continue
-        if node.level:
-            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        if node.level:  # relative: ``.`` is the package itself, each further dot its parent
+            parts = package.split(".")
+            anchor = parts[: len(parts) - node.level + 1]
             base = ".".join(anchor + ([node.module] if node.module else []))
         else:
             base = node.module or ""
@@ -142,6 +143,48 @@ def _imported_names(tree: ast.AST, package: str) -> set[str]:
         # ``from a import b``: b may be a submodule; module_path() tells which later.
         names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
     return names
+
+
+# A file's hash and imported names depend only on its bytes, its package, this module's code
+# and Python's ast format, so they are kept on disk under those keys: a Snakefile parse then
+# reads each source file but parses only the changed ones.
+_DISK: dict = {"path": None, "entries": {}, "used": set(), "dirty": False}
+_MAX_ENTRIES = 2000
+
+
+def _cache_version() -> str:
+    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return f"{own} python{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def use_cache_file(path: str | Path) -> None:
+    """Keep parsed files' hashes in ``path`` (JSON) across processes; unreadable means empty."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        entries = doc["entries"] if doc.get("version") == _cache_version() else {}
+        entries = {k: [d, list(c)] for k, (d, c) in entries.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        entries = {}
+    _DISK.update(path=path, entries=entries, dirty=False)
+
+
+def _save_cache() -> None:
+    path = _DISK["path"]
+    if path is None or not _DISK["dirty"]:
+        return
+    entries = _DISK["entries"]
+    if len(entries) > _MAX_ENTRIES:  # old versions of files pile up: keep this process's
+        entries = {k: v for k, v in entries.items() if k in _DISK["used"]}
+    doc = json.dumps({"version": _cache_version(), "entries": entries})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(doc)
+        os.replace(tmp, path)
+    except OSError:
+        return  # a cache that cannot be written only costs time
+    _DISK["dirty"] = False
 
 
 def _digest_and_candidates(source: bytes, filename: str, package: str) -> tuple[str, list[str]]:
@@ -166,47 +209,6 @@ def parse_file(path: Path, package: str = "") -> Parsed:
     return Parsed(digest, tuple(n for n in candidates if module_path(n)))
 
 
-# A file's hash and imported names depend only on its bytes, its package, this module's code
-# and Python's ast format, so they are kept on disk under those keys: a Snakefile parse then
-# reads each source file but parses only the changed ones.
-_DISK: dict = {"path": None, "entries": {}, "used": set(), "dirty": False}
-_MAX_ENTRIES = 2000
-
-
-def _cache_version() -> str:
-    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    return f"{own} python{sys.version_info[0]}.{sys.version_info[1]}"
-
-
-def use_cache_file(path: str | Path) -> None:
-    """Keep parsed files' hashes in ``path`` (JSON) across processes; unreadable means empty."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-        entries = doc["entries"] if doc.get("version") == _cache_version() else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        entries = {}
-    _DISK.update(path=path, entries=dict(entries), dirty=False)
-
-
-def _save_cache() -> None:
-    path = _DISK["path"]
-    if path is None or not _DISK["dirty"]:
-        return
-    entries = _DISK["entries"]
-    if len(entries) > _MAX_ENTRIES:  # old versions of files pile up: keep this process's
-        entries = {k: v for k, v in entries.items() if k in _DISK["used"]}
-    doc = json.dumps({"version": _cache_version(), "entries": entries})
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(doc)
-        os.replace(tmp, path)
-    except OSError:
-        return  # a cache that cannot be written only costs time
-    _DISK["dirty"] = False
-
-
 def _parse_module(name: str) -> Parsed:
     path = module_path(name)
     if path is None:
@@ -223,6 +225,11 @@ def _entry(entry: str | Path) -> tuple[str, Parsed]:
         return path.name, parse_file(path.resolve())
     name = entry if entry.split(".")[0] == PACKAGE else f"{PACKAGE}.{entry}"
     return name, _parse_module(name)
+
+
+def direct_imports(name: str) -> tuple[str, ...]:
+    """The package's modules one module imports itself (see the module docstring for which)."""
+    return _parse_module(name if name.split(".")[0] == PACKAGE else f"{PACKAGE}.{name}").imports
 
 
 @functools.cache
