@@ -51,7 +51,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 HEADER = "request_id,class,ttft_ms,tpot_ms,e2e_ms,output_tokens,status"
 # name, share of requests, output tokens, TTFT median ms, TTFT sigma, TPOT median ms, TPOT sigma
 CLASSES = [

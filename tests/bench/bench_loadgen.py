@@ -63,7 +63,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def _pin(cpu: int) -> None:

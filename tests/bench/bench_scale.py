@@ -53,7 +53,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 NS = 1_000_000_000
 T0 = 10**12
 

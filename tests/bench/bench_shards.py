@@ -46,7 +46,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_loadgen import machine_busy_cpu_s, wait_for_quiet  # noqa: E402

@@ -1,6 +1,6 @@
 """Sizing arithmetic: replicas and GPUs from throughput and from memory, fit, bandwidth, cost.
 
-Formulas (in parentheses, the worked numbers that ``tests/test_sizing.py`` checks):
+Formulas (in parentheses, the worked numbers that ``tests/unit/decide/test_sizing.py`` checks):
 
 - throughput sizing: replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)),
   GPUs = replicas x GPUs per replica; then N+k redundancy and a warm pool add whole replicas

@@ -36,9 +36,9 @@ PromQL packages (``promcraft``, ``promql-builder``, ``pypromql``, ``promql-http-
 query strings or query a running Prometheus over HTTP. Prometheus itself evaluates rules only in a
 server that has ingested the series, or in ``promtool test rules``, which needs the Go binary at
 run time, the series rewritten in its notation, and reports alerts only at the evaluation times a
-test file lists. So the drills use this package, and ``tests/test_promql.py`` and
-``tests/test_dashboard.py`` compare it with ``promtool`` wherever Debian's ``prometheus``
-package is installed.
+test file lists. So the drills use this package, and ``tests/unit/drills/test_promql.py``
+and ``tests/unit/drills/test_dashboard.py`` compare it with ``promtool`` wherever Debian's
+``prometheus`` package is installed.
 """
 
 from __future__ import annotations

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from capacity_pack.plan.lint import lint_data, lint_file
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BROKEN = ROOT / "tests" / "data" / "broken-benchmark.yaml"
 SIX = {
     "concurrency-only-load",

@@ -33,10 +33,9 @@ import yaml
 
 from capacity_pack.plan.manifest import freeze, load_pack, validate_pack
 from capacity_pack.track import tracking
+from tests.paths import ROOT
+from tests.processes import start_together
 
-from .processes import start_together
-
-ROOT = Path(__file__).resolve().parents[1]
 PACK = "server-test"
 PG_ROLE = "mlflow"
 PG_DATABASE = "mlflow"

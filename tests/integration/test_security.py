@@ -19,10 +19,9 @@ from capacity_pack.measure.target import SimProcess, TargetError, open_target
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
 from capacity_pack.track import tracking
-
-from .test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
-from .test_loadgen import constant_schedule
-from .test_schedule import DEFAULT
+from tests.paths import DEFAULT
+from tests.unit.engines.test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
+from tests.unit.measure.test_loadgen import constant_schedule
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ from capacity_pack.evidence.normalize import (
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.tables import TableValidationError
-
-from .test_schedule import DEFAULT
+from tests.paths import DEFAULT
 
 T0 = 10**12
 FIXED = {"interactive": 32, "long_context": 48, "generation_heavy": 128}

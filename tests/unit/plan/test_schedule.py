@@ -15,10 +15,7 @@ import yaml
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import ManifestError, load_pack, validate_pack
 from capacity_pack.tables import TableValidationError
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "config" / "config.yaml"
-TUTORIAL = ROOT / "config" / "packs" / "tutorial-70b.yaml"
+from tests.paths import DEFAULT, ROOT, TUTORIAL
 
 
 def data(path: Path = DEFAULT) -> dict:

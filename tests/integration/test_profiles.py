@@ -27,8 +27,8 @@ from capacity_pack.measure.cluster import (
     target_resource,
 )
 from capacity_pack.plan.manifest import validate_pack
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PACK = ROOT / "config" / "config.yaml"
 PROFILES = {
     "slurm": ROOT / "workflow" / "profiles" / "slurm",

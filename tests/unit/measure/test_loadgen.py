@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,8 +19,7 @@ from capacity_pack.measure.sweep import measure_point, measurement_error
 from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, validate_pack
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 def pack_data() -> dict:

@@ -21,8 +21,8 @@ from capacity_pack.evidence.imports import ExportFormatError, import_aiperf, imp
 from capacity_pack.evidence.normalize import ChunksTable, RequestsTable, requests_schema
 from capacity_pack.io import file_sha256
 from capacity_pack.plan.manifest import load_pack
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"
 DATA = ROOT / "tests" / "data" / "imports"
 AIPERF = DATA / "aiperf" / "profile_export.jsonl"

@@ -7,7 +7,6 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -30,9 +29,8 @@ from capacity_pack.drills.dashboard import (
     write_grafana_dashboard,
 )
 from capacity_pack.plan.manifest import load_pack, load_yaml, validate_pack
+from tests.paths import DEFAULT
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "config" / "config.yaml"
 PROMTOOL = shutil.which("promtool")
 MECHANISMS = {
     "replica_failure",

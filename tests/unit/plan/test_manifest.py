@@ -21,10 +21,7 @@ from capacity_pack.plan.manifest import (
     stratified_counts,
     validate_pack,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "config" / "config.yaml"
-TUTORIAL = ROOT / "config" / "packs" / "tutorial-70b.yaml"
+from tests.paths import DEFAULT, ROOT, TUTORIAL
 
 
 def raw(path: Path = DEFAULT) -> dict:

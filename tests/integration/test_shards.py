@@ -29,8 +29,7 @@ from capacity_pack.measure.shards import (
 from capacity_pack.measure.sweep import measure_point, tracking_record
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import validate_pack
-
-from .test_schedule import DEFAULT
+from tests.paths import DEFAULT
 
 
 def small_pack(**client):
@@ -288,8 +287,8 @@ def test_a_shard_that_cannot_start_fails_the_point_with_its_log(tmp_path):
 
 @pytest.mark.slow
 def test_a_sharded_point_through_snakemake(tmp_path):
-    from .test_pipeline import small_pack as pipeline_pack
-    from .test_pipeline import snakemake, write_pack
+    from tests.integration.test_pipeline import small_pack as pipeline_pack
+    from tests.integration.test_pipeline import snakemake, write_pack
 
     data = pipeline_pack()
     data["client"]["shards"] = 2

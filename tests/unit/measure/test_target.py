@@ -9,8 +9,7 @@ from capacity_pack.measure.sweep import measure_point
 from capacity_pack.measure.target import SimProcess, reset_prefix_cache, verify_cold
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget, validate_pack
-
-from .test_schedule import DEFAULT
+from tests.paths import DEFAULT
 
 
 def test_openai_target_cold_point_resets_and_verifies(tmp_path, monkeypatch):

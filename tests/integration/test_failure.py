@@ -37,8 +37,8 @@ from capacity_pack.drills.plan import (
 from capacity_pack.drills.render import failure_test, failure_test_markdown, tracking_record
 from capacity_pack.drills.run import run_drill
 from capacity_pack.plan.manifest import validate_pack
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
+
 PACK = ROOT / "config" / "packs" / "llamacpp-smollm2.yaml"
 SERVER = Path(
     os.environ.get("LLAMA_SERVER", ROOT / ".cache" / "llama.cpp" / "bin" / "llama-server")

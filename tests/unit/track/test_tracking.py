@@ -16,10 +16,9 @@ import pytest
 
 from capacity_pack.plan.manifest import SECTIONS, freeze, load_pack
 from capacity_pack.track import tracking
+from tests.paths import ROOT
+from tests.processes import start_together
 
-from .processes import start_together
-
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "config.yaml"
 
 

@@ -16,8 +16,7 @@ from capacity_pack.decide.capacity import (
     t_interval,
 )
 from capacity_pack.plan.manifest import load_pack, validate_pack
-
-from .test_schedule import DEFAULT, TUTORIAL
+from tests.paths import DEFAULT, TUTORIAL
 
 CLASSES = ["interactive", "long_context", "generation_heavy"]
 

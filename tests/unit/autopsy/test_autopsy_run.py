@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from capacity_pack.autopsy import run as ar
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 REAL_LOG = ROOT / ".snakemake" / "log" / "2026-11-29T121004.200128.snakemake.log"
 REAL_RESULTS = ROOT / "results" / "rehearsal-sim"
 NS = 1_000_000_000

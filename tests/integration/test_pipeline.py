@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ def small_pack() -> dict:
         closed_loop_requests_per_worker=2,
     )
     data["experiments"] = []
-    # One short drill: the pipeline's failure stage end to end (tests/test_failure.py runs all).
+    # One short drill: the failure stage end to end (integration/test_failure.py runs all).
     data["failure"].update(
         rate_rps=20, duration_s=10, baseline_s=4, warmup_s=1, window_s=1, restart_after_s=3,
         cold_start_s=1, admission_max_outstanding=16,

@@ -19,8 +19,8 @@ from capacity_pack.autopsy.requests import (
     request_autopsy,
     request_autopsy_markdown,
 )
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "results" / "rehearsal-sim"
 CUTOFFS = {"interactive": (250.0, 25.0), "long_context": (600.0, 30.0)}
 T0 = 5_000_000_000_000  # client CLOCK_MONOTONIC at the run's start

@@ -22,8 +22,8 @@ from capacity_pack.evidence.analysis import (
     trend_of,
     wilson_interval,
 )
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADER = "request_id,class,ttft_ms,tpot_ms,e2e_ms,output_tokens,status"
 SMOKE = f"""{HEADER}
 r-0001,interactive,182.0,25.1,3369.7,128,ok
