@@ -19,9 +19,8 @@ import pytest
 import yaml
 
 from capacity_pack import codehash
+from tests.paths import ROOT
 from tests.test_pipeline import small_pack
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_closure_matches_grimps_import_graph_for_every_module():
