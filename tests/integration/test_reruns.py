@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from capacity_pack import codehash
+from tests.integration.test_pipeline import small_pack
 from tests.paths import ROOT
-from tests.test_pipeline import small_pack
 
 
 def test_closure_matches_grimps_import_graph_for_every_module():
