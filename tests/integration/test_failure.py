@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from capacity_pack.drills import analyze
 from capacity_pack.drills.analyze import (
@@ -37,13 +36,9 @@ from capacity_pack.drills.plan import (
 from capacity_pack.drills.render import failure_test, failure_test_markdown, tracking_record
 from capacity_pack.drills.run import run_drill
 from capacity_pack.plan.manifest import validate_pack
-from tests.paths import ROOT
+from tests.conftest import pack_data
 
 NS = 1_000_000_000
-
-
-def pack_data() -> dict:
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
 def make_pack(mutate=None):

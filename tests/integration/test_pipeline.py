@@ -3,42 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.paths import ROOT
-
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+from tests.conftest import run_snakemake as snakemake
+from tests.conftest import small_pack_data, write_pack
 
 pytestmark = pytest.mark.slow
 
 
 def small_pack() -> dict:
-    data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    data["pack"]["name"] = "pipeline-test"
     # Small enough that the whole pipeline, measurements included, runs in seconds.
-    data["client"].update(
-        initial_scheduled_requests=60,
-        minimum_duration_seconds=1,
-        warmup_seconds=0.5,
-        maximum_duration_seconds=10,
+    data = small_pack_data(
+        "pipeline-test",
+        requests=60,
+        min_samples=10,
+        sweep={"open_loop_rps": [10, 20], "closed_loop_concurrency": [1]},
     )
-    data["client"].pop("class_schedule_counts")
-    data["acceptance"]["min_successful_samples_per_class"] = 10
-    data["sweep"].update(
-        open_loop_rps=[10, 20],
-        closed_loop_concurrency=[1],
-        repeats=1,
-        closed_loop_min_requests=10,
-        closed_loop_requests_per_worker=2,
-    )
-    data["experiments"] = []
     # One short drill: the failure stage end to end (integration/test_failure.py runs all).
     data["failure"].update(
         rate_rps=20, duration_s=10, baseline_s=4, warmup_s=1, window_s=1, restart_after_s=3,
@@ -46,37 +30,6 @@ def small_pack() -> dict:
     )  # fmt: skip
     data["failure"]["drills"] = [{"name": "replica_kill", "kind": "replica_kill"}]
     return data
-
-
-def write_pack(workdir: Path, data: dict) -> Path:
-    path = workdir / "pack.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    res = subprocess.run(
-        [
-            *SNAKEMAKE,
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--configfile",
-            str(workdir / "pack.yaml"),
-            "--cores",
-            "2",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    if check and res.returncode != 0:
-        raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res
 
 
 def planned_jobs(workdir: Path) -> list[str]:

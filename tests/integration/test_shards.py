@@ -287,8 +287,9 @@ def test_a_shard_that_cannot_start_fails_the_point_with_its_log(tmp_path):
 
 @pytest.mark.slow
 def test_a_sharded_point_through_snakemake(tmp_path):
+    from tests.conftest import run_snakemake as snakemake
+    from tests.conftest import write_pack
     from tests.integration.test_pipeline import small_pack as pipeline_pack
-    from tests.integration.test_pipeline import snakemake, write_pack
 
     data = pipeline_pack()
     data["client"]["shards"] = 2

@@ -33,6 +33,7 @@ import yaml
 
 from capacity_pack.plan.manifest import freeze, load_pack, validate_pack
 from capacity_pack.track import tracking
+from tests.conftest import small_pack_data
 from tests.paths import ROOT
 from tests.processes import start_together
 
@@ -257,27 +258,14 @@ def wait_healthy(uri: str, proc: subprocess.Popen, log: Path, timeout_s: float =
 
 
 def small_pack() -> dict:
-    data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    data["pack"]["name"] = PACK
     # Two points, one cache state, no drills: every tracked stage and the parent's decision,
     # in seconds rather than the default pack's minutes.
-    data["client"].update(
-        initial_scheduled_requests=40,
-        minimum_duration_seconds=1,
-        warmup_seconds=0.5,
-        maximum_duration_seconds=10,
+    data = small_pack_data(
+        PACK,
+        requests=40,
+        min_samples=5,
+        sweep={"open_loop_rps": [10], "closed_loop_concurrency": [1], "cache_states": ["warm"]},
     )
-    data["client"].pop("class_schedule_counts")
-    data["acceptance"]["min_successful_samples_per_class"] = 5
-    data["sweep"].update(
-        open_loop_rps=[10],
-        closed_loop_concurrency=[1],
-        cache_states=["warm"],
-        repeats=1,
-        closed_loop_min_requests=10,
-        closed_loop_requests_per_worker=2,
-    )
-    data["experiments"] = []
     data.pop("failure")
     return data
 

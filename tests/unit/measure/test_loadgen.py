@@ -19,11 +19,8 @@ from capacity_pack.measure.sweep import measure_point, measurement_error
 from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, validate_pack
+from tests.conftest import pack_data
 from tests.paths import ROOT
-
-
-def pack_data() -> dict:
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
 def sim(*faults: str, profile: str = "small-fast") -> SimProcess:

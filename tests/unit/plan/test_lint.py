@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from capacity_pack.plan.lint import lint_data, lint_file
+from tests.conftest import pack_data
 from tests.paths import ROOT
 
 BROKEN = ROOT / "tests" / "data" / "broken-benchmark.yaml"
@@ -35,10 +36,6 @@ def test_seed_broken_config_yields_all_six_findings():
 )
 def test_shipped_packs_are_clean(pack):
     assert lint_file(ROOT / pack) == []
-
-
-def pack_data() -> dict:
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
 @pytest.mark.parametrize(

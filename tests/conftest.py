@@ -1,0 +1,98 @@
+"""Shared pack builders and fixtures.
+
+Every builder starts from the default pack (``config/config.yaml``) and returns a fresh dict, so
+a test edits its copy freely. ``small_pack_data`` shrinks the default pack to a rehearsal that
+runs the real pipeline in seconds; ``run_snakemake`` runs the real workflow on a pack written by
+``write_pack``, with the tracking store under the work directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.paths import DEFAULT_CONFIG, ROOT
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def pack_data() -> dict[str, Any]:
+    """The default pack as plain data (a fresh copy each call)."""
+    return yaml.safe_load(DEFAULT_CONFIG.read_text())
+
+
+def small_pack_data(
+    name: str,
+    *,
+    requests: int,
+    min_samples: int,
+    sweep: dict[str, Any] | None = None,
+    **client: Any,
+) -> dict[str, Any]:
+    """The default pack, shrunk: ``requests`` scheduled per point, ``min_samples`` per class for
+    the sample gate, short warm-up and duration, no load-shape experiments; ``sweep`` and
+    ``client`` override the sweep and client sections."""
+    data = pack_data()
+    data["pack"]["name"] = name
+    data["client"].update(
+        initial_scheduled_requests=requests,
+        minimum_duration_seconds=1,
+        warmup_seconds=0.5,
+        maximum_duration_seconds=10,
+    )
+    data["client"].update(client)
+    data["client"].pop("class_schedule_counts")
+    data["acceptance"]["min_successful_samples_per_class"] = min_samples
+    data["sweep"].update(
+        repeats=1, closed_loop_min_requests=10, closed_loop_requests_per_worker=2, **(sweep or {})
+    )
+    data["experiments"] = []
+    return data
+
+
+def write_pack(workdir: Path, data: dict[str, Any]) -> Path:
+    path = workdir / "pack.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_snakemake(
+    workdir: Path, *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The real workflow on ``workdir/pack.yaml`` (2 cores); the local MLflow store unless
+    ``env`` names another."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    res = subprocess.run(
+        [
+            *SNAKEMAKE,
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(workdir / "pack.yaml"),
+            "--cores",
+            "2",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    if check and res.returncode != 0:
+        raise AssertionError(f"snakemake failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+@pytest.fixture
+def default_pack() -> dict[str, Any]:
+    """The default pack as plain data, for a test to edit."""
+    return pack_data()
