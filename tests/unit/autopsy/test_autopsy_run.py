@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from capacity_pack.autopsy import run as ar
+from capacity_pack.autopsy import buckets, clocks, markdown, run, sources, timeline
 from tests.paths import ROOT
 
 REAL_LOG = ROOT / ".snakemake" / "log" / "2026-11-29T121004.200128.snakemake.log"
@@ -205,23 +205,23 @@ def scenario(
 
 
 def autopsy(root: Path) -> dict:
-    return ar.run_autopsy(root / "results", root / ".snakemake" / "log", root, PACK, None)
+    return run.run_autopsy(root / "results", root / ".snakemake" / "log", root, PACK, None)
 
 
 def analysed(root: Path, log_path: Path):
-    inv = ar.parse_snakemake_log(log_path)
-    tl = ar.job_timeline(inv, root)
-    deps = ar.job_dependencies(tl)
-    win = ar.measurement_windows(tl, root)
-    path = ar.critical_path(tl, deps)
-    return inv, tl, deps, win, ar.attribute_buckets(path, inv.started, win)
+    inv = sources.parse_snakemake_log(log_path)
+    tl = timeline.job_timeline(inv, root)
+    deps = timeline.job_dependencies(tl)
+    win = clocks.measurement_windows(tl, root)
+    path = timeline.critical_path(tl, deps)
+    return inv, tl, deps, win, buckets.attribute_buckets(path, inv.started, win)
 
 
 # -- parsing -----------------------------------------------------------------------------------
 
 
 def test_parse_synthetic_log(tmp_path):
-    inv = ar.parse_snakemake_log(scenario(tmp_path))
+    inv = sources.parse_snakemake_log(scenario(tmp_path))
     assert inv.started == pytest.approx(BASE)
     assert inv.header_date == pytest.approx(BASE)
     assert inv.command.endswith("--cores 2")
@@ -239,7 +239,7 @@ def test_parse_synthetic_log(tmp_path):
 
 
 def test_truncated_log_leaves_the_last_job_incomplete(tmp_path):
-    inv = ar.parse_snakemake_log(scenario(tmp_path, complete=False))
+    inv = sources.parse_snakemake_log(scenario(tmp_path, complete=False))
     assert not inv.complete
     last = inv.jobs[-1]
     assert last.rule == "all" and last.status == "incomplete" and last.log_end is None
@@ -259,8 +259,8 @@ def test_latest_invocation_skips_autopsy_only_logs(tmp_path):
     other.write(name="2026-11-29T100200.000000")
     log_dir = tmp_path / ".snakemake" / "log"
     # The newer log only froze a manifest: the run that measured is the one accounted for.
-    assert ar.latest_invocation(log_dir).path.endswith("T100000.000000.snakemake.log")
-    inv = ar.latest_invocation(log_dir, PACK)
+    assert sources.latest_invocation(log_dir).path.endswith("T100000.000000.snakemake.log")
+    inv = sources.latest_invocation(log_dir, PACK)
     assert inv.path.endswith("T100000.000000.snakemake.log")
 
 
@@ -310,7 +310,7 @@ def test_two_targets_resources_never_gate_each_other(tmp_path):
 
 def test_buckets_add_up_to_the_wall_clock_and_gaps_are_orchestration(tmp_path):
     inv, _, _, _, att = analysed(tmp_path, scenario(tmp_path))
-    totals = ar.bucket_totals(att)
+    totals = buckets.bucket_totals(att)
     assert sum(totals.values()) == pytest.approx(26.0, abs=1e-9)
     assert float(att["seg_end"].iloc[-1]) == pytest.approx(26.0)
     gaps = dict(zip(att["label"], att["gap_s"], strict=True))
@@ -347,7 +347,7 @@ def test_core_contention_and_failed_attempt_on_the_path(tmp_path):
     assert list(tl.loc[tl["jobid"] == 4, "status"]) == ["error", "finished"]
     assert list(att["jobid"]) == [1, 3, 4, 4, 0]
     assert list(att["gate"]) == ["first", "core", "core", "retry", "dependency"]
-    totals = ar.bucket_totals(att)
+    totals = buckets.bucket_totals(att)
     # The failed attempt has no benchmark of its own: its 1 s stamps, 6 to 8.
     assert totals["implementation_debugging"] == pytest.approx(2.0)
     assert totals["infrastructure"] == pytest.approx(3.9 + 0.9 + 1.8)
@@ -368,28 +368,28 @@ def test_buckets_check_refuses_a_broken_sum(monkeypatch):
             "gated_by": pd.array([None], dtype="Int64"),
         }
     )
-    att = ar.attribute_buckets(path, 100.0)
+    att = buckets.attribute_buckets(path, 100.0)
     assert att["orchestration"].iloc[0] == 1.0 and att["infrastructure"].iloc[0] == 2.0
     # A load window partly outside the job's segment: only its overlap is task-intrinsic.
     window = pd.DataFrame({"load_start": [102.5], "load_end": [104.0]}, index=path["job"])
-    att = ar.attribute_buckets(path.assign(rule=["sweep"]), 100.0, window)
+    att = buckets.attribute_buckets(path.assign(rule=["sweep"]), 100.0, window)
     assert att["task_intrinsic"].iloc[0] == 0.5 and att["infrastructure"].iloc[0] == 1.5
     # The check is live: with no tolerance left, any rounding at all is refused.
-    monkeypatch.setattr(ar, "SUM_TOLERANCE_S", -1.0)
+    monkeypatch.setattr(buckets, "SUM_TOLERANCE_S", -1.0)
     with pytest.raises(AssertionError):
-        ar.attribute_buckets(path, 100.0)
+        buckets.attribute_buckets(path, 100.0)
 
 
 # -- clock cross-check -------------------------------------------------------------------------
 
 
 def _frame(path: Path) -> pd.DataFrame:
-    return ar.records_frame(path)
+    return sources.records_frame(path)
 
 
 def test_clock_check_catches_injected_skew(tmp_path):
     write_records(tmp_path / "skew.jsonl", 0.0, 10.0, open_loop=True, n=500, skew=0.050)
-    check = ar.clock_check(_frame(tmp_path / "skew.jsonl"))
+    check = clocks.clock_check(_frame(tmp_path / "skew.jsonl"))
     assert not check.valid
     assert check.drift_ms > 40 and check.drift_ppm == pytest.approx(5000, rel=0.1)
     assert abs(check.span_diff_ms - 50) < 1 and not check.span_agrees
@@ -398,13 +398,13 @@ def test_clock_check_catches_injected_skew(tmp_path):
 
 def test_clock_check_passes_a_clean_run_and_counts_jitter_apart(tmp_path):
     write_records(tmp_path / "clean.jsonl", 0.0, 10.0, open_loop=True, n=500)
-    clean = ar.clock_check(_frame(tmp_path / "clean.jsonl"))
+    clean = clocks.clock_check(_frame(tmp_path / "clean.jsonl"))
     assert clean.valid and clean.span_agrees and clean.outliers == 0
     assert clean.drift_ms < 0.01
     # One end stamp whose realtime read came 40 ms late (a thread switch): jitter, not drift.
     frame = _frame(tmp_path / "clean.jsonl")
     frame.loc[100, "end_realtime_ns"] += 40_000_000
-    jitter = ar.clock_check(frame)
+    jitter = clocks.clock_check(frame)
     assert jitter.valid and jitter.outliers == 1
     assert jitter.max_outlier_ms == pytest.approx(40, abs=0.1)
 
@@ -437,7 +437,7 @@ def test_records_rewritten_by_a_later_invocation_are_not_used(tmp_path):
 
 def test_counterfactual_arithmetic_open_vs_closed_loop(tmp_path):
     inv, _, _, win, att = analysed(tmp_path, scenario(tmp_path))
-    cfs = {c.name[0]: c for c in ar.counterfactuals(att, win, inv.started)}
+    cfs = {c.name[0]: c for c in buckets.counterfactuals(att, win, inv.started)}
     wall = 26.0
     # sweep:a is open loop: only its drain tail (last end - last due) halves; sweep:b is closed.
     tail_a = float(win.set_index("label").loc["sweep:a", "drain_tail_s"])
@@ -454,8 +454,8 @@ def test_counterfactual_arithmetic_open_vs_closed_loop(tmp_path):
 
 def test_finding_or_waste_answers_every_dominant_bucket(tmp_path):
     inv, _, _, win, att = analysed(tmp_path, scenario(tmp_path))
-    totals = ar.bucket_totals(att)
-    fw = {f.bucket: f for f in ar.finding_or_waste(att, totals)}
+    totals = buckets.bucket_totals(att)
+    fw = {f.bucket: f for f in buckets.finding_or_waste(att, totals)}
     assert set(fw) == {b for b, s in totals.items() if s / 26.0 >= 0.10}
     assert fw["task_intrinsic"].verdict == "finding"
     assert fw["task_intrinsic"].routed_to == "analysis plan"
@@ -470,7 +470,7 @@ def test_run_autopsy_on_synthetic_run(tmp_path):
     assert doc["buckets"]["total_s"] == pytest.approx(doc["critical_path"]["wall_clock_s"])
     assert doc["clock_check"]["valid"]
     assert doc["missing_evidence"] and doc["disagreements"]
-    md = ar.run_autopsy_markdown(doc)
+    md = markdown.run_autopsy_markdown(doc)
     for section in (
         "## Timeline",
         "## Critical path",
@@ -489,7 +489,7 @@ def test_run_autopsy_on_synthetic_run(tmp_path):
 
 @pytest.mark.skipif(not REAL_LOG.exists(), reason="no real Snakemake log in this checkout")
 def test_real_log_parses_every_job():
-    inv = ar.parse_snakemake_log(REAL_LOG)
+    inv = sources.parse_snakemake_log(REAL_LOG)
     assert len(inv.jobs) == 120
     assert Counter(j.rule for j in inv.jobs) == Counter(inv.job_stats)
     assert set(inv.job_stats) == {
@@ -517,7 +517,7 @@ def test_real_log_parses_every_job():
 @pytest.mark.parametrize("log_path", [REAL_LOG, None], ids=["full-run", "latest"])
 def test_real_run_autopsy_buckets_add_up(log_path):
     db = ROOT / "results" / "mlflow.db"
-    doc = ar.run_autopsy(
+    doc = run.run_autopsy(
         REAL_RESULTS,
         ROOT / ".snakemake" / "log",
         ROOT,
@@ -527,9 +527,9 @@ def test_real_run_autopsy_buckets_add_up(log_path):
     )
     json.dumps(doc, allow_nan=False)
     rows = doc["buckets"]["rows"]
-    assert [r["bucket"] for r in rows] == list(ar.BUCKETS)
+    assert [r["bucket"] for r in rows] == list(buckets.BUCKETS)
     assert abs(sum(r["seconds"] for r in rows) - doc["critical_path"]["wall_clock_s"]) < 1e-3
     if log_path is not None:
         assert doc["critical_path"]["gates"].get("target_slot", 0) > 0
         assert len(doc["clock_check"]["jobs"]) == 30
-    assert "## Missing evidence" in ar.run_autopsy_markdown(doc)
+    assert "## Missing evidence" in markdown.run_autopsy_markdown(doc)
