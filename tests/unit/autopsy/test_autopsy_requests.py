@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,9 +18,7 @@ from capacity_pack.autopsy.requests import (
     request_autopsy,
     request_autopsy_markdown,
 )
-from tests.paths import ROOT
 
-REAL = ROOT / "results" / "rehearsal-sim"
 CUTOFFS = {"interactive": (250.0, 25.0), "long_context": (600.0, 30.0)}
 T0 = 5_000_000_000_000  # client CLOCK_MONOTONIC at the run's start
 OFFSET = 1_790_000_000_000_000_000  # server epoch - monotonic
@@ -314,45 +311,50 @@ def test_request_autopsy_on_a_tables_tree(tmp_path):
     assert "add replicas or lower the offered rate" in md
 
 
-def _real_points(name: str) -> list[Path]:
-    return sorted((REAL / "tables" / name).glob("*/rep*/requests.parquet"))
-
-
-@pytest.mark.skipif(not _real_points("open-r40"), reason="no rehearsal-sim results")
-def test_real_40_rps_misses_are_attributed_from_ground_truth():
+def test_real_misses_are_attributed_from_ground_truth(real_run):
+    """The committed fixture's pack run (tests/data/autopsy; real_run is in conftest.py)."""
     from capacity_pack.plan.manifest import load_pack
 
-    pack = load_pack(ROOT / "config" / "config.yaml")
-    total = 0
-    for path in _real_points("open-r40"):
-        rel = path.parent.relative_to(REAL / "tables")
-        gt_path = REAL / "raw" / rel / "ground_truth.jsonl"
-        # The default pack writes the simulator's ground truth for every point: a table without
-        # it is an incomplete results tree, which must fail rather than pass unchecked.
+    pack = load_pack(real_run.fixture / "pack.yaml")
+    tables, raw = real_run.results / "tables", real_run.results / "raw"
+    points = sorted(tables.glob("*/*/rep*/requests.parquet"))
+    assert points
+    total, by_point = 0, {}
+    for path in points:
+        rel = path.parent.relative_to(tables)
+        gt_path = raw / rel / "ground_truth.jsonl"
+        # The pack writes the simulator's ground truth for every point: a table without it is
+        # an incomplete results tree, which must fail rather than pass unchecked.
         assert gt_path.exists(), f"no ground truth for {rel}"
         req = pd.read_parquet(path)
         series_ = pd.read_parquet(path.parent / "server_metrics.parquet")
         att = attribute_misses(req, pack, read_ground_truth(gt_path), series_)
-        total += len(att)
         measured = req[req["phase"].isin(["measure", "extension"]) & (req["status"] == "ok")]
         cut = measured["class"].map({c.name: c for c in pack.workload})
         over = (measured["ttft_ms"] > cut.map(lambda c: c.request_ttft_cutoff_ms)) | (
             measured["tpot_ms"] > cut.map(lambda c: c.request_tpot_cutoff_ms)
         )
         assert len(att) == int(over.sum())
+        total += len(att)
+        by_point[rel.as_posix()] = len(att)
         if att.empty:
             continue
         assert set(att["method"]) == {"ground_truth"}
         assert att[["queueing_ms", "prefill_ms", "transport_in_ms"]].notna().all().all()
         # Same host, same clock: the server cannot see a request before the client sends it.
         assert (att["transport_in_ms"] > 0).all() and (att["transport_out_ms"] > -1.0).all()
+        parts = ["transport_in_ms", "queueing_ms", "prefill_ms", "emit_ms", "transport_out_ms"]
+        np.testing.assert_allclose(att[parts].sum(axis=1), att["ttft_ms"], atol=1e-6)
         shares = miss_shares(att, req)
         for entry in [*shares["classes"].values(), shares["overall"]]:
             if entry["missed"]:
                 assert math.isclose(sum(entry["cause_share"].values()), 1.0)
-    assert total > 0  # the 40 RPS point fails attainment
-    doc = request_autopsy(REAL / "tables", REAL / "raw", pack)
+    # The fixture's highest open-loop rate overloads the simulated engine.
+    top = max(pack.sweep.open_loop_rps)
+    assert sum(n for k, n in by_point.items() if k.startswith(f"open-r{top:g}/")) > 0
+    doc = request_autopsy(tables, raw, pack)
     json.dumps(doc)
-    r40 = {k: v for k, v in doc["points"].items() if k.startswith("open-r40/")}
-    assert sum(p["overall"]["missed"] for p in r40.values()) == total
-    assert "open-r40" in request_autopsy_markdown(doc)
+    assert set(doc["points"]) == set(by_point)
+    assert {k: p["overall"]["missed"] for k, p in doc["points"].items()} == by_point
+    assert sum(p["overall"]["missed"] for p in doc["points"].values()) == total
+    assert f"open-r{top:g}" in request_autopsy_markdown(doc)

@@ -1,6 +1,6 @@
 """Run autopsy: a synthetic Snakemake log with known jobs, dependencies and benchmarks gives the
 known critical path, buckets that add up to the wall clock, the orchestration gaps; injected clock
-skew is caught; counterfactual arithmetic; the real run's log and results when present.
+skew is caught; counterfactual arithmetic; a real run's log and results (the committed fixture).
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ import pandas as pd
 import pytest
 
 from capacity_pack.autopsy import buckets, clocks, markdown, run, sources, timeline
-from tests.paths import ROOT
 
-REAL_LOG = ROOT / ".snakemake" / "log" / "2026-11-29T121004.200128.snakemake.log"
-REAL_RESULTS = ROOT / "results" / "rehearsal-sim"
 NS = 1_000_000_000
 PACK = "synth"
 RES = f"results/{PACK}"
@@ -484,14 +481,17 @@ def test_run_autopsy_on_synthetic_run(tmp_path):
         assert section in md
 
 
-# -- the real run --------------------------------------------------------------------------------
+# -- a real run: the committed fixture (tests/data/autopsy) -------------------------------------
 
 
-@pytest.mark.skipif(not REAL_LOG.exists(), reason="no real Snakemake log in this checkout")
-def test_real_log_parses_every_job():
-    inv = sources.parse_snakemake_log(REAL_LOG)
-    assert len(inv.jobs) == 120
-    assert Counter(j.rule for j in inv.jobs) == Counter(inv.job_stats)
+# The fixtures real_run and real_tracked (with its MLflow store) are in conftest.py.
+
+
+def test_real_log_parses_every_job(real_run):
+    inv = sources.parse_snakemake_log(real_run.log)
+    logged = real_run.logged_rules()
+    assert len(inv.jobs) == len(logged) > 0
+    assert Counter(j.rule for j in inv.jobs) == Counter(logged) == Counter(inv.job_stats)
     assert set(inv.job_stats) == {
         "dashboard",
         "freeze",
@@ -505,31 +505,84 @@ def test_real_log_parses_every_job():
         "report",
         "failure_analyze",
         "failure_test",
+        "autopsy",
         "all",
     }
     assert all(j.status == "finished" and j.log_end is not None for j in inv.jobs)
-    assert inv.complete and inv.elapsed_s == pytest.approx(501.766292)
+    assert inv.complete and inv.elapsed_s == pytest.approx(real_run.elapsed_s())
+    assert inv.header_date == pytest.approx(inv.started, abs=1.0)
 
 
-@pytest.mark.skipif(
-    not (REAL_LOG.exists() and REAL_RESULTS.is_dir()), reason="no real pack run in this checkout"
-)
-@pytest.mark.parametrize("log_path", [REAL_LOG, None], ids=["full-run", "latest"])
-def test_real_run_autopsy_buckets_add_up(log_path):
-    db = ROOT / "results" / "mlflow.db"
+@pytest.mark.parametrize("full", [True, False], ids=["full-run", "latest"])
+def test_real_run_autopsy_buckets_add_up(request, full):
+    real = request.getfixturevalue("real_tracked" if full else "real_run")
     doc = run.run_autopsy(
-        REAL_RESULTS,
-        ROOT / ".snakemake" / "log",
-        ROOT,
-        "rehearsal-sim",
-        db if db.exists() and log_path else None,
-        log_path=log_path,
+        real.results,
+        real.log_dir,
+        real.root,
+        real.pack,
+        real.mlflow_db if full else None,
+        log_path=real.log if full else None,
     )
     json.dumps(doc, allow_nan=False)
+    assert doc["invocation"]["log"] == str(real.log)
+    assert doc["invocation"]["jobs_executed"] == len(real.logged_rules())
     rows = doc["buckets"]["rows"]
     assert [r["bucket"] for r in rows] == list(buckets.BUCKETS)
-    assert abs(sum(r["seconds"] for r in rows) - doc["critical_path"]["wall_clock_s"]) < 1e-3
-    if log_path is not None:
-        assert doc["critical_path"]["gates"].get("target_slot", 0) > 0
-        assert len(doc["clock_check"]["jobs"]) == 30
+    wall = doc["critical_path"]["wall_clock_s"]
+    assert abs(sum(r["seconds"] for r in rows) - wall) < 1e-3
+    # The last end is Snakemake's last stamp; its Elapsed time adds shutdown and truncation.
+    assert real.elapsed_s() - 2.0 <= wall <= real.elapsed_s() + 1e-3
+    assert doc["buckets"]["unknown_rules"] == []
+    # Every measurement holds the one target's resource, so they never overlap (within the
+    # stamps' 1 s), and a gate that is neither data nor a retry is the slot exactly when both
+    # jobs hold the same target.
+    tl = {t["job"]: t for t in doc["timeline"]}
+    meas = sorted(
+        (t for t in tl.values() if t["rule"] in sources.MEASUREMENT_RULES),
+        key=lambda t: t["t_start"],
+    )
+    assert len({t["target_resource"] for t in meas}) == 1 and meas[0]["target_resource"]
+    assert all(b["t_start"] >= a["t_end"] - 1.0 for a, b in zip(meas, meas[1:], strict=False))
+    path = doc["critical_path"]["jobs"]
+    # Sweeps of one target hold its resource, so some wait for one another on the path.
+    assert doc["critical_path"]["gates"].get("target_slot", 0) > 0
+    assert path[0]["gate"] == "first" and len(path) == doc["critical_path"]["n_jobs"]
+    for prev, cur in zip(path, path[1:], strict=False):
+        assert cur["gated_by"] == prev["job"]
+        if cur["gate"] in ("core", "target_slot"):
+            held = tl[cur["job"]]["target_resource"]
+            same = bool(held) and held == tl[prev["job"]]["target_resource"]
+            assert cur["gate"] == ("target_slot" if same else "core"), (prev, cur)
+    # Every measurement job's records are in the fixture: each has a clock check, and a clean
+    # host's clocks agree, so each measurement on the path is split by its own load window.
+    assert len(doc["clock_check"]["jobs"]) == len(meas) > 0
+    assert all(j["clock_valid"] for j in doc["clock_check"]["jobs"])
+    # What is invalid is exactly the benchmarks that disagree with the log (none were
+    # overwritten: the fixture holds one invocation), and the disagreements table counts them.
+    ran = [t for t in tl.values() if t["end_s"] is not None and t["bench_s"] is not None]
+    assert all(t["bench_this_run"] for t in ran)
+    off = [t["label"] for t in ran if not t["bench_consistent"]]
+    invalid = doc["clock_check"]["invalid_figures"]
+    assert len(invalid) == len(off) and all(any(o in f for f in invalid) for o in off)
+    assert doc["clock_check"]["valid"] == (not off)
+    (bench,) = [d for d in doc["disagreements"] if d["sources"].startswith("benchmark s vs")]
+    assert (bench["checked"], bench["disagreeing"]) == (len(ran), len(off))
+    on_path = [j for j in path if j["rule"] in sources.MEASUREMENT_RULES]
+    assert {j["split"] for j in on_path} <= {"records"}
+    for j in on_path:
+        assert j["task_intrinsic"] > 0 and j["task_intrinsic"] <= j["work_s"] + 1e-9
     assert "## Missing evidence" in markdown.run_autopsy_markdown(doc)
+    missing = {m["gap"] for m in doc["missing_evidence"]}
+    if full:
+        recorded = json.loads((real.fixture / "mlflow_runs.json").read_text())
+        assert doc["mlflow"]["runs"] == len(recorded)
+        stages = {s["stage"]: s for s in doc["mlflow"]["stages"]}
+        assert set(stages) == {"schedule", "sweep", "analysis", "failure"}
+        # Child runs are logged by the track jobs, after the jobs they record ended.
+        for s in stages.values():
+            assert s["in_this_invocation"] == s["runs"] > 0
+            assert s["lag_after_jobs_s"] > 0
+        assert "MLflow cross-check" not in missing
+    else:
+        assert doc["mlflow"]["runs"] is None and "MLflow cross-check" in missing
