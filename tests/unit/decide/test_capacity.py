@@ -174,3 +174,19 @@ def test_effective_bandwidth_from_the_single_user_tpot():
     assert bw["effective_bandwidth_gbps"] == pytest.approx(100.0 * weights)
     # small-fast: 0.4 TB/s spec; 2.47 GB x 100/s = 247 GB/s -> MBU ~0.62
     assert bw["mbu"] == pytest.approx(100.0 * weights / 400.0)
+
+
+def test_attainment_plot_draws_a_zero_attainment_whose_interval_rounds_above_it(tmp_path):
+    """A Wilson bound a hair above a 0.0 attainment (floating point) must not crash the plot."""
+    from capacity_pack.decide.report import plot_attainment
+
+    report = {
+        "cache_state": "cold",
+        "mode": "open",
+        "offered_rps": 10.0,
+        "repeat": 0,
+        "classes": {"chat": {"attainment": 0.0, "attainment_ci": [6.9e-18, 0.12]}},
+    }
+    path = tmp_path / "attainment.png"
+    plot_attainment([report], ["chat"], 0.95, path)
+    assert path.stat().st_size > 0

@@ -69,8 +69,8 @@ def plot_throughput(selection: dict[str, Any], path: Path) -> None:
 
 def _errorline(ax, x, stats, color, marker, label) -> None:
     mean = [s["mean"] for s in stats]
-    lo = [s["mean"] - s["min"] if s["mean"] is not None else 0 for s in stats]
-    hi = [s["max"] - s["mean"] if s["mean"] is not None else 0 for s in stats]
+    lo = [max(s["mean"] - s["min"], 0.0) if s["mean"] is not None else 0 for s in stats]
+    hi = [max(s["max"] - s["mean"], 0.0) if s["mean"] is not None else 0 for s in stats]
     ax.errorbar(x, mean, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label)
 
 
@@ -92,8 +92,11 @@ def plot_attainment(
             x = [r["offered_rps"] + 0.15 * r["repeat"] for r in rows]
             y = [r["classes"][c]["attainment"] or 0.0 for r in rows]
             ci = [r["classes"][c]["attainment_ci"] or [v, v] for r, v in zip(rows, y, strict=True)]
-            err = [[v - lo for v, (lo, _) in zip(y, ci, strict=True)],
-                   [hi - v for v, (_, hi) in zip(y, ci, strict=True)]]  # fmt: skip
+            # Clamped at 0: an interval bound computed in floating point can sit a hair on the
+            # wrong side of its point (attainment 0.0, lower bound 6.9e-18), and matplotlib
+            # refuses a negative error bar.
+            err = [[max(v - lo, 0.0) for v, (lo, _) in zip(y, ci, strict=True)],
+                   [max(hi - v, 0.0) for v, (_, hi) in zip(y, ci, strict=True)]]  # fmt: skip
             ax.errorbar(x, y, yerr=err, color=color, marker=marker, ls="none", capsize=3,
                         label=state)  # fmt: skip
         ax.axhline(gate, color="red", lw=1, ls="--", label=f"gate {gate:g}")
