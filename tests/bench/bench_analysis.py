@@ -15,7 +15,7 @@ of rows failed (error / timeout / rejected / cancelled) with zeros for their lat
 length, so the file passes the seed's validation. The same file is then analyzed by
 
 - ours: ``python -m capacity_pack analyze CSV DURATION flat`` (
-  :func:`capacity_pack.evidence.analysis.
+  :func:`capacity_pack.evidence.requests_csv.
   analyze_csv`, then the JSON print), ``--repeat`` times, the median reported;
 - the reference: the seed's ``analyze_slo.py``, extracted from the seed text (``--seed-text``;
   the lines between "Save this as analyze_slo.py:" and "Run:") into the temporary folder, run as

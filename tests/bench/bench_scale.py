@@ -139,8 +139,10 @@ def timed(fn):
 
 
 def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
-    from capacity_pack.evidence.analysis import analyze_point, pack_classes, pack_gates
+    from capacity_pack.evidence.analysis import analyze_point
+    from capacity_pack.evidence.gates import pack_gates
     from capacity_pack.evidence.normalize import normalize_point
+    from capacity_pack.evidence.slo_report import pack_classes
     from capacity_pack.measure.shards import assign_shards, merge_series, merge_summaries
     from capacity_pack.plan import schedule as S
 

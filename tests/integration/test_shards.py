@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack.evidence.analysis import analyze_point, pack_classes, pack_gates
+from capacity_pack.evidence.analysis import analyze_point
+from capacity_pack.evidence.gates import pack_gates
 from capacity_pack.evidence.normalize import NormalizeError, normalize_point
+from capacity_pack.evidence.slo_report import pack_classes
 from capacity_pack.measure.shards import (
     Rendezvous,
     ShardError,

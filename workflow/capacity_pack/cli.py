@@ -319,7 +319,9 @@ def analyze(
     """
     import json
 
-    from capacity_pack.evidence.analysis import AnalysisError, analyze_csv, pack_classes, pack_gates
+    from capacity_pack.evidence.gates import pack_gates
+    from capacity_pack.evidence.requests_csv import analyze_csv
+    from capacity_pack.evidence.slo_report import AnalysisError, pack_classes
     from capacity_pack.plan.manifest import load_pack
 
     classes = gates = None

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capacity_pack.evidence.analysis import (
-    AnalysisError,
-    analyze_csv,
+from capacity_pack.evidence.requests_csv import analyze_csv
+from capacity_pack.evidence.slo_report import AnalysisError
+from capacity_pack.evidence.statistics import (
     early_stopping_min_samples,
     little_estimate,
     littles_law,
@@ -290,13 +290,15 @@ def test_littles_law():
 
 def both_paths(path: Path, classes=None) -> tuple[dict | None, dict]:
     """The report of the fast path (None if it declined) and of the exact path, same file."""
-    from capacity_pack.evidence import analysis as a
+    from capacity_pack.evidence import requests_csv as a
+    from capacity_pack.evidence import slo_report as r
+    from capacity_pack.evidence.gates import Gates
 
-    classes = classes or a.seed_classes()
+    classes = classes or r.seed_classes()
     summary = a._fast_seed_summary(path, classes)
-    fast = None if summary is None else a._seed_report(summary, 300, "flat", classes, a.Gates())
+    fast = None if summary is None else r.summary_report(summary, 300, "flat", classes, Gates())
     cols = a.validate_seed_table(a.read_requests_csv(path), classes, str(path))
-    return fast, a.seed_report(cols, 300, "flat", classes, a.Gates())
+    return fast, r.seed_report(cols, 300, "flat", classes, Gates())
 
 
 def csv_text(rows: list[dict]) -> str:
@@ -309,7 +311,7 @@ def csv_text(rows: list[dict]) -> str:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_and_exact_paths_agree_exactly(tmp_path, monkeypatch, seed):
-    from capacity_pack.evidence import analysis as a
+    from capacity_pack.evidence import requests_csv as a
 
     # Tiny parse blocks and tasks: many record batches, ID chunks and tasks, as in a large file.
     monkeypatch.setattr(a, "_BLOCK_BYTES", int(np.random.default_rng(seed).choice([4096, 1 << 20])))
@@ -328,7 +330,7 @@ def test_fast_and_exact_paths_agree_exactly(tmp_path, monkeypatch, seed):
 
 
 def test_variable_length_classes_and_header_only(tmp_path):
-    from capacity_pack.evidence.analysis import ClassSpec
+    from capacity_pack.evidence.slo_report import ClassSpec
 
     classes = [ClassSpec("interactive", 500, 40, None), ClassSpec("long_context", 2500, 50, 256)]
     rows = ["r-1,interactive,10,2,30,11,ok", "r-2,long_context,1,1,256,256,ok", "r-3,x,1,1,1,1,ok"]
@@ -388,7 +390,7 @@ def test_numbers_parse_exactly_as_python_float_and_int():
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from capacity_pack.evidence.analysis import _numeric
+    from capacity_pack.evidence.requests_csv import _numeric
 
     rng = np.random.default_rng(7)
     alphabet = list("0123456789_.eE+- ") + ["inf", "nan", "Infinity", "\t", "x", "١", "\xa0"]
@@ -424,7 +426,7 @@ def test_numbers_parse_exactly_as_python_float_and_int():
 def test_id_hash_check_never_misses_a_duplicate(seed):
     import pyarrow as pa
 
-    from capacity_pack.evidence.analysis import _ids_valid
+    from capacity_pack.evidence.requests_csv import _ids_valid
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
@@ -443,24 +445,26 @@ def test_id_hash_check_never_misses_a_duplicate(seed):
 
 
 def test_seed_report_takes_text_columns(tmp_path):
-    from capacity_pack.evidence import analysis as a
+    from capacity_pack.evidence import requests_csv as a
+    from capacity_pack.evidence import slo_report as r
+    from capacity_pack.evidence.gates import Gates
 
     rows = random_rows(np.random.default_rng(3), 3000, ok_share=0.95)
     path = write(tmp_path, csv_text(rows))
-    cols = a.validate_seed_table(a.read_requests_csv(path), a.seed_classes(), str(path))
-    names = np.array([c.name for c in a.seed_classes()] + ["?"], dtype=object)
+    cols = a.validate_seed_table(a.read_requests_csv(path), r.seed_classes(), str(path))
+    names = np.array([c.name for c in r.seed_classes()] + ["?"], dtype=object)
     text_cols = {k: cols[k] for k in ("ttft", "tpot", "e2e", "out")}
     text_cols["class"] = names[cols["code"]]
     text_cols["status"] = np.where(cols["ok"], "ok", "error").astype(object)
-    args = (300, "flat", a.seed_classes(), a.Gates())
-    assert a.seed_report(text_cols, *args) == a.seed_report(cols, *args)
+    args = (300, "flat", r.seed_classes(), Gates())
+    assert r.seed_report(text_cols, *args) == r.seed_report(cols, *args)
 
 
 def test_hash_collisions_are_settled_by_comparing_strings(tmp_path, monkeypatch):
     import pandas as pd
     import pyarrow.compute as pc
 
-    from capacity_pack.evidence import analysis as a
+    from capacity_pack.evidence import requests_csv as a
 
     def colliding(ids, longest):  # equal lengths, equal hashes
         return pc.binary_length(ids).to_numpy(zero_copy_only=False).astype(np.uint64)

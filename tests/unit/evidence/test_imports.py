@@ -16,9 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from capacity_pack.cli import main
-from capacity_pack.evidence.analysis import analyze_point, pack_classes, pack_gates
+from capacity_pack.evidence.analysis import analyze_point
+from capacity_pack.evidence.gates import pack_gates
 from capacity_pack.evidence.imports import ExportFormatError, import_aiperf, import_vllm_bench
 from capacity_pack.evidence.normalize import ChunksTable, RequestsTable, requests_schema
+from capacity_pack.evidence.slo_report import pack_classes
 from capacity_pack.io import file_sha256
 from capacity_pack.plan.manifest import load_pack
 from tests.paths import ROOT

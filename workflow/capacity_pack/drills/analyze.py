@@ -89,7 +89,7 @@ class DrillAnalysisSpec(BaseModel):
 
 
 def _pct(values: np.ndarray, p: float) -> float | None:
-    from capacity_pack.evidence.analysis import nearest_rank
+    from capacity_pack.evidence.statistics import nearest_rank
 
     if not len(values):
         return None

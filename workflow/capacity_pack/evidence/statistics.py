@@ -1,0 +1,186 @@
+"""The statistics of the SLO analysis: percentiles, intervals, early stopping, trend, Little's Law.
+
+- **Nearest-rank percentile.** The p-quantile of n sorted values x_(1) <= ... <= x_(n) is
+  x_(k) with k = max(1, ceil(p n)) (index max(0, ceil(p n) - 1) from 0): always an observed
+  value, never interpolated.
+- **Wilson score interval** of a binomial proportion p = k / n at confidence c, with
+  z = Phi^-1(1/2 + c/2): centre = (p + z^2/2n) / (1 + z^2/n),
+  half-width = z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n); the interval is clipped to [0, 1].
+  It keeps its coverage near p = 0 or 1, where the normal (Wald) interval collapses.
+- **Early stopping** (MLPerf LoadGen's rule for tail-latency percentiles): with h of n requests
+  over the latency cutoff, the p-th percentile is proven at or under the cutoff with confidence c
+  when BinomCDF(h; n, 1 - p) <= 1 - c; :func:`early_stopping_min_samples` gives the least such n.
+- **Mann-Kendall trend test** over a series x_1..x_n: S = sum_{i<j} sign(x_j - x_i), with the
+  tie-corrected Var(S) = [n(n-1)(2n+5) - sum_t t(t-1)(2t+5)] / 18 (t: sizes of tied groups),
+  Z = (S - sign(S)) / sqrt(Var S), one-sided p of an increase = 1 - Phi(Z); the Theil-Sen slope
+  is the median of (x_j - x_i) / (j - i). A queue is ``growing`` when Z > z_0.95 and the slope
+  times the window (in samples) reaches one request, ``flat`` otherwise, ``inconclusive`` with
+  fewer than 8 samples.
+- **Little's Law** L = lambda W, checked over the population of all terminal requests in a
+  window: L_obs = the time-average of requests in flight (their intervals clipped to the window),
+  lambda = completions in the window / its length, W = their mean time to terminal status; the
+  relative gap |L_obs - lambda W| / L_obs is flagged above 10%.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def nearest_rank(sorted_values: np.ndarray, p: float) -> float | None:
+    """The nearest-rank p-quantile of an already sorted array (None when it is empty)."""
+    n = sorted_values.size
+    if n == 0:
+        return None
+    return float(sorted_values[max(0, math.ceil(p * n) - 1)])
+
+
+def nearest_ranks(values: np.ndarray, ps: tuple[float, ...]) -> list[float | None]:
+    """:func:`nearest_rank` at each p of an unsorted array, by one partition instead of a sort
+    (O(n)); ``values`` is reordered in place."""
+    n = values.size
+    if n == 0:
+        return [None] * len(ps)
+    ranks = [max(0, math.ceil(p * n) - 1) for p in ps]
+    values.partition(sorted(set(ranks)))
+    return [float(values[k]) for k in ranks]
+
+
+def percentiles(values: np.ndarray, withhold_p99: bool) -> dict[str, float | None]:
+    """Nearest-rank P50, P95, P99 (None when withheld) and the maximum of the finite values."""
+    s = np.sort(values[np.isfinite(values)])
+    return {
+        "p50": nearest_rank(s, 0.50),
+        "p95": nearest_rank(s, 0.95),
+        "p99": None if withhold_p99 else nearest_rank(s, 0.99),
+        "max": float(s[-1]) if s.size else None,
+    }
+
+
+def wilson_interval(passed: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion (None without trials)."""
+    if n <= 0:
+        return None
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = passed / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, round(centre + half, 12))
+
+
+def early_stopping_min_samples(
+    overlatency: int, percentile: float = 0.99, confidence: float = 0.99, limit: int = 10**9
+) -> int | None:
+    """MLPerf LoadGen early stopping: the smallest n proving the percentile with ``overlatency``
+    requests over the cutoff, i.e. the least n with BinomCDF(h; n, 1 - percentile) <= 1 - c."""
+    from scipy.stats import binom
+
+    q = 1.0 - percentile
+    alpha = 1.0 - confidence
+
+    def proven(n: int) -> bool:
+        return binom.cdf(overlatency, n, q) <= alpha
+
+    lo = max(1, overlatency + 1)
+    if proven(lo):
+        return lo
+    hi = lo
+    while not proven(hi):
+        hi *= 2
+        if hi > limit:
+            return None
+    while lo + 1 < hi:  # proven(hi), not proven(lo): CDF falls as n grows
+        mid = (lo + hi) // 2
+        if proven(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def mann_kendall(values: np.ndarray) -> dict[str, float | int | None]:
+    """Mann-Kendall trend test: S, Z (tie-corrected variance), one-sided p of an increase."""
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    if n < 3:
+        return {"n": int(n), "s": None, "z": None, "p_increasing": None, "sen_slope": None}
+    diff = x[None, :] - x[:, None]
+    s = float(np.sign(diff[np.triu_indices(n, 1)]).sum())
+    _, counts = np.unique(x, return_counts=True)
+    var = (n * (n - 1) * (2 * n + 5) - float((counts * (counts - 1) * (2 * counts + 5)).sum())) / 18
+    z = 0.0 if s == 0 or var <= 0 else (s - math.copysign(1, s)) / math.sqrt(var)
+    i, j = np.triu_indices(n, 1)
+    slopes = (x[j] - x[i]) / (j - i)
+    return {
+        "n": int(n),
+        "s": s,
+        "z": float(z),
+        "p_increasing": float(1 - NormalDist().cdf(z)),
+        "sen_slope": float(np.median(slopes)),
+    }
+
+
+def trend_of(
+    series: pd.DataFrame, t_start_ns: int, t_end_ns: int, *, min_samples: int = 8
+) -> dict[str, Any]:
+    """Queue trend over [t_start, t_end] from a series with columns t_offset_ns and value."""
+    window = series[(series["t_offset_ns"] >= t_start_ns) & (series["t_offset_ns"] <= t_end_ns)]
+    window = window.sort_values("t_offset_ns")
+    values = window["value"].to_numpy(dtype=float)
+    mk = mann_kendall(values)
+    result: dict[str, Any] = {
+        "samples": int(values.size),
+        **mk,
+        # The evidence itself, so a reader can redo the test.
+        "series": {
+            "t_offset_s": (window["t_offset_ns"].to_numpy() / 1e9).round(3).tolist(),
+            "value": values.tolist(),
+        },
+    }
+    if values.size < min_samples:
+        result["trend"] = "inconclusive"
+        return result
+    span_samples = values.size - 1
+    growth = (mk["sen_slope"] or 0.0) * span_samples
+    result["growth_over_window"] = growth
+    significant = mk["z"] is not None and mk["z"] > NormalDist().inv_cdf(0.95)
+    result["trend"] = "growing" if significant and growth >= 1.0 else "flat"
+    return result
+
+
+def littles_law(
+    sent_ns: np.ndarray, end_ns: np.ndarray, t_start_ns: int, t_end_ns: int, tolerance: float = 0.1
+) -> dict[str, Any]:
+    """Little's Law check over all terminal requests in the window (see the module docstring)."""
+    span = t_end_ns - t_start_ns
+    if span <= 0 or sent_ns.size == 0:
+        return {"checked": False}
+    overlap = np.clip(np.minimum(end_ns, t_end_ns) - np.maximum(sent_ns, t_start_ns), 0, None)
+    l_obs = float(overlap.sum() / span)
+    done = (end_ns >= t_start_ns) & (end_ns <= t_end_ns)
+    lam = float(done.sum() / (span / 1e9))
+    w = float(((end_ns - sent_ns)[done]).mean() / 1e9) if done.any() else 0.0
+    l_est = lam * w
+    gap = abs(l_obs - l_est) / l_obs if l_obs > 0 else None
+    return {
+        "checked": True,
+        "average_in_flight": l_obs,
+        "completion_rate_rps": lam,
+        "mean_time_to_terminal_s": w,
+        "little_estimate": l_est,
+        "relative_gap": gap,
+        "flagged": bool(gap is not None and gap > tolerance),
+    }
+
+
+def little_estimate(rate: float, mean_seconds: float) -> float:
+    """L = lambda W (e.g. 23.9 requests/s x 1.8 s = 43.02 in flight)."""
+    if rate < 0 or mean_seconds < 0:
+        raise ValueError("rate and mean time must be non-negative")
+    return rate * mean_seconds
