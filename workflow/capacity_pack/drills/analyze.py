@@ -13,7 +13,8 @@ What a drill measures:
 - SLO attainment: requests are binned by when they ended (``window_s`` wide windows, from the
   end of the warm-up), so a request cut by the fault counts in the incident, not in the healthy
   window it was sent in. A request meets its SLO when it succeeded with TTFT <= its class's
-  ``request_ttft_cutoff_ms`` and TPOT <= ``request_tpot_cutoff_ms``; a window's attainment is
+  ``request_ttft_cutoff_ms`` and TPOT <= ``request_tpot_cutoff_ms`` (the one predicate,
+  :func:`capacity_pack.evidence.gates.requests_meeting_slo`); a window's attainment is
   meets / successful requests, its failure share (errors + timeouts + rejections) /
   (attempted - cancelled): policy cancellations are neither successes nor failures.
 - Phases: before = [warm-up end, injection), during = [injection, recovery), after =
@@ -23,9 +24,9 @@ What a drill measures:
 - Fault cleared: for ``replica_kill``/``cold_replica`` the router's ``ready`` event after the
   injection (the replica back in rotation), else when the drill lifted the fault.
 - Recovery time = max(fault cleared, injection, start of the first window, from one window
-  before the injection on, from which every later window passes: attainment >=
-  ``class_slo_attainment_min`` and failure share <= ``error_rate_max``); none if either never
-  happened during the run.
+  before the injection on, from which every later window passes :data:`DRILL_GATES`: attainment
+  >= ``class_slo_attainment_min`` and failure share <= ``error_rate_max``, all classes pooled);
+  none if either never happened during the run.
 - Queue recovery: the first scrape after the incident's peak (engines' waiting queue + client's
   in-flight count) at which the engines' waiting queue is back at or under its baseline maximum
   and the client's in-flight count at or under 1.2 x its baseline maximum (baseline = scrapes
@@ -52,8 +53,18 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.drills.plan import CONSEQUENCES, MECHANISM, NS, SYMPTOMS, DrillPlan
+from capacity_pack.evidence.gates import CLASS_ATTAINMENT, ERROR_RATE, Gate, requests_meeting_slo
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.manifest import Failure, Pack, PackInfo, WorkloadClass
+
+# The gates a drill holds its windows and its after phase to: (gate, the window column and the
+# phase key of the statistic it reads there, the statistic in words). All classes are pooled (a
+# window is too short for per-class samples), and a statistic with nothing to measure reads as 0:
+# no successful request is attainment 0 (a failure), no judged request a failure share of 0.
+DRILL_GATES: tuple[tuple[Gate, str, str, str], ...] = (
+    (CLASS_ATTAINMENT, "attainment", "attainment", "attainment"),
+    (ERROR_RATE, "failure_share", "error_rate", "failure share"),
+)
 
 
 class DrillAnalysisSpec(BaseModel):
@@ -62,8 +73,9 @@ class DrillAnalysisSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workload: list[WorkloadClass]
-    attainment_min: float = Field(description="acceptance.class_slo_attainment_min")
-    error_rate_max: float = Field(description="acceptance.error_rate_max")
+    gates: dict[str, float] = Field(
+        description="Thresholds of the gates of DRILL_GATES, by acceptance field."
+    )
     window_s: float
     warmup_s: float
     pack: PackInfo
@@ -76,13 +88,15 @@ class DrillAnalysisSpec(BaseModel):
         f = pack.failure or Failure()
         return cls(
             workload=pack.workload,
-            attainment_min=pack.acceptance.class_slo_attainment_min,
-            error_rate_max=pack.acceptance.error_rate_max,
+            gates={g.field: g.threshold(pack.acceptance) for g, *_ in DRILL_GATES},
             window_s=f.window_s,
             warmup_s=f.warmup_s,
             pack=pack.pack,
             engine_name=metric_map_name(pack),
         )
+
+    def threshold(self, gate: Gate) -> float:
+        return self.gates[gate.field]
 
     def canonical_json(self) -> str:
         return canonical_json(self.model_dump(mode="json"))
@@ -119,10 +133,8 @@ def request_frame(records_path: Path, spec: DrillAnalysisSpec, name: str) -> pd.
         fixed_output=fixed,
         source=str(records_path),
     )
-    ttft = req["class"].map({c.name: c.request_ttft_cutoff_ms for c in spec.workload})
-    tpot = req["class"].map({c.name: c.request_tpot_cutoff_ms for c in spec.workload})
-    ok = req["status"] == "ok"
-    req["meets_slo"] = ok & (req["ttft_ms"] <= ttft) & (req["tpot_ms"] <= tpot)
+    cutoffs = {c.name: (c.request_ttft_cutoff_ms, c.request_tpot_cutoff_ms) for c in spec.workload}
+    req["meets_slo"] = requests_meeting_slo(req, cutoffs)
     req["failed"] = req["status"].isin(["error", "timeout", "rejected"])
     # Where a request lands in time: when it ended. A request cut by the fault belongs to the
     # incident, not to the healthy window in which it happened to be sent.
@@ -480,15 +492,15 @@ def _fault_cleared(kind, plan, events, restore_act, inj_ns, start_ns) -> tuple[i
 def _recovery(wins: pd.DataFrame, inj_ns: int, cleared_ns, spec, start_s: int):
     width = int(spec.window_s * NS)
     after = wins[(wins["start_s"] * NS) >= inj_ns - width]
-    ok = (after["attainment"].fillna(0) >= spec.attainment_min) & (
-        after["failure_share"].fillna(0) <= spec.error_rate_max
-    )
+    ok = pd.Series(True, index=after.index)
+    for gate, column, _, _ in DRILL_GATES:
+        ok &= gate.holds(after[column].fillna(0), spec.threshold(gate))
     # The first window from which every later one passes.
     tail_ok = ok[::-1].cummin()[::-1]
     first = after.loc[tail_ok[tail_ok].index, "start_s"]
     rule = (
-        "later of: fault cleared, and the start of the first window from which every window "
-        f"has attainment >= {spec.attainment_min} and failure share <= {spec.error_rate_max}"
+        "later of: fault cleared, and the start of the first window from which every window has "
+        + " and ".join(f"{words} {g.op} {spec.threshold(g)}" for g, _, _, words in DRILL_GATES)
     )
     if not len(first) or cleared_ns is None:
         return None, rule + " (not reached during the run)"
@@ -500,10 +512,7 @@ def _capacity_returned(report, kind, events, plan, spec) -> dict[str, Any]:
     after = (report["phases"] or {}).get("after")
     evidence = []
     passing = bool(
-        after
-        and after["attainment"] is not None
-        and after["attainment"] >= spec.attainment_min
-        and (after["error_rate"] or 0.0) <= spec.error_rate_max
+        after and all(g.holds(after[key] or 0.0, spec.threshold(g)) for g, _, key, _ in DRILL_GATES)
     )
     if kind == "replica_kill":
         restarted = [e for e in events if e["event"] == "restarted"]
