@@ -1,8 +1,9 @@
 """Request autopsy: why each request that missed its SLO missed it.
 
 A request *misses* when it is ``ok``, in a measured phase (``measure``/``extension``; warm-up and
-prewarm rows are excluded) and its TTFT or TPOT exceeds its class's cutoff (the analyzer's rule:
-TTFT from the send, ``ttft_ms > request_ttft_cutoff_ms`` or ``tpot_ms > request_tpot_cutoff_ms``).
+prewarm rows are excluded) and does not meet its class SLO (the one predicate of
+:mod:`capacity_pack.evidence.gates`: TTFT from the send within ``request_ttft_cutoff_ms`` and TPOT
+within ``request_tpot_cutoff_ms``); it missed TTFT, TPOT or both.
 Failed requests (error/timeout/rejected/cancelled) are counted by status and never attributed.
 
 Method ``ground_truth`` (measured; simulated targets, which log every request's server stamps).
@@ -63,8 +64,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as paj
 
+from capacity_pack.evidence.analysis import MEASURED_PHASES
+from capacity_pack.evidence.gates import cutoff_checks
+
 NS_PER_MS = 1e6
-MEASURED_PHASES = ("measure", "extension")
 POINT_KEYS = ("point", "cache_state", "repeat")
 TTFT_CAUSES = ("queueing", "prefill", "transport", "client_scheduling")
 TPOT_CAUSES = ("preemption", "decode")
@@ -281,9 +284,9 @@ def attribute_misses(
     m = m.copy()
     m["ttft_cutoff_ms"] = m["class"].map({k: v[0] for k, v in cut.items()}).astype(float)
     m["tpot_cutoff_ms"] = m["class"].map({k: v[1] for k, v in cut.items()}).astype(float)
-    miss_ttft = (m["ttft_ms"] > m["ttft_cutoff_ms"]).to_numpy()
-    miss_tpot = (m["tpot_ms"] > m["tpot_cutoff_ms"]).to_numpy()
-    if not (miss_ttft | miss_tpot).any():
+    within = cutoff_checks(m["ttft_ms"], m["tpot_ms"], m["ttft_cutoff_ms"], m["tpot_cutoff_ms"])
+    miss_ttft, miss_tpot, meets = ~within.ttft, ~within.tpot, within.met
+    if meets.all():
         return _empty_attribution()
 
     comp = _ground_truth_components(m, ground_truth)
@@ -298,7 +301,6 @@ def attribute_misses(
     ref_cols = ["client_scheduling_ms", "queueing_ms", "prefill_ms", "transport_ms"]
     ref_cols += ["decode_ms", "ttft_ms"]
     frame = pd.concat([m[group], comp[ref_cols]], axis=1)
-    meets = ~(miss_ttft | miss_tpot)
     ref = frame[meets].groupby(group, dropna=False)[ref_cols].median()
     ref = frame[group].join(ref, on=group)[ref_cols].fillna(0.0)
     excess = comp[ref_cols] - ref

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from capacity_pack.evidence.gates import CLASS_ATTAINMENT
+
 
 def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float | None]:
     """Mean, min, max and a Student-t interval of the mean over repeats."""
@@ -205,8 +207,7 @@ def _latency_pass(report: dict[str, Any], attainment_min: float) -> bool:
     """The latency constraint of the curve: every class's attainment (the closed-loop sweep is
     for the frontier; its sample sizes are not a capacity decision)."""
     return all(
-        c["attainment"] is not None and c["attainment"] >= attainment_min
-        for c in report["classes"].values()
+        CLASS_ATTAINMENT.holds(c["attainment"], attainment_min) for c in report["classes"].values()
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
 
 STATE_STYLE = {"cold": ("tab:blue", "o"), "warm": ("tab:orange", "s")}
@@ -261,6 +262,19 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def gate_sentence(acceptance: dict[str, Any]) -> str:
+    """The pass rule of a rate in words: every gate the pack's acceptance turns on."""
+    gates = Gates.of(acceptance)
+    rules = [
+        ", ".join(g.phrase.format(threshold=g.threshold(gates)) for g in gates.active(scope))
+        for scope in ("class", "point")
+    ]
+    return (
+        f"A rate passes when, in **every repeat**, every class has {rules[0]}, {rules[1]}, and the "
+        "client kept its schedule (dispatch lateness under its bound)."
+    )
+
+
 def render_readme(
     frozen: dict[str, Any],
     capacity: dict[str, Any],
@@ -357,12 +371,7 @@ def _readme_gates(m: dict[str, Any]) -> list[str]:
     return [
         "## Gates",
         "",
-        f"A rate passes when, in **every repeat**, every class has joint TTFT+TPOT attainment "
-        f">= {acc['class_slo_attainment_min']} among successful requests (with its "
-        f"{int(100 * 0.95)}% CI lower bound above it too), at least "
-        f"{acc['min_successful_samples_per_class']} successful requests, the global error rate is "
-        f"<= {acc['error_rate_max']}, the queue trend is flat (Mann-Kendall on queue depth and the "
-        "client backlog), and the client kept its schedule (dispatch lateness under its bound).",
+        gate_sentence(acc),
         "",
         "| class | TTFT cutoff (ms) | TPOT cutoff (ms) |",
         "|---|---:|---:|",

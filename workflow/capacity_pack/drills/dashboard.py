@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from capacity_pack.evidence.gates import CLASS_ATTAINMENT, ERROR_RATE
 from capacity_pack.io import atomic_path, sha256_hex, write_json_atomic
 from capacity_pack.sim.metrics import ITL_BUCKETS_S, TTFT_BUCKETS_S
 
@@ -389,7 +390,10 @@ class AlertThresholds(_Model):
         default=2.0, gt=0, description="SLOBurn fires above this x the error budget."
     )
     error_rate_max: float | None = Field(
-        default=None, ge=0, le=1, description="Non-2xx share; default acceptance.error_rate_max."
+        default=None,
+        ge=0,
+        le=1,
+        description=f"Non-2xx share; default acceptance.{ERROR_RATE.field} (its gate's threshold).",
     )
 
 
@@ -478,6 +482,7 @@ def alert_rules(
     """
     m = engine_metrics(metric_map_name(pack), overrides)
     t = _resolve_thresholds(pack, thresholds)
+    acc = pack.acceptance
     w = _duration(t.rate_window_s)
     rl = m.replica_label
     static = {
@@ -695,7 +700,9 @@ def alert_rules(
         skip("ColdReplica", "cold_start", "no prefix-cache hit/query counters or hit-rate gauge")
 
     # -- symptom: error rate -------------------------------------------------------------------
-    err_max = t.error_rate_max if t.error_rate_max is not None else pack.acceptance.error_rate_max
+    # The error-rate gate's threshold unless the pack overrides it: the same quantity (the share
+    # of failed requests), here counted on the router's responses.
+    err_max = t.error_rate_max if t.error_rate_max is not None else ERROR_RATE.threshold(acc)
     if m.router:
         non2xx = _sel(ROUTER_RESPONSES, f'{ROUTER_CODE_LABEL}!~"2.."')
         add(
@@ -706,14 +713,16 @@ def alert_rules(
             f"sum({_rate(non2xx, w)}) / sum({_rate(ROUTER_RESPONSES, w)}) > {_num(err_max)}",
             "Error rate above the acceptance cap",
             f"{{{{ $value | humanizePercentage }}}} of responses are not 2xx (cap "
-            f"{_num(err_max)}, acceptance.error_rate_max). A symptom: look at ReplicaDown, "
+            f"{_num(err_max)}, acceptance.{ERROR_RATE.field}). A symptom: look at ReplicaDown, "
             "QueueSaturation and KVCachePressure for the cause.",
         )
     else:
         skip("ErrorRate", "errors", "no per-response status counter (router series absent)")
 
     # -- symptom: SLO burn ---------------------------------------------------------------------
-    budget = 1.0 - pack.acceptance.class_slo_attainment_min
+    # The error budget of the attainment gate: the share of requests allowed to miss their SLO.
+    attainment_min = CLASS_ATTAINMENT.threshold(acc)
+    budget = 1.0 - attainment_min
     burn = t.burn_factor * budget
     # Two alert names, not one "SLOBurn" twice: both results are label-less fleet ratios, so
     # under one name Alertmanager would merge them into one alert (and promql.load_rules
@@ -758,7 +767,7 @@ def alert_rules(
             f"SLO burn: slow {what}",
             f"{{{{ $value | humanizePercentage }}}} of {what} took longer than {_num(bound)} s "
             f"(bucket le={_le(bound)} of {hist}, {gap}), above {_num(t.burn_factor)}x the error "
-            f"budget 1 - {_num(pack.acceptance.class_slo_attainment_min)}. The engine histogram "
+            f"budget 1 - {_num(attainment_min)}. The engine histogram "
             f"carries no workload-class label, so the {which} class cutoff ({cutoff_ms:g} ms, "
             f"{', '.join(classes)}) applies to every request{note}.",
         )

@@ -77,8 +77,8 @@ def cutoff_checks(
     NaN (a missing latency or a missing cutoff) is within no cutoff."""
     with np.errstate(invalid="ignore"):
         return CutoffChecks(
-            np.asarray(ttft_ms, dtype=float) <= ttft_cutoff_ms,
-            np.asarray(tpot_ms, dtype=float) <= tpot_cutoff_ms,
+            np.asarray(ttft_ms, dtype=float) <= np.asarray(ttft_cutoff_ms, dtype=float),
+            np.asarray(tpot_ms, dtype=float) <= np.asarray(tpot_cutoff_ms, dtype=float),
         )
 
 
@@ -126,7 +126,8 @@ class Statistic:
 @dataclass(frozen=True)
 class Gate:
     """One acceptance gate. ``message`` and ``marginal_message`` are format strings over
-    ``cls`` (the class, per-class gates), ``value`` (the statistic) and ``threshold``."""
+    ``cls`` (the class, per-class gates), ``value`` (the statistic) and ``threshold``; ``phrase``
+    over ``threshold``."""
 
     name: str
     field: str  # the acceptance field holding the threshold
@@ -134,6 +135,7 @@ class Gate:
     statistic: Statistic
     op: Literal[">=", "<=", "=="]
     message: str
+    phrase: str  # the pass rule in words, over ``threshold``: "at least {threshold} successful..."
     # The threshold of the analysis of a request log with no manifest (capacity-pack analyze).
     default: Any
     # The report's boolean for this gate per class (None: the point's gate_pass combines it).
@@ -201,6 +203,21 @@ _ATTAINMENT_ESTIMATE = (
 )
 GATES: tuple[Gate, ...] = (
     Gate(
+        name="class_attainment",
+        field="class_slo_attainment_min",
+        scope="class",
+        statistic=Statistic("attainment", "fraction of successful requests", _ATTAINMENT_ESTIMATE),
+        op=">=",
+        message="{cls}: attainment {value:.4f} < {threshold}",
+        phrase="joint TTFT+TPOT attainment >= {threshold} among successful requests (with its "
+        "95% CI lower bound above it too)",
+        default=0.95,
+        passes_key="class_slo_pass",
+        requires="sample_size",
+        interval_key="attainment_ci",
+        marginal_message="{cls}: attainment CI lower bound {value:.4f} < {threshold}",
+    ),
+    Gate(
         name="sample_size",
         field="min_successful_samples_per_class",
         scope="class",
@@ -209,22 +226,10 @@ GATES: tuple[Gate, ...] = (
         ),
         op=">=",
         message="{cls}: {value} successful < {threshold}",
+        phrase="at least {threshold} successful requests",
         default=2000,
         passes_key="sample_adequate",
         inconclusive_on_fail=True,
-    ),
-    Gate(
-        name="class_attainment",
-        field="class_slo_attainment_min",
-        scope="class",
-        statistic=Statistic("attainment", "fraction of successful requests", _ATTAINMENT_ESTIMATE),
-        op=">=",
-        message="{cls}: attainment {value:.4f} < {threshold}",
-        default=0.95,
-        passes_key="class_slo_pass",
-        requires="sample_size",
-        interval_key="attainment_ci",
-        marginal_message="{cls}: attainment CI lower bound {value:.4f} < {threshold}",
     ),
     Gate(
         name="class_error_rate",
@@ -237,6 +242,7 @@ GATES: tuple[Gate, ...] = (
         ),
         op="<=",
         message="{cls}: error rate {value:.4f} > {threshold}",
+        phrase="an error rate <= {threshold}",
         default=None,
         passes_key="per_class_error_gate_pass",
         optional=True,
@@ -252,6 +258,7 @@ GATES: tuple[Gate, ...] = (
         ),
         op=">=",
         message="{cls}: all-attempt attainment {value:.4f} < {threshold}",
+        phrase="attainment over all attempts >= {threshold}",
         default=None,
         passes_key="all_attempt_attainment_gate_pass",
         optional=True,
@@ -267,6 +274,7 @@ GATES: tuple[Gate, ...] = (
         ),
         op="<=",
         message="error rate {value:.4f} > {threshold}",
+        phrase="the global error rate is <= {threshold}",
         default=0.01,
     ),
     Gate(
@@ -275,12 +283,14 @@ GATES: tuple[Gate, ...] = (
         scope="point",
         statistic=Statistic(
             "queue_trend",
-            "flat | growing | inconclusive",
+            "flat, growing or inconclusive",
             "Mann-Kendall test with Theil-Sen slope on the server's queue depth and the client's "
             "due-but-unsent backlog over the steady window; growing if either grows",
         ),
         op="==",
         message="queue trend {value}",
+        phrase="the queue trend is {threshold} (Mann-Kendall on queue depth and the client "
+        "backlog)",
         default="flat",
         undecided=("inconclusive",),
     ),
@@ -347,11 +357,13 @@ def markdown_table() -> str:
         if g.inconclusive_on_fail:
             otherwise = "inconclusive"
         elif g.undecided:
-            otherwise = f"fail; inconclusive when {', '.join(map(str, g.undecided))}"
+            values = " or ".join(map(str, g.undecided))
+            otherwise = f"fail; inconclusive when {g.statistic.key} is {values}"
         else:
             otherwise = "fail"
         if g.marginal_message:
-            otherwise += "; marginal when its interval's bound fails"
+            side = "lower" if g.op == ">=" else "upper"
+            otherwise += f"; marginal when its interval's {side} bound does not pass"
         notes = []
         if g.requires:
             notes.append(f"judged once `{g.requires}` passes")
