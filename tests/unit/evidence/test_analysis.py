@@ -294,11 +294,11 @@ def both_paths(path: Path, classes=None) -> tuple[dict | None, dict]:
     from capacity_pack.evidence import slo_report as r
     from capacity_pack.evidence.gates import Gates
 
-    classes = classes or r.seed_classes()
-    summary = a._fast_seed_summary(path, classes)
+    classes = classes or r.tutorial_classes()
+    summary = a._fast_summary(path, classes)
     fast = None if summary is None else r.summary_report(summary, 300, "flat", classes, Gates())
-    cols = a.validate_seed_table(a.read_requests_csv(path), classes, str(path))
-    return fast, r.seed_report(cols, 300, "flat", classes, Gates())
+    cols = a.validate_requests_table(a.read_requests_csv(path), classes, str(path))
+    return fast, r.class_report(cols, 300, "flat", classes, Gates())
 
 
 def csv_text(rows: list[dict]) -> str:
@@ -451,13 +451,13 @@ def test_seed_report_takes_text_columns(tmp_path):
 
     rows = random_rows(np.random.default_rng(3), 3000, ok_share=0.95)
     path = write(tmp_path, csv_text(rows))
-    cols = a.validate_seed_table(a.read_requests_csv(path), r.seed_classes(), str(path))
-    names = np.array([c.name for c in r.seed_classes()] + ["?"], dtype=object)
+    cols = a.validate_requests_table(a.read_requests_csv(path), r.tutorial_classes(), str(path))
+    names = np.array([c.name for c in r.tutorial_classes()] + ["?"], dtype=object)
     text_cols = {k: cols[k] for k in ("ttft", "tpot", "e2e", "out")}
     text_cols["class"] = names[cols["code"]]
     text_cols["status"] = np.where(cols["ok"], "ok", "error").astype(object)
-    args = (300, "flat", r.seed_classes(), Gates())
-    assert r.seed_report(text_cols, *args) == r.seed_report(cols, *args)
+    args = (300, "flat", r.tutorial_classes(), Gates())
+    assert r.class_report(text_cols, *args) == r.class_report(cols, *args)
 
 
 def test_hash_collisions_are_settled_by_comparing_strings(tmp_path, monkeypatch):

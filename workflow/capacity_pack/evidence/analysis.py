@@ -38,8 +38,8 @@ from capacity_pack.evidence.slo_report import (
     STATUSES,
     AnalysisError,
     ClassSpec,
+    class_report,
     pack_classes,
-    seed_report,
 )
 from capacity_pack.evidence.statistics import (
     early_stopping_min_samples,
@@ -112,7 +112,9 @@ def analyze_point(
     # The report's gate takes flat/growing; an undecided trend cannot pass, so it reads as
     # growing there, and the verdict says inconclusive.
     duration_s = (end_ns - start_ns) / 1e9
-    report = seed_report(cols, duration_s, "flat" if trend == "flat" else "growing", classes, gates)
+    report = class_report(
+        cols, duration_s, "flat" if trend == "flat" else "growing", classes, gates
+    )
     report["queue_trend"] = trend
     report["queue_trend_evidence"] = trends
     ck = chunks.merge(m[["request_id", "class"]], on="request_id")

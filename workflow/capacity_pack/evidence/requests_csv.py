@@ -39,12 +39,12 @@ from capacity_pack.evidence.slo_report import (
     ClassSpec,
     Summary,
     check_arguments,
-    seed_classes,
-    seed_report,
+    class_report,
     summary_report,
+    tutorial_classes,
 )
 
-SEED_COLUMNS = ["request_id", "class", "ttft_ms", "tpot_ms", "e2e_ms", "output_tokens", "status"]
+CSV_COLUMNS = ["request_id", "class", "ttft_ms", "tpot_ms", "e2e_ms", "output_tokens", "status"]
 
 
 def read_requests_csv(path: str | Path) -> pd.DataFrame:
@@ -57,7 +57,7 @@ def read_requests_csv(path: str | Path) -> pd.DataFrame:
             path,
             read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES),
             convert_options=pacsv.ConvertOptions(
-                column_types={c: "string" for c in SEED_COLUMNS},
+                column_types={c: "string" for c in CSV_COLUMNS},
                 strings_can_be_null=False,
                 quoted_strings_can_be_null=False,
             ),
@@ -67,12 +67,12 @@ def read_requests_csv(path: str | Path) -> pd.DataFrame:
         raise AnalysisError(f"{path}: no such file") from None
     except Exception as err:  # pyarrow's parse errors name the row; keep their text
         raise AnalysisError(f"{path}: not a readable CSV: {err}") from None
-    missing = [c for c in SEED_COLUMNS if c not in table.column_names]
+    missing = [c for c in CSV_COLUMNS if c not in table.column_names]
     if missing:
         raise AnalysisError(
-            f"{path}: missing column(s) {missing}; expected the header {','.join(SEED_COLUMNS)}"
+            f"{path}: missing column(s) {missing}; expected the header {','.join(CSV_COLUMNS)}"
         )
-    return table.select(SEED_COLUMNS).to_pandas()
+    return table.select(CSV_COLUMNS).to_pandas()
 
 
 def _memory_pool():
@@ -106,14 +106,14 @@ _INT_RE = rf"^{_WS}[+-]?{_DIGITS}{_WS}$"
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd: multiplying permutes uint64
 
 
-def _fast_seed_summary(path: Path, classes: list[ClassSpec]) -> Summary | None:
+def _fast_summary(path: Path, classes: list[ClassSpec]) -> Summary | None:
     """The summary of a requests.csv on which every validation rule holds, or None.
 
     pyarrow parses the file typed (request_id as bytes, class, status and output_tokens
     dictionary-encoded, latencies float64; multi-threaded). None at the first doubt: a file
     pyarrow cannot read this way (a latency outside its number grammar, a missing column), any
     rule failing on any row, a null on an ok row, or two equal ID hashes; the caller then runs
-    the exact path (:func:`validate_seed_table`), which words the error. pyarrow's floats are a
+    the exact path (:func:`validate_requests_table`), which words the error. pyarrow's floats are a
     subset of Python's float() with the same (correctly rounded) values, except NaN payloads
     ("nan(1)"), which read as NaN here and fail the finite-latency rule; output_tokens go through
     :func:`_parse_numbers` once per distinct value. So whatever passes here passes the exact
@@ -140,7 +140,7 @@ def _fast_seed_summary(path: Path, classes: list[ClassSpec]) -> Summary | None:
             read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,
-                include_columns=SEED_COLUMNS,
+                include_columns=CSV_COLUMNS,
                 null_values=_NULLS,
                 strings_can_be_null=False,
                 check_utf8=False,  # IDs are checked once below; class and status must match
@@ -477,7 +477,7 @@ def _python_number(text: str, integer: bool) -> tuple[float, bool]:
         return math.nan, False
 
 
-def validate_seed_table(
+def validate_requests_table(
     frame: pd.DataFrame, classes: list[ClassSpec], source: str
 ) -> dict[str, np.ndarray]:
     """Apply the validation rules (first failing row) and return the parsed columns.
@@ -558,13 +558,13 @@ def analyze_csv(
     (a rule fails, or a value pyarrow does not read as a number) is read again as text and
     checked by the exact path, which reports the first failing row and its rule.
     """
-    classes = classes or seed_classes()
+    classes = classes or tutorial_classes()
     gates = gates or Gates()
     check_arguments(duration_s, queue_trend)
-    summary = _fast_seed_summary(Path(path), classes)
+    summary = _fast_summary(Path(path), classes)
     if summary is None:
-        cols = validate_seed_table(read_requests_csv(path), classes, str(path))
-        report = seed_report(cols, duration_s, queue_trend, classes, gates)
+        cols = validate_requests_table(read_requests_csv(path), classes, str(path))
+        report = class_report(cols, duration_s, queue_trend, classes, gates)
     else:
         report = summary_report(summary, duration_s, queue_trend, classes, gates)
     report["percentile_method"] = "nearest_rank"

@@ -39,12 +39,12 @@ from capacity_pack.evidence.statistics import nearest_ranks
 
 STATUSES = ("ok", "error", "timeout", "rejected", "cancelled")
 # The classes of the tutorial request log, analysed when no manifest is given.
-SEED_CUTOFFS = {
+TUTORIAL_CUTOFFS = {
     "interactive": {"ttft_ms": 500, "tpot_ms": 40},
     "long_context": {"ttft_ms": 2500, "tpot_ms": 50},
     "generation_heavy": {"ttft_ms": 800, "tpot_ms": 45},
 }
-SEED_OUTPUTS = {"interactive": 128, "long_context": 256, "generation_heavy": 1024}
+TUTORIAL_OUTPUTS = {"interactive": 128, "long_context": 256, "generation_heavy": 1024}
 # The gates every report carries; optional ones are added by the per-point analysis.
 CORE_CLASS_GATES = tuple(g for g in CLASS_GATES if not g.optional)
 CORE_POINT_GATES = tuple(g for g in POINT_GATES if not g.optional)
@@ -62,10 +62,11 @@ class ClassSpec:
     expected_output_tokens: int | None  # None: not a fixed-length class
 
 
-def seed_classes() -> list[ClassSpec]:
+def tutorial_classes() -> list[ClassSpec]:
     """The tutorial request log's classes (fixed output lengths)."""
     return [
-        ClassSpec(n, c["ttft_ms"], c["tpot_ms"], SEED_OUTPUTS[n]) for n, c in SEED_CUTOFFS.items()
+        ClassSpec(n, c["ttft_ms"], c["tpot_ms"], TUTORIAL_OUTPUTS[n])
+        for n, c in TUTORIAL_CUTOFFS.items()
     ]
 
 
@@ -110,7 +111,7 @@ def check_arguments(duration_s: float, queue_trend: str) -> None:
         raise AnalysisError("queue trend must be flat or growing")
 
 
-def seed_report(
+def class_report(
     cols: dict[str, np.ndarray],
     duration_s: float,
     queue_trend: str,
