@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,8 +16,7 @@ from pydantic_core import PydanticUndefined
 from capacity_pack.evidence import gates as g
 from capacity_pack.evidence.analysis import failing_gates
 from capacity_pack.plan.manifest import Acceptance, validate_pack
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import DEFAULT_CONFIG, ROOT
 
 
 def thresholds(**values) -> g.Gates:
@@ -47,7 +45,7 @@ def test_defaults_follow_the_manifest_where_it_has_one():
 
 
 def test_gates_of_a_pack_read_its_acceptance():
-    data = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
     data["acceptance"]["per_class_error_rate_max"] = 0.02
     pack = validate_pack(data, "test pack")
     gates = g.pack_gates(pack)
