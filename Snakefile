@@ -15,6 +15,7 @@ min_version("9.27")
 # The library also works from a plain checkout (no pip install -e .).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
+from capacity_pack.engines import check_cache_reset
 from capacity_pack.plan.lint import lint_pack
 from capacity_pack.plan.manifest import ManifestError, validate_pack
 
@@ -30,6 +31,9 @@ try:
     PACK = validate_pack(config, CONFIG_SOURCE)
 except ManifestError as err:
     raise WorkflowError(str(err)) from None
+# The cache-reset names are the registered engines'.
+if PROBLEM := check_cache_reset(PACK.target):
+    raise WorkflowError(f"{CONFIG_SOURCE}: invalid pack configuration: {PROBLEM}")
 # Benchmark anti-patterns stop the pipeline before any job runs (the freeze rule checks again).
 if FINDINGS := lint_pack(PACK):
     raise WorkflowError(

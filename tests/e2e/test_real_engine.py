@@ -71,8 +71,8 @@ def small_pack(tmp: Path) -> Path:
 
 def test_managed_llama_server_answers_like_the_pack_needs(tmp_path):
     from capacity_pack.engines import probe_engine
+    from capacity_pack.engines.tokenize import EndpointCounter
     from capacity_pack.measure.managed import ManagedServer
-    from capacity_pack.plan.prompts import EndpointCounter
 
     data = yaml.safe_load(PACK.read_text())
     m = data["target"]["managed"]

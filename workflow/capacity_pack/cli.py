@@ -77,10 +77,12 @@ def schema(output: Path | None) -> None:
     """Write the JSON schema of the pack configuration (for editors)."""
     import json
 
+    from capacity_pack.engines import cache_reset_names
     from capacity_pack.io import write_text_atomic
     from capacity_pack.plan.manifest import json_schema
 
-    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    schema = json_schema(cache_resets=cache_reset_names())
+    text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -99,11 +101,15 @@ def schema(output: Path | None) -> None:
 @_die_on_manifest_error
 def freeze(config: Path, output: Path) -> None:
     """Validate CONFIG, refuse mutable revisions, and write its canonical frozen manifest."""
+    from capacity_pack.engines import check_cache_reset
     from capacity_pack.io import write_json_atomic
     from capacity_pack.plan.manifest import freeze as do_freeze
     from capacity_pack.plan.manifest import load_pack
 
-    doc = do_freeze(load_pack(config), str(config))
+    pack = load_pack(config)
+    if problem := check_cache_reset(pack.target):
+        raise _Fail(f"{config}: invalid pack configuration: {problem}")
+    doc = do_freeze(pack, str(config))
     write_json_atomic(output, doc)
     click.echo(f"{output}: sha256 {doc['sha256']}")
 

@@ -14,7 +14,6 @@ import yaml
 from capacity_pack.drills import promql
 from capacity_pack.drills.dashboard import (
     DCGM_METRICS,
-    ENGINE_METRICS,
     ROW_TITLES,
     SEVERITIES,
     STATIC_LABELS,
@@ -28,6 +27,7 @@ from capacity_pack.drills.dashboard import (
     write_alert_rules,
     write_grafana_dashboard,
 )
+from capacity_pack.engines import metric_maps
 from capacity_pack.plan.manifest import load_pack, load_yaml, validate_pack
 from tests.paths import DEFAULT
 
@@ -79,7 +79,7 @@ def by_labels(expr: str) -> set[str]:
 
 
 def test_vllm_map_uses_vllm_v1_names():
-    m = ENGINE_METRICS["vllm"]
+    m = metric_maps()["vllm"]
     assert m.waiting == "vllm:num_requests_waiting"
     assert m.running == "vllm:num_requests_running"
     assert m.kv_usage == "vllm:kv_cache_usage_perc"
@@ -101,7 +101,7 @@ def test_vllm_map_uses_vllm_v1_names():
 
 
 def test_sglang_map_exposes_only_what_sglang_has():
-    m = ENGINE_METRICS["sglang"]
+    m = metric_maps()["sglang"]
     assert m.waiting == "sglang:num_queue_reqs"
     assert m.running == "sglang:num_running_reqs"
     assert m.kv_usage == "sglang:token_usage"
@@ -116,7 +116,7 @@ def test_sglang_map_exposes_only_what_sglang_has():
 
 
 def test_sim_map_is_vllm_plus_sim_and_router_extras():
-    vllm, sim = ENGINE_METRICS["vllm"], ENGINE_METRICS["capacity-pack-sim"]
+    vllm, sim = metric_maps()["vllm"], metric_maps()["capacity-pack-sim"]
     assert sim.router and sim.evictions == "sim:prefix_cache_evictions_total"
     assert sim.engine_rejections == "sim:requests_rejected_total"
     for field in type(vllm).model_fields:
@@ -139,14 +139,14 @@ def test_sim_map_is_vllm_plus_sim_and_router_extras():
     ],
 )
 def test_engine_metrics_matches_exact_or_prefix(name, key):
-    assert engine_metrics(name) == ENGINE_METRICS[key]
+    assert engine_metrics(name) == metric_maps()[key]
 
 
 def test_unknown_engine_names_the_known_ones_and_asks_for_overrides():
     with pytest.raises(DashboardError) as err:
         engine_metrics("tutorial-engine-fixture")
     text = str(err.value)
-    for known in ENGINE_METRICS:
+    for known in metric_maps():
         assert known in text
     assert "overrides" in text
     # A name that merely starts with the letters of a known engine is not that engine.
@@ -158,7 +158,7 @@ def test_overrides_replace_drop_and_build_maps():
     m = engine_metrics("vllm", {"replica_label": "pod", "preemptions": None})
     assert m.replica_label == "pod" and m.preemptions is None
     assert m.waiting == "vllm:num_requests_waiting"
-    assert ENGINE_METRICS["vllm"].preemptions is not None  # the shared map is untouched
+    assert metric_maps()["vllm"].preemptions is not None  # the shared map is untouched
     custom = engine_metrics("my-engine", {"waiting": "my:queue", "replica_label": "worker"})
     assert custom.waiting == "my:queue" and custom.kv_usage is None
     with pytest.raises(DashboardError, match="valid fields"):
@@ -178,7 +178,7 @@ def test_rules_structure_and_bounded_labels(sim_pack):
     (group,) = doc["groups"]
     assert set(group) == {"name", "interval", "rules"}
     assert group["name"] == "capacity-pack-rehearsal-sim" and group["interval"] == "1s"
-    m = ENGINE_METRICS["capacity-pack-sim"]
+    m = metric_maps()["capacity-pack-sim"]
     allowed_by = {m.replica_label, "replica", "code", m.finish_reason_label}
     for rule in group["rules"]:
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}
@@ -359,7 +359,7 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not insta
 
 
 @needs_promtool
-@pytest.mark.parametrize("engine", sorted(ENGINE_METRICS))
+@pytest.mark.parametrize("engine", sorted(metric_maps()))
 def test_promtool_check_rules_passes(tmp_path, engine):
     path = tmp_path / "rules.yml"
     write_alert_rules(pack_with(**{"engine.name": engine}), path)
@@ -567,7 +567,7 @@ def _panel_exprs(dashboard: dict) -> list[str]:
     return [t["expr"] for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
 
 
-@pytest.mark.parametrize("engine", sorted(ENGINE_METRICS))
+@pytest.mark.parametrize("engine", sorted(metric_maps()))
 def test_every_expression_parses_and_selects_only_mapped_names(engine):
     pack = pack_with(**{"engine.name": engine})
     allowed = _allowed(engine)

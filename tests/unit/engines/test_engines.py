@@ -24,6 +24,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from capacity_pack import engines
+from capacity_pack.engines import parse_metrics
+from capacity_pack.engines.exposition import ExpositionError, format_labels, samples
+from capacity_pack.engines.probe import metric_families
 from capacity_pack.measure.target import TargetError, open_target
 from capacity_pack.plan.manifest import Engine, Model, OpenAITarget
 
@@ -244,7 +247,7 @@ def test_the_engine_kind_is_inferred_from_what_answers(answers, kind, version, s
     assert ident.version == version and ident.served_models == served
     assert ident.reachable and ident.evidence
     # Every endpoint's raw answer is kept; only GETs were sent.
-    assert set(engines.PROBE_PATHS) <= set(ident.answers)
+    assert set(engines.probe_paths()) <= set(ident.answers)
     assert fake.paths("POST") == []
     if kind == "llamacpp":
         assert ident.total_slots == 2 and ident.context_length == 4096
@@ -345,6 +348,54 @@ def test_engine_names_map_to_kinds():
     assert engines.engine_kind("vllm-0.11") == "vllm"
     assert engines.engine_kind("TensorRT-LLM") == "trtllm"
     assert engines.engine_kind("vllmx") is None and engines.engine_kind("my-engine") is None
+
+
+# -- Prometheus text ------------------------------------------------------------------------
+
+
+def test_signals_sum_over_labels_and_count_one_name_per_signal():
+    text = (
+        "# HELP vllm:gpu_cache_usage_perc Deprecated.\n# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{engine="0"} 0.9\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\nvllm:kv_cache_usage_perc{engine="1"} 0.5\n'
+        'vllm:num_requests_waiting{engine="0"} 2\nvllm:num_requests_waiting{engine="1"} 3\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="kv"} 7\n'
+        "garbage that is not a sample\n"
+        'vllm:num_requests_running{engine="0"} one\n'
+        'vllm:num_requests_running{engine="1"} 4 1700000000000\n'
+    )
+    # The newer KV name wins over the older one; junk lines are skipped one by one.
+    assert parse_metrics(text) == {"kv_usage": 0.75, "queue_depth": 5.0, "running": 4.0}
+    with pytest.raises(ExpositionError):
+        samples(text, strict=True)
+    # A counter declared without _total keeps the name the server wrote.
+    tgi_text = "# TYPE tgi_request_count counter\ntgi_request_count 3\ntgi_queue_size 1\n"
+    assert [s.name for s in samples(tgi_text, strict=True)] == [
+        "tgi_request_count",
+        "tgi_queue_size",
+    ]
+    assert parse_metrics(tgi_text) == {"queue_depth": 1.0}
+
+
+def test_strict_reading_checks_histograms():
+    ok = (
+        'h_bucket{le="0.1",a="x"} 1\nh_bucket{le="+Inf",a="x"} 3\nh_count{a="x"} 3\n'
+        'h_sum{a="x"} 0.5\nc_total 1\nc_created 1.7e9\n'
+    )
+    assert len(samples(ok, strict=True)) == 6
+    for broken in (
+        ok.replace('h_count{a="x"} 3', 'h_count{a="x"} 4'),
+        ok.replace('le="+Inf"', 'le="9"'),
+        ok.replace('h_bucket{le="0.1",a="x"} 1', 'h_bucket{le="0.1",a="x"} 5'),
+    ):
+        with pytest.raises(ExpositionError):
+            samples(broken, strict=True)
+    assert format_labels({"b": 'q"1', "a": "x\ny"}) == '{a="x\\ny",b="q\\"1"}'
+
+
+def test_metric_families_name_the_engine_prefixes():
+    text = "python_gc_objects_collected_total 1\ntgi_queue_size 0\nrouter:replica_up 1\njunk\n"
+    assert metric_families(text) == (["router:", "tgi_"], 3)
 
 
 # -- open_target: enforce, warn, off ------------------------------------------------------

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from capacity_pack.engines.tokenize import EndpointCounter
 from capacity_pack.plan.prompts import (
-    EndpointCounter,
     FileTokenizerCounter,
     build_prompt_for,
     fit_words,

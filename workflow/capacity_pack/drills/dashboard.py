@@ -1,13 +1,13 @@
 """Operations artifacts of a pack: engine metric-name maps, Prometheus alerting rules, and a
 Grafana dashboard.
 
-- :data:`ENGINE_METRICS` maps each known engine (``vllm``, ``sglang``, ``llamacpp``, ``tgi``,
-  ``trtllm``, ``capacity-pack-sim``) to the Prometheus names of the canonical signals
-  (:class:`EngineMetrics`): queue depth, KV usage, prefix-cache hits, preemptions, token
+- Every rule and panel reads the engine's series through its metric map
+  (:class:`~capacity_pack.engines.EngineMetrics`, declared by each engine module in
+  :mod:`capacity_pack.engines`): queue depth, KV usage, prefix-cache hits, preemptions, token
   counters, the latency histograms and their bucket bounds, the label that tells replicas apart,
   and whether the router's ``router:*`` series exist. A signal an engine does not expose is
-  ``None``; nothing is invented. :func:`engine_metrics`
-  picks the map by the manifest's ``engine.name`` and applies overrides.
+  ``None``; nothing is invented. :func:`engine_metrics` picks the map by the manifest's
+  ``engine.name`` (or ``engine.metric_names``, :func:`metric_map_name`) and applies overrides.
 - :func:`alert_rules` builds a Prometheus rule file (one group), one rule per failure mechanism
   the seed's drills target (replica failure, queue saturation, KV pressure, transfer
   degradation, cancellation, cold start) plus the symptom rules ErrorRate and SLOBurnTTFT /
@@ -40,44 +40,30 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capacity_pack import engines
+from capacity_pack.engines.metric_map import (
+    ROUTER_ADMISSION_REJECTED,
+    ROUTER_CODE_LABEL,
+    ROUTER_HEALTH_RTT,
+    ROUTER_NO_REPLICA,
+    ROUTER_OUTSTANDING,
+    ROUTER_RELAY_FAILURES,
+    ROUTER_RELAYED_BYTES,
+    ROUTER_REPLICA_LABEL,
+    ROUTER_REQUESTS,
+    ROUTER_RESPONSES,
+    ROUTER_RETRIES,
+    ROUTER_STARTING,
+    ROUTER_STARTS,
+    ROUTER_UP,
+    ROUTER_UPSTREAM_ERRORS,
+    EngineMetrics,
+    MetricMapError,
+)
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT, ERROR_RATE
 from capacity_pack.io import atomic_path, sha256_hex, write_json_atomic
-from capacity_pack.sim.metrics import ITL_BUCKETS_S, TTFT_BUCKETS_S
-
-# Names of the router's series (the simulated cluster's router; real routers differ, so
-# engines without ``router=True`` never reference them).
-ROUTER_UP = "router:replica_up"
-ROUTER_STARTING = "router:replica_starting"
-ROUTER_OUTSTANDING = "router:replica_outstanding_requests"
-ROUTER_REQUESTS = "router:requests_total"
-ROUTER_UPSTREAM_ERRORS = "router:upstream_errors_total"
-ROUTER_STARTS = "router:replica_starts_total"
-ROUTER_NO_REPLICA = "router:no_replica_total"
-ROUTER_ADMISSION_REJECTED = "router:admission_rejected_total"
-ROUTER_RETRIES = "router:retries_total"
-ROUTER_RESPONSES = "router:responses_total"
-ROUTER_RELAY_FAILURES = "router:relay_failures_total"
-ROUTER_HEALTH_RTT = "router:replica_health_rtt_seconds"
-ROUTER_RELAYED_BYTES = "router:relayed_bytes_total"
-ROUTER_METRICS = (
-    ROUTER_UP,
-    ROUTER_STARTING,
-    ROUTER_OUTSTANDING,
-    ROUTER_REQUESTS,
-    ROUTER_UPSTREAM_ERRORS,
-    ROUTER_STARTS,
-    ROUTER_NO_REPLICA,
-    ROUTER_ADMISSION_REJECTED,
-    ROUTER_RETRIES,
-    ROUTER_RESPONSES,
-    ROUTER_RELAY_FAILURES,
-    ROUTER_HEALTH_RTT,
-    ROUTER_RELAYED_BYTES,
-)
-ROUTER_REPLICA_LABEL = "replica"
-ROUTER_CODE_LABEL = "code"
 
 # dcgm-exporter's field names; they exist only where dcgm-exporter runs beside the engine.
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -105,249 +91,18 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
-class EngineMetrics(_Model):
-    """Prometheus names of the canonical signals of one engine (``None``: not exposed)."""
-
-    waiting: str | None = Field(default=None, description="Gauge: requests queued to be scheduled.")
-    running: str | None = Field(default=None, description="Gauge: requests in the running batch.")
-    kv_usage: str | None = Field(default=None, description="Gauge: KV-cache usage, 0..1.")
-    prefix_hits: str | None = Field(
-        default=None, description="Counter: prefix-cache hits (tokens), paired with prefix_queries."
-    )
-    prefix_queries: str | None = Field(
-        default=None, description="Counter: prefix-cache queries (tokens), paired with prefix_hits."
-    )
-    prefix_hit_rate: str | None = Field(
-        default=None, description="Gauge: prefix-cache hit rate 0..1, when no counters exist."
-    )
-    preemptions: str | None = Field(
-        default=None, description="Counter: requests preempted (or retracted) for KV space."
-    )
-    evictions: str | None = Field(default=None, description="Counter: prefix-cache evictions.")
-    engine_rejections: str | None = Field(
-        default=None, description="Counter: requests the engine refused before queueing."
-    )
-    prompt_tokens: str | None = Field(default=None, description="Counter: prefill tokens.")
-    generation_tokens: str | None = Field(default=None, description="Counter: generated tokens.")
-    request_success: str | None = Field(
-        default=None, description="Counter: finished requests, labelled with the finish reason."
-    )
-    finish_reason_label: str | None = Field(
-        default=None, description="Label of request_success that carries the finish reason."
-    )
-    abort_reason: str | None = Field(
-        default=None, description="Value of finish_reason_label for aborted (cancelled) requests."
-    )
-    ttft_hist: str | None = Field(default=None, description="Histogram: time to first token, s.")
-    ttft_buckets: tuple[float, ...] | None = Field(
-        default=None, description="Bucket upper bounds of ttft_hist, s (ascending)."
-    )
-    itl_hist: str | None = Field(
-        default=None, description="Histogram: latency between consecutive output tokens, s."
-    )
-    itl_buckets: tuple[float, ...] | None = Field(
-        default=None, description="Bucket upper bounds of itl_hist, s (ascending)."
-    )
-    e2e_hist: str | None = Field(default=None, description="Histogram: end-to-end latency, s.")
-    queue_time_hist: str | None = Field(
-        default=None, description="Histogram: time a request waited in the queue, s."
-    )
-    iteration_tokens_hist: str | None = Field(
-        default=None, description="Histogram: tokens batched per engine iteration."
-    )
-    replica_label: str | None = Field(
-        default=None,
-        description="Label that tells replicas/engines apart on engine series (None: one series).",
-    )
-    router: bool = Field(
-        default=False, description="True when the router's router:* series are exposed too."
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> EngineMetrics:
-        if self.request_success is not None and (
-            self.finish_reason_label is None or self.abort_reason is None
-        ):
-            raise ValueError("request_success needs finish_reason_label and abort_reason")
-        if (self.prefix_hits is None) != (self.prefix_queries is None):
-            raise ValueError("prefix_hits and prefix_queries come as a pair")
-        for name in ("ttft_buckets", "itl_buckets"):
-            bounds = getattr(self, name)
-            if bounds is not None and (
-                not bounds or any(b <= a for a, b in zip(bounds, bounds[1:], strict=False))
-            ):
-                raise ValueError(f"{name} must be non-empty and strictly ascending")
-        return self
-
-    def metric_names(self) -> set[str]:
-        """Every series name a query over this map may select (histograms expand to their
-        ``_bucket``/``_count``/``_sum`` series; the router's series when ``router``)."""
-        names: set[str] = set()
-        for field, value in self:
-            if not isinstance(value, str) or field.endswith("_label") or field == "abort_reason":
-                continue
-            if field.endswith("_hist"):
-                names.update(f"{value}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
-            else:
-                names.add(value)
-        if self.router:
-            names.update(ROUTER_METRICS)
-        return names
-
-
-_VLLM = EngineMetrics(
-    waiting="vllm:num_requests_waiting",
-    running="vllm:num_requests_running",
-    kv_usage="vllm:kv_cache_usage_perc",
-    prefix_hits="vllm:prefix_cache_hits_total",
-    prefix_queries="vllm:prefix_cache_queries_total",
-    preemptions="vllm:num_preemptions_total",
-    prompt_tokens="vllm:prompt_tokens_total",
-    generation_tokens="vllm:generation_tokens_total",
-    request_success="vllm:request_success_total",
-    finish_reason_label="finished_reason",
-    abort_reason="abort",
-    ttft_hist="vllm:time_to_first_token_seconds",
-    ttft_buckets=TTFT_BUCKETS_S,
-    itl_hist="vllm:inter_token_latency_seconds",
-    itl_buckets=ITL_BUCKETS_S,
-    e2e_hist="vllm:e2e_request_latency_seconds",
-    queue_time_hist="vllm:request_queue_time_seconds",
-    iteration_tokens_hist="vllm:iteration_tokens_total",
-    # vLLM V1 labels every series with its data-parallel engine index.
-    replica_label="engine",
-)
-
-SGLANG_TTFT_BUCKETS_S = (
-    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
-    400.0,
-)  # fmt: skip
-SGLANG_ITL_BUCKETS_S = (
-    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1,
-    0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
-)  # fmt: skip
-
-# SGLang: scheduler gauges carry ``dp_rank`` under data parallelism; retraction is its
-# preemption (a running request pushed back to the queue when KV runs out). Its tokenizer-side
-# counters have no finish-reason label, and it exposes no prefix-cache eviction counter.
-# Bucket bounds are its defaults; a server started with custom buckets needs overrides.
-_SGLANG = EngineMetrics(
-    waiting="sglang:num_queue_reqs",
-    running="sglang:num_running_reqs",
-    kv_usage="sglang:token_usage",
-    prefix_hit_rate="sglang:cache_hit_rate",
-    preemptions="sglang:num_retracted_requests_total",
-    prompt_tokens="sglang:prompt_tokens_total",
-    generation_tokens="sglang:generation_tokens_total",
-    ttft_hist="sglang:time_to_first_token_seconds",
-    ttft_buckets=SGLANG_TTFT_BUCKETS_S,
-    itl_hist="sglang:inter_token_latency_seconds",
-    itl_buckets=SGLANG_ITL_BUCKETS_S,
-    e2e_hist="sglang:e2e_request_latency_seconds",
-    queue_time_hist="sglang:queue_time_seconds",
-    replica_label="dp_rank",
-)
-
-_SIM = _VLLM.model_copy(
-    update={
-        "evictions": "sim:prefix_cache_evictions_total",
-        "engine_rejections": "sim:requests_rejected_total",
-        "router": True,
-    }
-)
-
-# llama.cpp's llama-server (started with --metrics): a deferred request waits for a free slot,
-# a processing one holds a slot. kv_cache_usage_ratio left /metrics in mid-2025 (ggml-org/llama.cpp
-# #13660), so newer builds expose no KV-usage gauge and the signal reads as missing there; no
-# build exposes prefix-cache hits, preemptions or latency histograms.
-_LLAMACPP = EngineMetrics(
-    waiting="llamacpp:requests_deferred",
-    running="llamacpp:requests_processing",
-    kv_usage="llamacpp:kv_cache_usage_ratio",
-    prompt_tokens="llamacpp:prompt_tokens_total",
-    generation_tokens="llamacpp:tokens_predicted_total",
-)
-
-# Hugging Face TGI's router: queue and batch gauges and the end-to-end histogram; it exposes no
-# KV usage, prefix cache, preemption or TTFT series, and its token counts are histograms.
-_TGI = EngineMetrics(
-    waiting="tgi_queue_size",
-    running="tgi_batch_current_size",
-    e2e_hist="tgi_request_duration",
-)
-
-# TensorRT-LLM's trtllm-serve: Prometheus series only with return_perf_metrics, and under
-# /prometheus/metrics (its /metrics answers JSON iteration stats). The hit rate is a gauge;
-# bucket bounds vary between releases, so none are assumed.
-_TRTLLM = EngineMetrics(
-    waiting="trtllm_num_requests_waiting",
-    running="trtllm_num_requests_running",
-    kv_usage="trtllm_kv_cache_utilization",
-    prefix_hit_rate="trtllm_kv_cache_hit_rate",
-    prompt_tokens="trtllm_prompt_tokens_total",
-    generation_tokens="trtllm_generation_tokens_total",
-    e2e_hist="trtllm_e2e_request_latency_seconds",
-    queue_time_hist="trtllm_request_queue_time_seconds",
-)
-
-ENGINE_METRICS: dict[str, EngineMetrics] = {
-    "vllm": _VLLM,
-    "sglang": _SGLANG,
-    "llamacpp": _LLAMACPP,
-    "tgi": _TGI,
-    "trtllm": _TRTLLM,
-    "capacity-pack-sim": _SIM,
-}
-
-
-def _lookup(engine_name: str) -> EngineMetrics | None:
-    name = engine_name.strip().lower()
-    if name in ENGINE_METRICS:
-        return ENGINE_METRICS[name]
-    # Longest key first, so a future "vllm-ascend" entry would win over "vllm".
-    for key in sorted(ENGINE_METRICS, key=len, reverse=True):
-        if name.startswith(key) and not name[len(key)].isalnum():
-            return ENGINE_METRICS[key]
-    return None
-
-
 def metric_map_name(pack: Any) -> str:
-    """Which map a pack's series follow: the configured one, else the engine's own name when
-    a map is known for it, else the simulator's for a simulated target (whatever engine it
-    stands in for), else the engine name (and :func:`engine_metrics` says what is missing)."""
-    if pack.engine.metric_names:
-        return pack.engine.metric_names
-    if _lookup(pack.engine.name) is None and pack.target.kind == "sim":
-        return "capacity-pack-sim"
-    return pack.engine.name
+    """Which map a pack's series follow (:func:`capacity_pack.engines.metric_map_name`)."""
+    return engines.metric_map_name(pack)
 
 
 def engine_metrics(engine_name: str, overrides: dict[str, Any] | None = None) -> EngineMetrics:
-    """The metric map of ``engine_name`` (exact or prefix match: ``vllm-0.11`` is vLLM), with
-    ``overrides`` (field -> name, ``None`` to drop a signal) applied.
-
-    An engine with no known map needs overrides naming its series; they are then the whole map.
-    """
-    base = _lookup(engine_name)
-    if base is None and not overrides:
-        raise DashboardError(
-            f"no metric map for engine {engine_name!r}; known engines: "
-            f"{', '.join(sorted(ENGINE_METRICS))} (a name may also start with one of them, e.g. "
-            "'vllm-0.11'). Give overrides naming the engine's series (fields of "
-            "capacity_pack.drills.dashboard.EngineMetrics: waiting, running, kv_usage, ...)"
-        )
-    data = base.model_dump() if base is not None else {}
-    data.update(overrides or {})
+    """The registered metric map of ``engine_name`` with ``overrides`` applied
+    (:func:`capacity_pack.engines.engine_metrics`); :class:`DashboardError` when unusable."""
     try:
-        return EngineMetrics.model_validate(data)
-    except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<map>'}: {e['msg']}" for e in err.errors()
-        )
-        raise DashboardError(
-            f"engine {engine_name!r}: invalid metric map ({problems}); valid fields: "
-            f"{', '.join(EngineMetrics.model_fields)}"
-        ) from None
+        return engines.engine_metrics(engine_name, overrides)
+    except MetricMapError as err:
+        raise DashboardError(str(err)) from None
 
 
 # ---------------------------------------------------------------------------------------------

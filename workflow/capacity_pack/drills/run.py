@@ -45,6 +45,7 @@ from capacity_pack.drills.plan import (
     drill_point,
     drill_schedule,
 )
+from capacity_pack.engines import exposition
 from capacity_pack.io import atomic_path, write_text_atomic
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget
 
@@ -170,21 +171,17 @@ def parse_scrapes(
     scrapes: list[tuple[int, int, int, str | None]],
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(samples: t_ns, metric, labels, value; scrapes: t_ns, realtime_ns, ok, client_in_flight)."""
-    from capacity_pack.sim import metrics as m
-
     rows: list[tuple[int, str, str, float]] = []
     index = []
     for t, rt, in_flight, text in scrapes:
         ok = text is not None
         if ok:
             try:
-                families = m.parse(text)
-            except m.ExpositionError:
+                found = exposition.samples(text, strict=True)
+            except exposition.ExpositionError:
                 ok = False
             else:
-                for fam in families.values():
-                    for s in fam.samples:
-                        rows.append((t, s.name, m.format_labels(sorted(s.labels)), float(s.value)))
+                rows += [(t, s.name, exposition.format_labels(s.labels), s.value) for s in found]
         index.append((t, rt, ok, in_flight))
     samples = pd.DataFrame(rows, columns=["t_ns", "metric", "labels", "value"])
     samples["t_ns"] = samples["t_ns"].astype(np.int64)

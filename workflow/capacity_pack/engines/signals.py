@@ -1,82 +1,78 @@
 """Canonical server signals (queue depth, running, KV usage, prefix-cache queries and hits,
-preemptions, token counters) and the Prometheus metric names each engine exposes them under.
+preemptions, token counters) read out of an engine's Prometheus text.
 
-``parse_metrics`` sums a signal over label sets and counts only the first name of the map an
-engine exposes, so an engine that exports both an old and a new name is not counted twice.
+The names come from the registered engines (each module's ``signals``;
+:func:`capacity_pack.engines.registry.metric_names` joins them in registration order).
+
+- :func:`parse_metrics` (the load generator's scrape loop, once a second; a target without a
+  metric map): each signal is the sum over label sets of the first of its names that the text
+  holds, so an engine that exports both an old and a new name is not counted twice.
+- :func:`read_signals` (the cold check and the idle wait of a real target): the signals through
+  the engine's :class:`~capacity_pack.engines.metric_map.EngineMetrics`, and each one the engine
+  does not expose or the scrape lacks, as a sentence of missing evidence; nothing is estimated
+  in its place. A signal the map names is also read under the older names the same engine's
+  module lists (vLLM's ``gpu_cache_usage_perc`` before ``kv_cache_usage_perc``).
 """
 
 from __future__ import annotations
 
-# Canonical server signals and the names engines expose them under (first match wins).
-METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "queue_depth": (
-        "vllm:num_requests_waiting",
-        "sglang:num_queue_reqs",
-        "llamacpp:requests_deferred",
-        "tgi_queue_size",
-        "trtllm_num_requests_waiting",
-    ),
-    "running": (
-        "vllm:num_requests_running",
-        "sglang:num_running_reqs",
-        "llamacpp:requests_processing",
-        "tgi_batch_current_size",
-        "trtllm_num_requests_running",
-    ),
-    "kv_usage": (
-        "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
-        "sglang:token_usage",
-        "llamacpp:kv_cache_usage_ratio",
-        "trtllm_kv_cache_utilization",
-    ),
-    "prefix_cache_queries": (
-        "vllm:prefix_cache_queries_total",
-        "vllm:gpu_prefix_cache_queries_total",
-        "vllm:prefix_cache_queries",
-    ),
-    "prefix_cache_hits": (
-        "vllm:prefix_cache_hits_total",
-        "vllm:gpu_prefix_cache_hits_total",
-        "vllm:prefix_cache_hits",
-    ),
-    "prefix_cache_evictions": ("sim:prefix_cache_evictions_total",),
-    "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
-    "prompt_tokens": (
-        "vllm:prompt_tokens_total",
-        "sglang:prompt_tokens_total",
-        "llamacpp:prompt_tokens_total",
-        "trtllm_prompt_tokens_total",
-    ),
-    "generation_tokens": (
-        "vllm:generation_tokens_total",
-        "sglang:generation_tokens_total",
-        "llamacpp:tokens_predicted_total",
-        "trtllm_generation_tokens_total",
-    ),
-}
-_WANTED = {name: key for key, names in METRIC_NAMES.items() for name in names}
+import re
+
+from capacity_pack.engines.exposition import sample_sums
+from capacity_pack.engines.metric_map import SIGNALS, EngineMetrics
+from capacity_pack.engines.registry import metric_names
+
+
+def _first_present(names: dict[str, tuple[str, ...]], sums: dict[str, float]) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for signal, candidates in names.items():
+        found = next((n for n in candidates if n in sums), None)
+        if found is not None:
+            values[signal] = sums[found]
+    return values
 
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Canonical signals from Prometheus text, summed over label sets; tolerant of any engine."""
-    found: dict[str, float] = {}
-    seen: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
+    names = dict(metric_names())
+    sums = sample_sums(text, _all_names(names))
+    return _first_present(names, sums)
+
+
+def _all_names(names: dict[str, tuple[str, ...]]) -> frozenset[str]:
+    return frozenset(n for ns in names.values() for n in ns)
+
+
+def read_signals(
+    text: str, emap: EngineMetrics, *, map_name: str, url: str
+) -> tuple[dict[str, float], list[str]]:
+    """Canonical signals from ``text`` through ``emap``, and the missing ones, each a sentence."""
+    known = metric_names()
+    names: dict[str, tuple[str, ...]] = {}
+    for signal, field in SIGNALS.items():
+        primary = getattr(emap, field, None)
+        if primary is None:
             continue
-        brace = line.find("{")
-        space = line.rfind(" ")
-        name = line[:brace] if 0 <= brace < space else line[: line.find(" ")]
-        key = _WANTED.get(name)
-        if key is None:
+        prefix = re.match(r"[a-z]+[:_]", primary)
+        older = [
+            n
+            for n in known.get(signal, ())
+            if prefix is not None and n.startswith(prefix.group()) and n != primary
+        ]
+        names[signal] = (primary, *older)
+    values = _first_present(names, sample_sums(text, _all_names(names)))
+    missing = []
+    for signal in ("queue_depth", "running", "kv_usage"):
+        if signal in values:
             continue
-        # Only the first name of the map that the engine exposes counts (no double counting).
-        if seen.setdefault(key, name) != name:
-            continue
-        try:
-            value = float(line[space + 1 :])
-        except ValueError:
-            continue
-        found[key] = found.get(key, 0.0) + value
-    return found
+        if signal not in names:
+            missing.append(f"{signal}: the {map_name} metric map has no series for it")
+        else:
+            missing.append(f"{signal}: {names[signal][0]} absent from {url}")
+    if not {"prefix_cache_hits", "prefix_cache_hit_rate"} & set(values):
+        if "prefix_cache_hits" in names or "prefix_cache_hit_rate" in names:
+            wanted = (names.get("prefix_cache_hits") or names["prefix_cache_hit_rate"])[0]
+            missing.append(f"prefix_cache_hits: {wanted} absent from {url}")
+        else:
+            missing.append(f"prefix_cache_hits: the {map_name} metric map has no series for it")
+    return values, missing

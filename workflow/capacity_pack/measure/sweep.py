@@ -122,7 +122,8 @@ def token_counter(inputs: SweepInputs, base_url: str):
     (the project tokenizer, exact for the simulated engine)."""
     import os
 
-    from capacity_pack.plan.prompts import EndpointCounter, FileTokenizerCounter
+    from capacity_pack.engines.tokenize import EndpointCounter
+    from capacity_pack.plan.prompts import FileTokenizerCounter
 
     target = inputs.target
     if not isinstance(target, OpenAITarget):

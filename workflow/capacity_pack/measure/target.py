@@ -11,19 +11,21 @@
   :func:`capacity_pack.engines.check_identity` compares it with the manifest; a mismatch raises
   :class:`TargetError` under ``identity_check: enforce`` (is recorded under ``warn``). For a cold
   point with ``cache_reset: restart`` the probe runs after the restart, on the process that will
-  be measured. A cold point then resets the prefix cache: the restart command, vLLM's ``POST
-  /reset_prefix_cache`` or SGLang's ``POST /flush_cache`` after the engine has drained, or
-  llama.cpp's ``POST /slots/{id}?action=erase`` for each of ``/props``'s ``total_slots``.
+  be measured. A cold point then resets the prefix cache: the restart command, or the reset
+  that the engine module registered under ``target.cache_reset``'s name
+  (:func:`capacity_pack.engines.cache_reset`: vLLM's ``POST /reset_prefix_cache`` or SGLang's
+  ``POST /flush_cache`` after the engine has drained, llama.cpp's slot erase...); a name no
+  engine registered stops the point before anything is sent.
 
 Either way :func:`verify_cold` then scrapes the engine's Prometheus text through its metric map
 (:func:`capacity_pack.engines.read_signals`) and requires an idle engine (nothing running or
 waiting) with no KV blocks in use, and records the prefix-cache counters it starts from, so the
 point's hit rate is measured from a known-empty cache. What cannot be checked is said:
 ``cache_empty_verified`` is true only on evidence, else false with ``cache_empty_reason``, and
-every signal the engine does not expose is listed in ``missing_evidence``. llama.cpp exposes no
-KV usage in current builds: its slots count as empty when a second erase pass finds nothing to
-erase, and its host-memory prompt cache (``--cache-ram``), which slot erase does not clear and
-no endpoint reports, counts as empty only when ``engine.config`` declares ``cache_ram: 0``.
+every signal the engine does not expose is listed in ``missing_evidence``. An engine whose
+metrics cannot show an empty cache may register ``cold_evidence`` that stands in for the KV gauge
+(llama.cpp: a second slot-erase pass, and ``engine.config`` declaring its host-memory prompt
+cache off; see :mod:`capacity_pack.engines.llamacpp`).
 
 The point's facts also carry ``engine_identity`` (the probe, raw answers included, secrets
 redacted), ``identity_check``, ``identity_mismatches``, ``tls_verify`` and ``ca_bundle``.
@@ -43,13 +45,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from capacity_pack import engines
-from capacity_pack.engines.signals import parse_metrics
 from capacity_pack.plan.manifest import Engine, OpenAITarget, SimTarget
 from capacity_pack.redact import redact_text
 
 log = logging.getLogger("capacity_pack.measure.target")
-# engine.config keys under which a pack may declare llama-server's --cache-ram.
-CACHE_RAM_KEYS = ("cache_ram", "cache-ram", "cram")
 
 
 class TargetError(RuntimeError):
@@ -149,8 +148,8 @@ class Endpoint:
     """A real target's HTTP side for one point: one client (API key, TLS verification), the
     engine's metric map and where its Prometheus text lives.
 
-    Without a map (a simulated engine, an unknown one) signals are read under every name
-    :data:`capacity_pack.engines.signals.METRIC_NAMES` knows.
+    Without a map (a simulated engine, an unknown one) signals are read under every name a
+    registered engine gives them (:func:`capacity_pack.engines.parse_metrics`).
     """
 
     def __init__(
@@ -185,9 +184,8 @@ class Endpoint:
     def use_metric_map(self, name: str | None) -> None:
         """Read signals through ``name``'s map (a kind or engine name); None: every known name."""
         self.emap = engines.metric_map(name)
-        kind = engines.engine_kind(name)
         self.map_name = name if self.emap is not None else None
-        self.metrics_path = engines.METRICS_PATHS.get(kind or "", "/metrics")
+        self.metrics_path = engines.metrics_path(engines.engine_kind(name))
 
     def redact(self, text: str) -> str:
         return redact_text(text, self.secrets)
@@ -197,6 +195,9 @@ class Endpoint:
 
     def post(self, path: str, timeout_s: float = 30.0) -> Any:
         return self.client.post(f"{self.base_url}{path}", timeout=timeout_s)
+
+    def wait_idle(self, timeout_s: float) -> dict[str, float]:
+        return wait_idle(self.base_url, timeout_s=timeout_s, endpoint=self)
 
     def healthy(self, timeout_s: float = 1.0) -> bool:
         import httpx
@@ -217,7 +218,7 @@ class Endpoint:
         if resp.status_code != 200:
             return Scrape({}, [f"metrics: GET {url} answered {resp.status_code}"])
         if self.emap is None:
-            values = parse_metrics(resp.text)
+            values = engines.parse_metrics(resp.text)
             missing = [
                 f"{signal}: no known series for it on {url}"
                 for signal in ("queue_depth", "running", "kv_usage")
@@ -275,107 +276,28 @@ def _reset(target: OpenAITarget, ep: Endpoint, timeout_s: float, total_slots: in
                 raise TargetError(f"{ep.base_url} not healthy {timeout_s} s after the restart")
             time.sleep(0.5)
         return "restart"
-    if target.cache_reset == "llamacpp":
-        n, erased = _erase_slots(ep, total_slots, timeout_s)
-        return f"POST /slots/{{id}}?action=erase x{n} ({erased} tokens erased)"
-    path = "/reset_prefix_cache" if target.cache_reset == "vllm" else "/flush_cache"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        wait_idle(ep.base_url, timeout_s=timeout_s, endpoint=ep)
-        resp = ep.post(path)
-        if resp.status_code >= 400:
-            raise TargetError(
-                f"POST {path} answered {resp.status_code}: {ep.redact(resp.text[:300])}"
-            )
-        # vLLM answers 200 even when it refuses (blocks still in use); a JSON body says so.
-        try:
-            refused = resp.json().get("reset") is False
-        except (ValueError, AttributeError):
-            refused = False
-        if not refused:
-            return path
-        if time.monotonic() > deadline:
-            raise TargetError(
-                f"POST {path} kept refusing for {timeout_s} s: {ep.redact(resp.text[:300])}"
-            )
-        time.sleep(0.5)
+    reset = engines.cache_reset(target.cache_reset)
+    if reset is None:
+        raise TargetError(engines.check_cache_reset(target) or target.cache_reset)
+    try:
+        return reset.perform(ep, timeout_s, total_slots)
+    except engines.ResetError as err:
+        raise TargetError(str(err)) from None
 
 
-def _slot_count(ep: Endpoint, total_slots: int | None) -> int:
-    if total_slots is None:
-        resp = ep.get("/props")
-        props = resp.json() if resp.status_code == 200 else {}
-        total_slots = props.get("total_slots") if isinstance(props, dict) else None
-    if not isinstance(total_slots, int) or total_slots < 1:
-        raise TargetError(
-            f"{ep.base_url}/props reports no total_slots: the llama.cpp slots cannot be erased"
-        )
-    return total_slots
-
-
-def _wait_slots_idle(ep: Endpoint, timeout_s: float) -> None:
-    """Until no slot processes (GET /slots); the metrics when llama-server runs --no-slots."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        resp = ep.get("/slots")
-        if resp.status_code != 200 or not isinstance(resp.json(), list):
-            wait_idle(ep.base_url, timeout_s=timeout_s, endpoint=ep)
-            return
-        busy = [s.get("id") for s in resp.json() if isinstance(s, dict) and s.get("is_processing")]
-        if not busy:
-            return
-        if time.monotonic() > deadline:
-            raise TargetError(f"{ep.base_url} slots {busy} still processing after {timeout_s} s")
-        time.sleep(0.2)
-
-
-def _erase_slots(ep: Endpoint, total_slots: int | None, timeout_s: float) -> tuple[int, int]:
-    """Erase every llama.cpp slot; (slots, tokens erased)."""
-    n = _slot_count(ep, total_slots)
-    _wait_slots_idle(ep, timeout_s)
-    erased = 0
-    for i in range(n):
-        path = f"/slots/{i}?action=erase"
-        resp = ep.post(path)
-        if resp.status_code == 501:
-            raise TargetError(
-                f"POST {path} answered 501: llama-server runs slot actions only when started "
-                f"with --slot-save-path DIR ({ep.redact(resp.text[:200])})"
-            )
-        if resp.status_code >= 400:
-            raise TargetError(
-                f"POST {path} answered {resp.status_code}: {ep.redact(resp.text[:300])}"
-            )
-        body = resp.json()
-        erased += int(body.get("n_erased", 0)) if isinstance(body, dict) else 0
-    return n, erased
-
-
-def llamacpp_slot_evidence(
-    ep: Endpoint, total_slots: int | None, engine: Engine | None, timeout_s: float = 60.0
-) -> dict[str, Any]:
-    """Whether llama.cpp's caches are empty: a second erase pass must find nothing in any slot,
-    and the host-memory prompt cache (``--cache-ram``; slot erase leaves it, nothing reports
-    it) must be declared off by ``engine.config``."""
-    n, left = _erase_slots(ep, total_slots, timeout_s)
-    config = engine.config if engine is not None else {}
-    declared = next((config[k] for k in CACHE_RAM_KEYS if k in config), None)
-    host_cache_off = declared is not None and str(declared).strip() == "0"
-    reasons = []
-    if left:
-        reasons.append(f"a second erase pass found {left} tokens in the {n} slots")
-    if not host_cache_off:
-        reasons.append(
-            "llama-server's host-memory prompt cache (--cache-ram, on by default in recent "
-            "builds) is neither cleared by slot erase nor reported by any endpoint; declare "
-            "engine.config cache_ram: 0 and start the server with --cache-ram 0"
-        )
-    return {
-        "slots_checked": n,
-        "tokens_left_in_slots": left,
-        "host_prompt_cache": "declared off (engine.config)" if host_cache_off else "unknown",
-        "reasons": reasons,
-    }
+def cold_evidence(
+    ep: Endpoint, identity: engines.EngineIdentity, target: OpenAITarget, engine: Engine | None
+) -> dict[str, Any] | None:
+    """The engine module's own evidence of an empty cache, where it has one (llama.cpp's
+    slots): the answering engine's, else that of the engine whose reset the target names."""
+    for spec in (engines.get(identity.kind), engines.reset_owner(target.cache_reset)):
+        if spec is not None and spec.cold_evidence is not None:
+            config = engine.config if engine is not None else {}
+            try:
+                return spec.cold_evidence(ep, identity.total_slots, config)
+            except engines.ResetError as err:
+                raise TargetError(str(err)) from None
+    return None
 
 
 def wait_idle(
@@ -411,8 +333,8 @@ def verify_cold(
 ) -> dict[str, Any]:
     """Check the engine is idle with no KV blocks in use; the counters the point starts from.
 
-    ``slot_evidence`` (llama.cpp, :func:`llamacpp_slot_evidence`) stands in for the KV-usage
-    gauge its current builds lack, and adds its own conditions.
+    ``slot_evidence`` (an engine module's ``cold_evidence``, :func:`cold_evidence`) stands in
+    for a KV-usage gauge the engine lacks, and adds its own conditions.
     """
     with _endpoint(base_url, endpoint) as ep:
         m = _wait_idle(ep, 60.0)
@@ -531,6 +453,9 @@ def open_target(
             yield sim.base_url, facts
         return
     assert isinstance(target, OpenAITarget)
+    problem = engines.check_cache_reset(target)
+    if problem is not None:
+        raise TargetError(problem)
     if target.managed is not None:
         yield from _managed(target, model, cache_state, log_path=log_path, expected=expected)
         return
@@ -562,9 +487,7 @@ def open_target(
                 facts["cache_preparation"] = reset_prefix_cache(
                     target, base_url, endpoint=ep, total_slots=identity.total_slots
                 )
-            slots = None
-            if target.cache_reset == "llamacpp" or identity.kind == "llamacpp":
-                slots = llamacpp_slot_evidence(ep, identity.total_slots, engine)
+            slots = cold_evidence(ep, identity, target, engine)
             facts.update(verify_cold(base_url, endpoint=ep, slot_evidence=slots))
         else:
             facts["metric_map"] = ep.map_name

@@ -29,6 +29,7 @@ change reruns only the stages that read it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from statistics import NormalDist
@@ -537,11 +538,15 @@ class OpenAITarget(_Model):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Name of the environment variable holding the API key (never the key).",
     )
-    cache_reset: Literal["none", "vllm", "sglang", "llamacpp", "restart"] = Field(
-        description="How the prefix cache is cleared before a cold point: vLLM's POST "
-        "/reset_prefix_cache, SGLang's POST /flush_cache, llama.cpp's POST "
-        "/slots/{id}?action=erase for every slot (llama-server needs --slot-save-path), or "
-        "restart_command (the only way for TGI and TensorRT-LLM)."
+    # The allowed names are the engines' (capacity_pack.engines, a layer above this one):
+    # the pipeline, `capacity-pack freeze` and every measured point check the name there.
+    cache_reset: str = Field(
+        pattern=r"^[a-z][a-z0-9_.-]*$",
+        description="How the prefix cache is cleared before a cold point: 'none', 'restart' "
+        "(restart_command: the only way for an engine without a reset endpoint, such as TGI or "
+        "TensorRT-LLM), or an engine's own reset as capacity_pack.engines registers it, e.g. "
+        "'vllm' (POST /reset_prefix_cache), 'sglang' (POST /flush_cache), 'llamacpp' (POST "
+        "/slots/{id}?action=erase for every slot; llama-server needs --slot-save-path).",
     )
     restart_command: list[str] | None = Field(
         default=None, description="argv that restarts the engine (cache_reset: restart)."
@@ -1149,9 +1154,14 @@ def load_frozen(path: str | Path) -> tuple[Pack, dict[str, Any]]:
     return validate_pack(doc["manifest"], str(path)), doc
 
 
-def json_schema() -> dict[str, Any]:
-    """JSON schema of the pack configuration, for editors."""
+def json_schema(cache_resets: Sequence[str] | None = None) -> dict[str, Any]:
+    """JSON schema of the pack configuration, for editors; ``cache_resets``: the allowed
+    ``target.cache_reset`` values (the engines' registry knows them), as its enum."""
     schema = Pack.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "capacity-pack configuration"
+    if cache_resets is not None:
+        prop = schema["$defs"]["OpenAITarget"]["properties"]["cache_reset"]
+        prop.pop("pattern", None)
+        prop["enum"] = list(cache_resets)
     return schema

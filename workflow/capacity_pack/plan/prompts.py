@@ -146,7 +146,8 @@ def build_prompt(
 
 
 class TokenCounter:
-    """Counts a prompt's tokens the way the target does."""
+    """Counts a prompt's tokens the way the target does (the server's own ``POST /tokenize``:
+    ``capacity_pack.engines.tokenize.EndpointCounter``, in the engines' formats)."""
 
     name = "abstract"
 
@@ -183,54 +184,6 @@ class FileTokenizerCounter(TokenCounter):
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
-
-
-class EndpointCounter(TokenCounter):
-    """The server's own ``POST /tokenize``: vLLM/SGLang's ``{"model", "prompt"} -> {"count"}``
-    or, when that shape is refused, llama.cpp's ``{"content", "add_special"} -> {"tokens"}``
-    (the first answer decides the shape for the rest of the run)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        headers: dict[str, str] | None = None,
-        verify: Any = True,
-    ):
-        import httpx
-
-        self.name = f"{base_url}/tokenize"
-        # ``verify``: httpx's verify from the target's tls_verify/ca_bundle
-        # (capacity_pack.engines.verify_setting).
-        self._client = httpx.Client(
-            base_url=base_url, headers=headers or {}, timeout=30, verify=verify
-        )
-        self.model = model
-        self.flavor: str | None = None
-
-    def _body(self, flavor: str, text: str) -> dict:
-        if flavor == "openai":
-            return {"model": self.model, "prompt": text, "add_special_tokens": False}
-        return {"content": text, "add_special": False}
-
-    def count(self, text: str) -> int:
-        for flavor in [self.flavor] if self.flavor else ["openai", "llamacpp"]:
-            resp = self._client.post("/tokenize", json=self._body(flavor, text))
-            if resp.status_code >= 400 and self.flavor is None and flavor == "openai":
-                continue  # not vLLM/SGLang's shape: try llama.cpp's
-            resp.raise_for_status()
-            body = resp.json()
-            known = "count" in body or "tokens" in body
-            n = int(body["count"] if "count" in body else len(body.get("tokens", [])))
-            # llama.cpp reads "content" and answers an empty token list for a body without it.
-            if self.flavor is None and flavor == "openai" and (not known or (text and n == 0)):
-                continue
-            if not known:
-                raise ValueError(f"{self.name}: no 'count' or 'tokens' in {str(body)[:200]}")
-            if text:
-                self.flavor = flavor
-            return n
-        raise ValueError(f"{self.name}: neither the vLLM nor the llama.cpp /tokenize shape worked")
 
 
 PADS = ("the", "a", "of", "and", ".", ",", "x", "1")
