@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 
 from capacity_pack.io import write_json_atomic
 from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
-from capacity_pack.measure.sweep import measure_point
+from capacity_pack.measure.sweep import measure_point, tracking_record
 from capacity_pack.measure.target import SimProcess, TargetError, open_target
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
@@ -64,7 +64,7 @@ def test_a_measured_and_tracked_point_never_stores_the_key(tmp_path, key):
     assert summary["identity_mismatches"] == [] and summary["tls_verify"] is True
     assert frozen["manifest"]["target"]["api_key_env"] == name
 
-    runs = tracking.log_stage(frozen, "sweep", [out / "summary.json"], results_dir=results)
+    runs = tracking.log_stage(frozen, tracking_record, [out / "summary.json"], results_dir=results)
     # An artifact that captured the key (a server log, say) is stored redacted, or not at all.
     (tmp_path / "server-notes.txt").write_text(f"auth header was Bearer {secret}\n")
     (tmp_path / "dump.bin").write_bytes(b"\x00\xff" + secret.encode() + b"\x00\xfe")

@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from capacity_pack.io import file_sha256
+from capacity_pack.io import file_sha256, write_json_atomic
 from capacity_pack.redact import (
     MIN_CONTAINED_SECRET,
     REDACTION,
@@ -121,7 +121,6 @@ __all__ = [
     "RETRY_DEADLINE_S",
     "RUN_KIND",
     "STAGE",
-    "STAGE_MODULES",
     "TAG",
     "TRACKING_URI_ENV",
     "artifact_location",
@@ -135,18 +134,11 @@ __all__ = [
     "log_child_run",
     "log_parent_results",
     "log_stage",
+    "run_stage",
     "looks_secret",
     "redact_text",
     "tracking_uri",
 ]
-
-# The module of each tracked stage, whose ``tracking_record(summary)`` makes a job's child run.
-STAGE_MODULES = {
-    "schedule": "plan.schedule",
-    "sweep": "measure.sweep",
-    "analysis": "evidence.analysis",
-    "failure": "drills.render",
-}
 
 
 def _mark_failed(client: MlflowClient, run_id: str) -> None:
@@ -321,20 +313,19 @@ def log_child_run(
 
 def log_stage(
     frozen: Mapping[str, Any],
-    stage: str,
+    record_of: Callable[[dict[str, Any]], dict[str, Any]],
     summary_paths: list[Path],
     *,
     results_dir: str | os.PathLike[str],
 ) -> dict[str, str]:
-    """One child run per job of ``stage``, from the jobs' JSON summaries; idempotent.
+    """One child run per job of a stage, from the jobs' JSON summaries; idempotent.
 
-    The stage's module (:data:`STAGE_MODULES`) maps a summary to the child run's keyword
-    arguments with its ``tracking_record(summary)``; the summary itself is the run's artifact.
+    ``record_of`` is the stage's ``tracking_record(summary)`` (the stage table,
+    :mod:`capacity_pack.stages`, names it): it maps a summary to the child run's keyword
+    arguments; the summary itself is the run's artifact.
     """
-    import importlib
     import json
 
-    record_of = importlib.import_module(f"capacity_pack.{STAGE_MODULES[stage]}").tracking_record
     runs: dict[str, str] = {}
     for path in summary_paths:
         record = record_of(json.loads(Path(path).read_text()))
@@ -344,3 +335,24 @@ def log_stage(
             frozen, artifacts=[Path(path)], results_dir=results_dir, **record
         )
     return runs
+
+
+def run_stage(
+    *,
+    frozen: str | os.PathLike[str],
+    stage: str,
+    record_of: Callable[[dict[str, Any]], dict[str, Any]],
+    summaries: list[str | os.PathLike[str]],
+    runs: str | os.PathLike[str],
+    results_root: str | os.PathLike[str],
+    log: logging.Logger,
+) -> dict[str, str]:
+    """Stage ``track``: one child run per job of ``stage`` under the parent run of ``frozen``;
+    ``runs`` gets the manifest's sha256 and the child run ids by job."""
+    import json
+
+    frozen_doc = json.loads(Path(frozen).read_text())
+    child = log_stage(frozen_doc, record_of, [Path(p) for p in summaries], results_dir=results_root)
+    write_json_atomic(runs, {"manifest_sha256": frozen_doc["sha256"], "child_runs": child})
+    log.info("%d %s jobs tracked under manifest %s", len(child), stage, frozen_doc["sha256"][:12])
+    return child

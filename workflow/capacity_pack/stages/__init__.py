@@ -1,0 +1,252 @@
+"""The pipeline's stages in one table: each stage's entry point, inputs model, outputs and
+tracking record.
+
+A stage is what one Snakemake rule runs (``rules/<file>.smk``, ``scripts/<stage>.py``) and what
+the ``capacity-pack`` command runs for the same work. Its row names:
+
+- ``entry``: the function that does the work, as ``"module:function"``; it takes plain values
+  (the inputs model as JSON, or the model itself), input and output paths and a logger, and is
+  what both the rule's script and the CLI command call;
+- ``inputs``: the pydantic model of the manifest content the stage reads (the rule's
+  ``inputs``/``spec``/``pack`` param is that model's canonical JSON, so a change to anything else
+  of the manifest does not rerun it);
+- ``folder`` and ``outputs``: where the stage writes, relative to the pack's results folder
+  (``results/<pack name>``), with the rule's wildcards (``{point}/{cache}/rep{repeat}`` for a
+  point, ``{drill}``, ``{stage}``); the rules read every file name from here;
+- ``record`` and ``tracked_as``: for a stage whose jobs get MLflow child runs, the function that
+  maps one job's summary (its output named by ``summary``) to the keyword arguments of
+  ``track.tracking.log_child_run``, and the name of its ``track`` job (``tracking/<name>.json``).
+
+Entry points and records are named by dotted string and imported only when called: importing
+this module imports no stage module, so a rule's code hash (the import closure of what it runs,
+:mod:`capacity_pack.codehash`) is that of its own entry module, not of every stage. For the same
+reason the ``track`` layer never imports this one: the ``track`` stage is handed its record
+function by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The folder of one measurement point's files under a stage's own folder, in rule wildcards.
+POINT_DIR = "{point}/{cache}/rep{repeat}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the table (see the module docstring)."""
+
+    name: str
+    entry: str
+    folder: str
+    outputs: Mapping[str, str]
+    inputs: str | None = None
+    record: str | None = None
+    tracked_as: str | None = None
+    summary: str = "summary"
+    doc: str = field(default="", compare=False)
+
+    @property
+    def entry_module(self) -> str:
+        """The module of the entry point: the root of the stage's code hash."""
+        return self.entry.partition(":")[0]
+
+    @property
+    def record_module(self) -> str | None:
+        return self.record.partition(":")[0] if self.record else None
+
+    def output(self, key: str, results: str = "", **wildcards: Any) -> str:
+        """The path of output ``key`` under ``results``; wildcards given are filled in, the rest
+        are left as ``{name}`` for Snakemake."""
+        path = f"{self.folder}/{self.outputs[key]}"
+        if wildcards:
+            path = path.format_map(_Keep(wildcards))
+        return f"{results}/{path}" if results else path
+
+    def output_paths(self, results: str = "", **wildcards: Any) -> dict[str, str]:
+        """Every output of the stage by name (a rule's ``output: **...``)."""
+        return {key: self.output(key, results, **wildcards) for key in self.outputs}
+
+
+class _Keep(dict):
+    """Formatting map that leaves wildcards it does not know as they are."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def point_wildcards(point: Any) -> dict[str, Any]:
+    """The rule wildcards of a ``plan.schedule.Point``."""
+    return {"point": point.point_id, "cache": point.cache_state, "repeat": point.repeat}
+
+
+_STAGES = [
+    Stage(
+        "freeze",
+        entry="capacity_pack.stages.freeze:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="manifest",
+        outputs={"frozen": "frozen.json", "fit": "fit-probe.json"},
+        doc="Lint, refuse mutable revisions, write the frozen manifest, open the MLflow parent.",
+    ),
+    Stage(
+        "schedule",
+        entry="capacity_pack.stages.schedule:run",
+        inputs="capacity_pack.plan.schedule:ScheduleInputs",
+        folder="schedules/" + POINT_DIR,
+        outputs={"schedule": "schedule.parquet", "summary": "summary.json"},
+        record="capacity_pack.plan.schedule:tracking_record",
+        tracked_as="schedule",
+        doc="Seeded arrival schedule of one point.",
+    ),
+    Stage(
+        "sweep",
+        entry="capacity_pack.stages.sweep:run",
+        inputs="capacity_pack.measure.sweep:SweepInputs",
+        folder="raw/" + POINT_DIR,
+        outputs={
+            "records": "records.jsonl",
+            "metrics": "metrics.parquet",
+            "summary": "summary.json",
+        },
+        record="capacity_pack.measure.sweep:tracking_record",
+        tracked_as="sweep",
+        doc="Measure one point against the target.",
+    ),
+    Stage(
+        "normalize",
+        entry="capacity_pack.stages.normalize:run",
+        inputs="capacity_pack.plan.schedule:ScheduleInputs",
+        folder="tables/" + POINT_DIR,
+        outputs={
+            "requests": "requests.parquet",
+            "chunks": "chunks.parquet",
+            "metrics": "server_metrics.parquet",
+            "csv": "requests.csv",
+            "summary": "summary.json",
+        },
+        doc="Records -> validated requests, chunks and server-metrics tables.",
+    ),
+    Stage(
+        "analyze",
+        entry="capacity_pack.stages.analyze:run",
+        inputs="capacity_pack.evidence.analysis:AnalysisSpec",
+        folder="reports/" + POINT_DIR,
+        outputs={"report": "slo-report.json"},
+        record="capacity_pack.evidence.analysis:tracking_record",
+        tracked_as="analysis",
+        summary="report",
+        doc="Per-class SLO report of one point.",
+    ),
+    Stage(
+        "capacity",
+        entry="capacity_pack.stages.capacity:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="capacity",
+        outputs={"capacity": "capacity.json", "plan": "plan.json"},
+        doc="Capacity per cache state, the closed-loop operating point, the replica plan.",
+    ),
+    Stage(
+        "report",
+        entry="capacity_pack.stages.report:run",
+        folder="pack",
+        outputs={"readme": "README.md"},
+        doc="The pack folder (README, plots, copies); the decision on the MLflow parent run.",
+    ),
+    Stage(
+        "dashboard",
+        entry="capacity_pack.stages.dashboard:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="pack",
+        outputs={
+            "rules": "alerts/alert-rules.yaml",
+            "omitted": "alerts/omitted.json",
+            "dashboard": "dashboard/grafana-dashboard.json",
+        },
+        doc="Prometheus alert rules and a Grafana dashboard.",
+    ),
+    Stage(
+        "failure_drill",
+        entry="capacity_pack.stages.failure_drill:run",
+        inputs="capacity_pack.drills.plan:DrillInputs",
+        folder="failure/{drill}",
+        outputs={
+            "drill": "drill.json",
+            "records": "records.jsonl",
+            "samples": "samples.parquet",
+            "scrapes": "scrapes.parquet",
+            "events": "events.json",
+        },
+        doc="Run one failure drill at the capacity point.",
+    ),
+    Stage(
+        "failure_analyze",
+        entry="capacity_pack.stages.failure_analyze:run",
+        inputs="capacity_pack.drills.analyze:DrillAnalysisSpec",
+        folder="failure/{drill}",
+        outputs={"report": "drill-report.json"},
+        record="capacity_pack.drills.render:tracking_record",
+        tracked_as="failure",
+        summary="report",
+        doc="One drill's failure-test fields; the alert rules evaluated on its series.",
+    ),
+    Stage(
+        "failure_test",
+        entry="capacity_pack.stages.failure_test:run",
+        folder="pack",
+        outputs={"markdown": "failure-test.md", "json": "failure-test.json"},
+        doc="failure-test.md and failure-test.json: every drill side by side.",
+    ),
+    Stage(
+        "track",
+        entry="capacity_pack.track.tracking:run_stage",
+        folder="tracking",
+        outputs={"runs": "{stage}.json"},
+        doc="MLflow child runs of a tracked stage's jobs.",
+    ),
+    Stage(
+        "autopsy",
+        entry="capacity_pack.stages.autopsy:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="pack",
+        outputs={"markdown": "autopsy.md", "json": "autopsy.json"},
+        doc="Where the run's wall clock and each SLO miss went.",
+    ),
+]
+
+#: Every stage by name, in pipeline order.
+STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}
+#: The stages whose jobs get MLflow child runs, by their ``track`` job's name.
+TRACKED: dict[str, Stage] = {s.tracked_as: s for s in _STAGES if s.tracked_as}
+#: The plots the report writes beside the README, and the sweep each needs.
+REPORT_PLOTS = {
+    "throughput.png": None,
+    "attainment.png": None,
+    "latency.png": None,
+    "closed_loop.png": "closed_loop_concurrency",
+    "timeseries.png": "open_loop_rps",
+}
+
+
+def report_plots(sweep: Any) -> list[str]:
+    """The plot files of a pack whose sweep section is ``sweep``."""
+    return [name for name, need in REPORT_PLOTS.items() if need is None or getattr(sweep, need)]
+
+
+def resolve(dotted: str) -> Any:
+    """The object named ``"module:attribute"``, imported now."""
+    module, _, attr = dotted.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def entry(name: str) -> Callable[..., Any]:
+    """The entry point of stage ``name``."""
+    return resolve(STAGES[name].entry)
+
+
+def record(tracked: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The tracking record function of the stage tracked as ``tracked``."""
+    return resolve(TRACKED[tracked].record)

@@ -1,0 +1,38 @@
+"""Stage ``capacity``: select capacity per cache state across repeats and plan replicas."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from capacity_pack.decide.capacity import build_capacity, build_plan
+from capacity_pack.decide.report import load_reports
+from capacity_pack.io import write_json_atomic
+from capacity_pack.plan.manifest import validate_pack
+
+
+def run(
+    *,
+    pack: str,
+    reports: Sequence[str | Path],
+    capacity: str | Path,
+    plan: str | Path,
+    log: logging.Logger,
+) -> tuple[dict, dict]:
+    """Write ``capacity.json`` and ``plan.json`` from the points' SLO reports; return both."""
+    validated = validate_pack(json.loads(pack), "capacity params")
+    docs = load_reports(list(reports))
+    cap = build_capacity(docs, validated)
+    replicas = build_plan(cap, docs, validated)
+    write_json_atomic(capacity, cap)
+    write_json_atomic(plan, replicas)
+    for sel in cap["open_loop"].values():
+        log.info("%s", sel["decision"])
+    log.info(
+        "plan: %s replicas, %s GPUs",
+        replicas.get("required_replicas"),
+        replicas.get("required_gpus"),
+    )
+    return cap, replicas

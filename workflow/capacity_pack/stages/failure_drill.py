@@ -1,0 +1,45 @@
+"""Stage ``failure_drill``: run one failure drill at the capacity point (inject, scrape, record
+every request)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from capacity_pack.drills.plan import DrillInputs, plan_drill
+from capacity_pack.drills.run import run_drill
+
+
+def run(
+    *,
+    inputs: str | DrillInputs,
+    capacity: str | Path | None,
+    reports: Sequence[str | Path],
+    drill: str | Path,
+    log: logging.Logger,
+) -> dict[str, Any]:
+    """Plan the drill from ``capacity`` (None: the pack's failure.rate_rps) and the capacity
+    point's SLO ``reports``, run it, and write its files beside ``drill``; return its facts."""
+    if isinstance(inputs, str):
+        inputs = DrillInputs.model_validate_json(inputs)
+    cap = json.loads(Path(capacity).read_text()) if capacity is not None else None
+    docs = {str(p): json.loads(Path(p).read_text()) for p in reports}
+    plan = plan_drill(inputs, cap, docs)
+    log.info(
+        "drill %s: %.1f RPS (%s), %d replicas, admission %s (%s)",
+        plan.drill.name,
+        plan.rate_rps,
+        plan.rate_source,
+        plan.replicas,
+        plan.admission_max_outstanding,
+        plan.admission_source,
+    )
+    facts = run_drill(inputs, plan, Path(drill).parent)
+    if facts.get("skipped"):
+        log.warning("drill %s skipped: %s", plan.drill.name, facts["skipped"])
+    else:
+        log.info("drill %s: actions %s", plan.drill.name, facts["actions"])
+    return facts

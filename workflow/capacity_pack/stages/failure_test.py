@@ -1,0 +1,29 @@
+"""Stage ``failure_test``: failure-test.md and failure-test.json, every drill side by side."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from capacity_pack.drills.render import failure_test, failure_test_markdown
+from capacity_pack.io import write_json_atomic, write_text_atomic
+
+
+def run(
+    *,
+    pack: str,
+    reports: Sequence[str | Path],
+    markdown: str | Path,
+    json_path: str | Path,
+    log: logging.Logger,
+) -> dict[str, Any]:
+    """``pack`` is the pack section (with its label) as JSON; ``reports`` the drill reports."""
+    docs = [json.loads(Path(p).read_text()) for p in reports]
+    doc = failure_test(docs, json.loads(pack))
+    write_json_atomic(json_path, doc)
+    write_text_atomic(markdown, failure_test_markdown(doc))
+    log.info("failure test: %s", doc["summary"])
+    return doc

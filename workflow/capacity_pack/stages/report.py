@@ -1,0 +1,66 @@
+"""Stage ``report``: the pack folder a person reads (README, plots, manifest, the selected point's
+requests and SLO report) and the decision on the MLflow parent run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from capacity_pack.decide.capacity import decision_metrics
+from capacity_pack.decide.report import load_reports, selected_point, write_pack
+from capacity_pack.track import tracking
+
+
+def run(
+    *,
+    frozen: str | Path,
+    fit: str | Path,
+    capacity: str | Path,
+    plan: str | Path,
+    reports: Sequence[str | Path],
+    tables: Sequence[str | Path],
+    metrics: Sequence[str | Path],
+    readme: str | Path,
+    results_root: str | Path,
+    log: logging.Logger,
+) -> list[Path]:
+    """Write the pack beside ``readme``; ``tables`` are the points' requests.csv and ``metrics``
+    their server-metrics tables (the open-loop ones make the time-series plot). Returns the
+    files written, which are also the parent run's artifacts."""
+    frozen_doc = json.loads(Path(frozen).read_text())
+    cap = json.loads(Path(capacity).read_text())
+    replicas = json.loads(Path(plan).read_text())
+    docs = load_reports(list(reports))
+    selected = selected_point(cap, docs)
+    tables_dir = Path(tables[0]).parents[3]
+    series = {
+        str(Path(p).parent.relative_to(tables_dir)): pd.read_parquet(p)
+        for p in metrics
+        if Path(p).parts[-4].startswith("open-")
+    }
+    out_dir = Path(readme).parent
+    files = write_pack(
+        out_dir,
+        frozen=frozen_doc,
+        capacity=cap,
+        plan=replicas,
+        reports=docs,
+        selected_tables=tables_dir / selected["key"] if selected else None,
+        selected_report=selected,
+        series=series,
+        extra_files=[Path(fit)],
+    )
+    decision = " | ".join(s["decision"] for s in cap["open_loop"].values())
+    tracking.log_parent_results(
+        frozen_doc,
+        metrics=decision_metrics(cap, replicas),
+        tags={"capacity_pack.decision": decision[:4000]},
+        artifacts=files,
+        results_dir=results_root,
+    )
+    log.info("pack written to %s (%d files)", out_dir, len(files))
+    return files

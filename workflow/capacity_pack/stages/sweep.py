@@ -1,0 +1,44 @@
+"""Stage ``sweep``: measure one point against the target, recording every attempted request."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from capacity_pack.io import write_json_atomic
+from capacity_pack.measure.sweep import SweepInputs, measure_point
+from capacity_pack.plan.schedule import Point
+
+
+def run(
+    *,
+    inputs: str | SweepInputs,
+    point: str,
+    cache_state: str,
+    repeat: int,
+    schedule: str | Path | pd.DataFrame,
+    records: str | Path,
+    summary: str | Path,
+    log: logging.Logger,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Measure ``point`` on ``schedule`` (a parquet path or the frame); the records and metrics
+    go beside ``records``, the summary to ``summary``, which is returned."""
+    pt = Point.parse(point, cache_state, int(repeat))
+    if isinstance(inputs, str):
+        inputs = SweepInputs.model_validate_json(inputs)
+    frame = schedule if isinstance(schedule, pd.DataFrame) else pd.read_parquet(schedule)
+    doc = measure_point(inputs, pt, frame, Path(records).parent, progress=progress)
+    write_json_atomic(summary, doc)
+    log.info(
+        "%s: %d recorded, %d failed, lateness p99 %.3f ms%s",
+        pt.key,
+        doc["requests_recorded"],
+        doc["failed"],
+        doc["dispatch_lateness_ms"]["p99"] or 0.0,
+        " (CLIENT-BOUND)" if doc["client_bound"] else "",
+    )
+    return doc
