@@ -1,19 +1,19 @@
 rule analyze:
     """Per-class SLO report of one point: the acceptance gates plus CIs, trend, Little's Law."""
     input:
-        requests=f"{RESULTS}/tables/{{point}}/{{cache}}/rep{{repeat}}/requests.parquet",
-        chunks=f"{RESULTS}/tables/{{point}}/{{cache}}/rep{{repeat}}/chunks.parquet",
-        metrics=f"{RESULTS}/tables/{{point}}/{{cache}}/rep{{repeat}}/server_metrics.parquet",
-        sweep=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/summary.json",
+        requests=stage_output("normalize", "requests"),
+        chunks=stage_output("normalize", "chunks"),
+        metrics=stage_output("normalize", "metrics"),
+        sweep=stage_output("sweep", "summary"),
     output:
-        report=f"{RESULTS}/reports/{{point}}/{{cache}}/rep{{repeat}}/slo-report.json",
+        **stage_outputs("analyze"),
     params:
         point=lambda w: w.point,
         cache_state=lambda w: w.cache,
         repeat=lambda w: int(w.repeat),
         # Cutoffs, fixed lengths and gates: a changed gate re-analyzes, it does not re-measure.
         spec=lambda w: ANALYSIS_SPEC_JSON,
-        code=code_hash("analyze.py"),
+        code=stage_code_hash("analyze"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -3,17 +3,17 @@ rule autopsy:
     input:
         # Last of all: every other output of the pack, so the autopsy sees the whole run.
         done=all_targets(),
-        requests=[f"{point_dir('tables', p)}/requests.parquet" for p in POINTS],
+        requests=point_targets("normalize", "requests"),
     output:
         markdown=report(AUTOPSY_MD, category="Autopsy", caption="../report/autopsy.rst"),
-        json=f"{RESULTS}/pack/autopsy.json",
+        json=stage_output("autopsy", "json"),
     params:
         pack=lambda w: MANIFEST_JSON,
         results_dir=lambda w, output: str(Path(output.json).parents[1]),
         # Provenance the run itself wrote: Snakemake's own logs and the git history.
         log_dir=".snakemake/log",
         repo_dir=workflow.basedir,
-        code=code_hash("autopsy.py"),
+        code=stage_code_hash("autopsy"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

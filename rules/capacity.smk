@@ -3,12 +3,11 @@ rule capacity:
     input:
         reports=report_targets(),
     output:
-        capacity=f"{RESULTS}/capacity/capacity.json",
-        plan=f"{RESULTS}/capacity/plan.json",
+        **stage_outputs("capacity"),
     params:
         # Everything the decision reads: workload, gates, placement, plan, target profile.
         pack=lambda w: CAPACITY_INPUTS_JSON,
-        code=code_hash("capacity.py"),
+        code=stage_code_hash("capacity"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -22,22 +21,26 @@ rule capacity:
 rule report:
     """The pack a person reads: README, plots, manifest, requests and SLO report; MLflow run."""
     input:
-        frozen=FROZEN,
-        fit=f"{RESULTS}/manifest/fit-probe.json",
-        capacity=f"{RESULTS}/capacity/capacity.json",
-        plan=f"{RESULTS}/capacity/plan.json",
+        **stage_outputs("freeze"),
+        **stage_outputs("capacity"),
         reports=report_targets(),
-        tables=[f"{point_dir('tables', p)}/requests.csv" for p in POINTS],
-        metrics=[f"{point_dir('tables', p)}/server_metrics.parquet" for p in POINTS],
+        tables=point_targets("normalize", "csv"),
+        metrics=point_targets("normalize", "metrics"),
     output:
-        readme=report(f"{RESULTS}/pack/README.md", category="Decision", caption="../report/readme.rst"),
+        readme=report(
+            stage_output("report", "readme"), category="Decision", caption="../report/readme.rst"
+        ),
         plots=[
-            report(f"{RESULTS}/pack/{name}", category="Plots", caption=f"../report/{name[:-4]}.rst")
+            report(
+                f"{Path(stage_output('report', 'readme')).parent}/{name}",
+                category="Plots",
+                caption=f"../report/{name[:-4]}.rst",
+            )
             for name in PACK_PLOTS
         ],
     params:
         results_root=results_root,
-        code=code_hash("report.py"),
+        code=stage_code_hash("report"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -19,10 +19,30 @@ from capacity_pack.plan import schedule as schedule_lib
 from capacity_pack.track import tracking as tracking_lib
 from capacity_pack.measure import sweep as sweep_lib
 from capacity_pack.io import canonical_json
+from capacity_pack import stages as stages_lib
 
 RESULTS_ROOT = "results"
 RESULTS = f"{RESULTS_ROOT}/{PACK.pack.name}"
-FROZEN = f"{RESULTS}/manifest/frozen.json"
+
+
+# Every stage's file names come from the stage table (capacity_pack.stages), with the rules'
+# wildcards ({point}/{cache}/rep{repeat}, {drill}, {stage}) left for Snakemake.
+def stage_outputs(name):
+    """Every output of stage `name` by output name: a rule's `output: **stage_outputs(name)`."""
+    return stages_lib.STAGES[name].output_paths(RESULTS)
+
+
+def stage_output(name, key, **wildcards):
+    """Output `key` of stage `name`; the wildcards given are filled in."""
+    return stages_lib.STAGES[name].output(key, RESULTS, **wildcards)
+
+
+def point_output(name, key, point):
+    """Output `key` of stage `name` for one point of the pack."""
+    return stage_output(name, key, **stages_lib.point_wildcards(point))
+
+
+FROZEN = stage_output("freeze", "frozen")
 MANIFEST_JSON = canonical_json(PACK.model_dump(mode="json"))
 POINTS = schedule_lib.points(PACK)
 ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
@@ -31,15 +51,11 @@ ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
 # which come after it: a changed drill setting must not re-decide capacity (and, through the
 # decision's file, re-run every drill).
 CAPACITY_INPUTS_JSON = canonical_json(PACK.model_dump(mode="json", exclude={"failure"}))
-AUTOPSY_MD = f"{RESULTS}/pack/autopsy.md"
+AUTOPSY_MD = stage_output("autopsy", "markdown")
 # The resource every measurement job holds one unit of: named after the target, so the limit
 # of 1 (set in the Snakefile) is per target, not one slot shared by every target.
 TARGET_RESOURCE = cluster_lib.target_resource(PACK)
-PACK_PLOTS = ["throughput.png", "attainment.png", "latency.png"]
-if PACK.sweep.closed_loop_concurrency:
-    PACK_PLOTS.append("closed_loop.png")
-if PACK.sweep.open_loop_rps:
-    PACK_PLOTS.append("timeseries.png")
+PACK_PLOTS = stages_lib.report_plots(PACK.sweep)
 
 
 wildcard_constraints:
@@ -61,6 +77,13 @@ def code_hash(script, *modules):
     transitively, plus `modules` and theirs (capacity_pack.codehash). A real change there
     reruns the job; a comment or docstring does not."""
     return codehash.code_hash(Path(workflow.basedir) / "scripts" / script, *modules)
+
+
+def stage_code_hash(name, *modules):
+    """code_hash of stage `name`: its rule script, which imports only the job log and the stage
+    table, plus the stage's entry module, which the script resolves by name and so no import
+    walk sees (capacity_pack.stages), plus `modules`."""
+    return code_hash(f"{name}.py", stages_lib.STAGES[name].entry_module, *modules)
 
 
 def wildcard_point(wildcards):
@@ -87,28 +110,29 @@ def sweep_threads(wildcards):
     return PACK.client.shards if wildcard_point(wildcards).mode != "closed" else 1
 
 
-def point_dir(kind, point):
-    return f"{RESULTS}/{kind}/{point.point_id}/{point.cache_state}/rep{point.repeat}"
+def point_targets(name, key, points=None):
+    """Output `key` of stage `name` for every point (or each of `points`)."""
+    return [point_output(name, key, p) for p in (POINTS if points is None else points)]
 
 
 def schedule_targets():
-    return [f"{point_dir('schedules', p)}/summary.json" for p in POINTS]
+    return point_targets("schedule", "summary")
 
 
 def sweep_targets():
-    return [f"{point_dir('raw', p)}/summary.json" for p in POINTS]
+    return point_targets("sweep", "summary")
 
 
 def table_targets():
-    return [f"{point_dir('tables', p)}/summary.json" for p in POINTS]
+    return point_targets("normalize", "summary")
 
 
 def report_targets():
-    return [f"{point_dir('reports', p)}/slo-report.json" for p in POINTS]
+    return point_targets("analyze", "report")
 
 
 def open_report_targets():
-    return [f"{point_dir('reports', p)}/slo-report.json" for p in POINTS if p.mode == "open"]
+    return point_targets("analyze", "report", [p for p in POINTS if p.mode == "open"])
 
 
 # Failure drills: their names, what each reads, and what analysing them reads.
@@ -125,17 +149,24 @@ def drill_inputs_json(wildcards):
 
 
 def drill_report_targets():
-    return [f"{RESULTS}/failure/{d}/drill-report.json" for d in DRILLS]
+    return [stage_output("failure_analyze", "report", drill=d) for d in DRILLS]
 
 
-# Stages whose jobs get MLflow child runs, and the summaries each job writes.
-TRACKED_STAGES = {
-    "schedule": schedule_targets,
-    "sweep": sweep_targets,
-    "analysis": report_targets,
-}
-if DRILLS:
-    TRACKED_STAGES["failure"] = drill_report_targets
+def tracked_targets(tracked):
+    """The summaries the jobs of the stage tracked as `tracked` write (one per point or drill)."""
+    stage = stages_lib.TRACKED[tracked]
+    if "{drill}" in stage.folder:
+        return [stage.output(stage.summary, RESULTS, drill=d) for d in DRILLS]
+    return point_targets(stage.name, stage.summary)
+
+
+# Stages whose jobs get MLflow child runs (those with jobs in this pack), by track job name.
+TRACKED_STAGES = [t for t in stages_lib.TRACKED if tracked_targets(t)]
+
+
+def tracked_record_module(tracked):
+    """The module of the tracked stage's record function: the track job runs it too."""
+    return stages_lib.TRACKED[tracked].record_module
 
 
 def all_targets():
@@ -145,8 +176,8 @@ def all_targets():
         *sweep_targets(),
         *table_targets(),
         *report_targets(),
-        *(f"{RESULTS}/tracking/{stage}.json" for stage in TRACKED_STAGES),
-        f"{RESULTS}/pack/README.md",
-        *([f"{RESULTS}/pack/failure-test.md"] if DRILLS else []),
-        f"{RESULTS}/pack/dashboard/grafana-dashboard.json",
+        *(stage_output("track", "runs", stage=stage) for stage in TRACKED_STAGES),
+        stage_output("report", "readme"),
+        *([stage_output("failure_test", "markdown")] if DRILLS else []),
+        stage_output("dashboard", "dashboard"),
     ]

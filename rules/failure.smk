@@ -1,13 +1,11 @@
 rule dashboard:
     """Prometheus alert rules and a Grafana dashboard from the engine's metric names."""
     output:
-        rules=f"{RESULTS}/pack/alerts/alert-rules.yaml",
-        omitted=f"{RESULTS}/pack/alerts/omitted.json",
-        dashboard=f"{RESULTS}/pack/dashboard/grafana-dashboard.json",
+        **stage_outputs("dashboard"),
     params:
         # Engine name, workload cutoffs, gates and thresholds: the rules' only inputs.
         inputs=lambda w: DASHBOARD_INPUTS_JSON,
-        code=code_hash("dashboard.py"),
+        code=stage_code_hash("dashboard"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -21,18 +19,14 @@ rule dashboard:
 rule failure_drill:
     """Run one failure drill at the capacity point: inject, scrape, record every request."""
     input:
-        capacity=f"{RESULTS}/capacity/capacity.json",
+        capacity=stage_output("capacity", "capacity"),
         reports=open_report_targets(),
     output:
-        drill=f"{RESULTS}/failure/{{drill}}/drill.json",
-        records=f"{RESULTS}/failure/{{drill}}/records.jsonl",
-        samples=f"{RESULTS}/failure/{{drill}}/samples.parquet",
-        scrapes=f"{RESULTS}/failure/{{drill}}/scrapes.parquet",
-        events=f"{RESULTS}/failure/{{drill}}/events.json",
+        **stage_outputs("failure_drill"),
     params:
         # The drill's settings plus what any measurement reads (target, client, prompts).
         inputs=drill_inputs_json,
-        code=code_hash("failure_drill.py", *SIM_ENGINE),
+        code=stage_code_hash("failure_drill", *SIM_ENGINE),
     resources:
         # One measurement at a time against one target, whatever --cores or --jobs say.
         **{TARGET_RESOURCE: 1},
@@ -49,18 +43,14 @@ rule failure_drill:
 rule failure_analyze:
     """The failure-test fields of one drill; the pack's alert rules evaluated on its series."""
     input:
-        drill=f"{RESULTS}/failure/{{drill}}/drill.json",
-        records=f"{RESULTS}/failure/{{drill}}/records.jsonl",
-        samples=f"{RESULTS}/failure/{{drill}}/samples.parquet",
-        scrapes=f"{RESULTS}/failure/{{drill}}/scrapes.parquet",
-        events=f"{RESULTS}/failure/{{drill}}/events.json",
-        rules=f"{RESULTS}/pack/alerts/alert-rules.yaml",
+        **stage_outputs("failure_drill"),
+        rules=stage_output("dashboard", "rules"),
     output:
-        report=f"{RESULTS}/failure/{{drill}}/drill-report.json",
+        **stage_outputs("failure_analyze"),
     params:
         # Gates, cutoffs and windows: a changed gate re-analyzes, it never re-runs a drill.
         spec=lambda w: DRILL_SPEC_JSON,
-        code=code_hash("failure_analyze.py"),
+        code=stage_code_hash("failure_analyze"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -77,14 +67,14 @@ rule failure_test:
         reports=drill_report_targets(),
     output:
         markdown=report(
-            f"{RESULTS}/pack/failure-test.md",
+            stage_output("failure_test", "markdown"),
             category="Failure test",
             caption="../report/failure-test.rst",
         ),
-        json=f"{RESULTS}/pack/failure-test.json",
+        json=stage_output("failure_test", "json"),
     params:
         pack=lambda w: PACK_INFO_JSON,
-        code=code_hash("failure_test.py"),
+        code=stage_code_hash("failure_test"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

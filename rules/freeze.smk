@@ -1,13 +1,12 @@
 rule freeze:
     """Lint the pack, refuse mutable revisions, write the frozen manifest, open the MLflow parent run."""
     output:
-        frozen=FROZEN,
-        fit=f"{RESULTS}/manifest/fit-probe.json",
+        **stage_outputs("freeze"),
     params:
         manifest=lambda w: MANIFEST_JSON,
         source=CONFIG_SOURCE,
         results_root=results_root,
-        code=code_hash("freeze.py"),
+        code=stage_code_hash("freeze"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -1,15 +1,14 @@
 rule schedule:
     """Seeded arrival schedule of one point (rate or concurrency x cache state x repeat)."""
     output:
-        schedule=f"{RESULTS}/schedules/{{point}}/{{cache}}/rep{{repeat}}/schedule.parquet",
-        summary=f"{RESULTS}/schedules/{{point}}/{{cache}}/rep{{repeat}}/summary.json",
+        **stage_outputs("schedule"),
     params:
         point=lambda w: w.point,
         cache_state=lambda w: w.cache,
         repeat=lambda w: int(w.repeat),
         # Exactly what this point's schedule reads; a change here (and only here) reruns it.
         inputs=schedule_inputs_json,
-        code=code_hash("schedule.py"),
+        code=stage_code_hash("schedule"),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

@@ -1,18 +1,16 @@
 rule sweep:
     """Measure one point against the target; every attempted request is recorded."""
     input:
-        schedule=f"{RESULTS}/schedules/{{point}}/{{cache}}/rep{{repeat}}/schedule.parquet",
+        schedule=stage_output("schedule", "schedule"),
     output:
-        records=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/records.jsonl",
-        metrics=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/metrics.parquet",
-        summary=f"{RESULTS}/raw/{{point}}/{{cache}}/rep{{repeat}}/summary.json",
+        **stage_outputs("sweep"),
     params:
         point=lambda w: w.point,
         cache_state=lambda w: w.cache,
         repeat=lambda w: int(w.repeat),
         # Exactly what a measurement reads: target, model, client, request, prompts, sample gate.
         inputs=sweep_inputs_json,
-        code=code_hash("sweep.py", *SIM_ENGINE),
+        code=stage_code_hash("sweep", *SIM_ENGINE),
     # A sharded point runs one client process per shard (capacity_pack.measure.shards).
     threads: sweep_threads
     resources:

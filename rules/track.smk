@@ -2,13 +2,13 @@ rule track:
     """MLflow child run per job of a stage, under the parent run of the current frozen manifest."""
     input:
         frozen=FROZEN,
-        summaries=lambda w: TRACKED_STAGES[w.stage](),
+        summaries=lambda w: tracked_targets(w.stage),
     output:
-        f"{RESULTS}/tracking/{{stage}}.json",
+        **stage_outputs("track"),
     params:
         stage=lambda w: w.stage,
         results_root=results_root,
-        code=lambda w: code_hash("track.py", tracking_lib.STAGE_MODULES[w.stage]),
+        code=lambda w: stage_code_hash("track", tracked_record_module(w.stage)),
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

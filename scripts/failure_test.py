@@ -1,15 +1,13 @@
-"""Rule `failure_test`: failure-test.md and its JSON twin (capacity_pack.drills.render)."""
+"""Rule `failure_test`: stage `failure_test` of capacity_pack.stages."""
 
-import json
-from pathlib import Path
-
-from capacity_pack.drills.render import failure_test, failure_test_markdown
-from capacity_pack.io import write_json_atomic, write_text_atomic
 from capacity_pack.logs import job_logging
+from capacity_pack.stages import entry
 
 with job_logging(snakemake.log[0]) as log:
-    reports = [json.loads(Path(p).read_text()) for p in snakemake.input.reports]
-    doc = failure_test(reports, json.loads(snakemake.params.pack))
-    write_json_atomic(snakemake.output.json, doc)
-    write_text_atomic(snakemake.output.markdown, failure_test_markdown(doc))
-    log.info("failure test: %s", doc["summary"])
+    entry("failure_test")(
+        pack=snakemake.params.pack,
+        reports=list(snakemake.input.reports),
+        markdown=snakemake.output.markdown,
+        json_path=snakemake.output.json,
+        log=log,
+    )

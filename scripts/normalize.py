@@ -1,24 +1,23 @@
-"""Rule `normalize`: records -> validated requests, chunks and metrics tables."""
+"""Rule `normalize`: stage `normalize` of capacity_pack.stages."""
 
-import json
-from pathlib import Path
-
-from capacity_pack.evidence.normalize import normalize_point, seed_csv_frame
-from capacity_pack.io import atomic_path, write_json_atomic
 from capacity_pack.logs import job_logging
-from capacity_pack.plan.schedule import Point, ScheduleInputs
+from capacity_pack.stages import entry
 
 with job_logging(snakemake.log[0]) as log:
     p, i, o = snakemake.params, snakemake.input, snakemake.output
-    point = Point.parse(p.point, p.cache_state, p.repeat)
-    sweep = json.loads(Path(i.summary).read_text())
-    tables = normalize_point(
-        i.records, i.schedule, i.metrics, sweep, ScheduleInputs.model_validate_json(p.inputs), point
+    entry("normalize")(
+        inputs=p.inputs,
+        point=p.point,
+        cache_state=p.cache_state,
+        repeat=p.repeat,
+        records=i.records,
+        sweep_metrics=i.metrics,
+        sweep_summary=i.summary,
+        schedule=i.schedule,
+        requests=o.requests,
+        chunks=o.chunks,
+        metrics=o.metrics,
+        csv=o.csv,
+        summary=o.summary,
+        log=log,
     )
-    for key in ("requests", "chunks", "metrics"):
-        with atomic_path(getattr(o, key)) as tmp:
-            tables[key].to_parquet(tmp, index=False)
-    with atomic_path(o.csv) as tmp:
-        seed_csv_frame(tables["requests"]).to_csv(tmp, index=False)
-    write_json_atomic(o.summary, {"point": point.key, **tables["reconciliation"]})
-    log.info("%s: %s", point.key, tables["reconciliation"])

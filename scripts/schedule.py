@@ -1,14 +1,16 @@
-"""Rule `schedule`: build, validate and write one point's schedule (logic in capacity_pack)."""
+"""Rule `schedule`: stage `schedule` of capacity_pack.stages."""
 
 from capacity_pack.logs import job_logging
-from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, write_schedule
+from capacity_pack.stages import entry
 
 with job_logging(snakemake.log[0]) as log:
-    p = snakemake.params
-    inputs = ScheduleInputs.model_validate_json(p.inputs)
-    point = Point.parse(p.point, p.cache_state, p.repeat)
-    frame = build_schedule(inputs, point)
-    summary = write_schedule(
-        frame, inputs, point, snakemake.output.schedule, snakemake.output.summary
+    p, o = snakemake.params, snakemake.output
+    entry("schedule")(
+        inputs=p.inputs,
+        point=p.point,
+        cache_state=p.cache_state,
+        repeat=p.repeat,
+        schedule=o.schedule,
+        summary=o.summary,
+        log=log,
     )
-    log.info("schedule %s: %d requests over %.1f s", point.key, len(frame), summary["duration_s"])
