@@ -32,6 +32,24 @@ def _die_on_manifest_error(func):
     return wrapper
 
 
+def _stage(name: str):
+    """The entry point of pipeline stage ``name`` (capacity_pack.stages), as its rule runs it."""
+    from capacity_pack.stages import entry
+
+    return entry(name)
+
+
+def _quiet_log():
+    """The logger a stage entry point gets here: the command prints its own lines."""
+    import logging
+
+    log = logging.getLogger("capacity_pack.cli.stage")
+    if not log.handlers:
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
+    return log
+
+
 class LazyGroup(click.Group):
     """A group whose larger subcommand groups are imported only when invoked."""
 
@@ -194,8 +212,16 @@ def schedule(
             f"known: {', '.join(sorted({p.point_id for p in points}))}"
         )
     point = matches[0]
-    frame = sched.build_schedule(pack, point, extension_blocks=extension_blocks)
-    summary = sched.write_schedule(frame, pack, point, output, output.with_suffix(".json"))
+    summary = _stage("schedule")(
+        inputs=sched.ScheduleInputs.for_point(pack, point),
+        point=point.point_id,
+        cache_state=point.cache_state,
+        repeat=point.repeat,
+        schedule=output,
+        summary=output.with_suffix(".json"),
+        log=_quiet_log(),
+        extension_blocks=extension_blocks,
+    )
     click.echo(f"{output}: {summary['requests']} requests, {summary['duration_s']:.1f} s")
 
 
@@ -244,10 +270,10 @@ def load(
     """Measure one point of CONFIG against its target; record every attempted request."""
     import pandas as pd
 
-    from capacity_pack.io import write_json_atomic
-    from capacity_pack.measure.sweep import measure_point
+    from capacity_pack.measure.sweep import SweepInputs
     from capacity_pack.plan import schedule as sched
     from capacity_pack.plan.manifest import load_pack
+    from capacity_pack.stages import STAGES
 
     pack = load_pack(config)
     if shards is not None:
@@ -258,8 +284,18 @@ def load(
         if schedule_path is not None
         else sched.build_schedule(pack, point)
     )
-    summary = measure_point(pack, point, frame, output, progress=progress)
-    write_json_atomic(output / "summary.json", summary)
+    files = STAGES["sweep"].outputs
+    summary = _stage("sweep")(
+        inputs=SweepInputs.for_point(pack, point),
+        point=point.point_id,
+        cache_state=point.cache_state,
+        repeat=point.repeat,
+        schedule=frame,
+        records=output / files["records"],
+        summary=output / files["summary"],
+        log=_quiet_log(),
+        progress=progress,
+    )
     late = summary["dispatch_lateness_ms"]["p99"]
     # A closed-loop point has no due times, so no dispatch lateness.
     late_text = f"{late:.3f} ms" if late is not None else "n/a (closed loop)"
@@ -438,28 +474,34 @@ def drill(
     output: Path,
 ) -> None:
     """Run one failure drill of CONFIG and write its failure-test fields (drill-report.json)."""
-    import json
-
     from capacity_pack.drills import dashboard
-    from capacity_pack.drills.analyze import DrillAnalysisSpec, analyze_drill
-    from capacity_pack.drills.plan import DrillError, DrillInputs, plan_drill
-    from capacity_pack.drills.run import run_drill
-    from capacity_pack.io import write_json_atomic
+    from capacity_pack.drills.analyze import DrillAnalysisSpec
+    from capacity_pack.drills.plan import DrillError, DrillInputs
     from capacity_pack.plan.manifest import load_pack
+    from capacity_pack.stages import STAGES
 
     pack = load_pack(config)
+    log = _quiet_log()
+    drill_json = output / STAGES["failure_drill"].outputs["drill"]
     try:
-        inputs = DrillInputs.for_drill(pack, name)
-        capacity = json.loads(capacity_path.read_text()) if capacity_path else None
-        reports = {str(p): json.loads(p.read_text()) for p in report_paths}
-        plan = plan_drill(inputs, capacity, reports)
-        run_drill(inputs, plan, output)
+        _stage("failure_drill")(
+            inputs=DrillInputs.for_drill(pack, name),
+            capacity=capacity_path,
+            reports=report_paths,
+            drill=drill_json,
+            log=log,
+        )
         rules = output / "alert-rules.yaml"
-        dashboard.write_alert_rules(pack, rules)
-        report = analyze_drill(output, rules, DrillAnalysisSpec.of(pack))
+        _stage("dashboard")(inputs=pack, rules=rules, log=log)
+        report = _stage("failure_analyze")(
+            spec=DrillAnalysisSpec.of(pack),
+            drill=drill_json,
+            rules=rules,
+            report=output / STAGES["failure_analyze"].outputs["report"],
+            log=log,
+        )
     except (DrillError, dashboard.DashboardError) as err:
         raise _Fail(str(err)) from None
-    write_json_atomic(output / "drill-report.json", report)
     if report.get("skipped"):
         click.echo(f"{name}: skipped: {report['skipped']}")
         return
@@ -494,9 +536,9 @@ def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
 
     pack = load_pack(config)
     try:
-        omitted = dashboard.write_alert_rules(pack, rules_path)
-        if dashboard_path is not None:
-            dashboard.write_grafana_dashboard(pack, dashboard_path)
+        omitted = _stage("dashboard")(
+            inputs=pack, rules=rules_path, dashboard_path=dashboard_path, log=_quiet_log()
+        )
     except dashboard.DashboardError as err:
         raise _Fail(str(err)) from None
     for o in omitted:
@@ -532,23 +574,21 @@ def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
 def autopsy(config: Path, results_root: Path, log_dir: Path, output: Path) -> None:
     """Performance autopsy of CONFIG's last measuring run: where the wall clock and each SLO
     miss went."""
-    from capacity_pack.autopsy import autopsy_markdown
-    from capacity_pack.autopsy.requests import request_autopsy
-    from capacity_pack.autopsy.run import run_autopsy
-    from capacity_pack.io import write_json_atomic, write_text_atomic
     from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
     results = results_root / pack.pack.name
     if not results.is_dir():
         raise _Fail(f"{results}: no results for pack {pack.pack.name!r}; run the pipeline first")
-    run = run_autopsy(
-        results, log_dir, Path.cwd(), pack.pack.name, mlflow_db=results_root / "mlflow.db"
+    _stage("autopsy")(
+        pack=pack,
+        results_dir=results,
+        log_dir=log_dir,
+        repo_dir=Path.cwd(),
+        markdown=output,
+        json_path=output.with_suffix(".json"),
+        log=_quiet_log(),
     )
-    requests = request_autopsy(results / "tables", results / "raw", pack)
-    doc = {"pack": pack.pack.name, "run": run, "requests": requests}
-    write_json_atomic(output.with_suffix(".json"), doc)
-    write_text_atomic(output, autopsy_markdown(doc, pack))
     click.echo(f"{output}, {output.with_suffix('.json')}")
 
 
