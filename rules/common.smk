@@ -16,7 +16,6 @@ from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
 from capacity_pack.drills import plan as drill_plan_lib
 from capacity_pack.plan import schedule as schedule_lib
-from capacity_pack.track import tracking as tracking_lib
 from capacity_pack.measure import sweep as sweep_lib
 from capacity_pack.io import canonical_json
 from capacity_pack import stages as stages_lib
