@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from capacity_pack import codehash
+from capacity_pack.stages import STAGES
 from tests.integration.test_pipeline import small_pack
 from tests.paths import ROOT
 
@@ -94,8 +95,12 @@ KNOWN_DASHBOARD_IMPORTERS: set[str] = set()
 
 
 def test_a_measurement_never_hashes_presentation_modules():
-    sweep = codehash.closure(ROOT / "scripts" / "sweep.py", "capacity_pack.sim.__main__")
-    drill = codehash.closure(ROOT / "scripts" / "failure_drill.py", "capacity_pack.sim.__main__")
+    def stage_closure(name: str) -> list[str]:
+        """What the rule's code param hashes (rules/common.smk stage_code_hash)."""
+        script = ROOT / "scripts" / f"{name}.py"
+        return codehash.closure(script, STAGES[name].entry_module, "capacity_pack.sim.__main__")
+
+    sweep, drill = stage_closure("sweep"), stage_closure("failure_drill")
     assert "capacity_pack.measure.sweep" in sweep
     assert "capacity_pack.sim.server" in sweep
     assert "capacity_pack.measure.sweep" in drill

@@ -2,8 +2,9 @@
 
 What reruns when: a rule's ``code`` param (``rules/common.smk``) is the hash of the code its job
 runs, and Snakemake reruns a job whose params changed, then every job downstream of it. That
-code is the rule's script (``scripts/<rule>.py``) and every ``capacity_pack`` module it imports,
-transitively; a measurement against the simulated target adds the closure of
+code is the rule's script (``scripts/<rule>.py``), its stage's entry module (which the script
+resolves by name from :mod:`capacity_pack.stages`) and every ``capacity_pack`` module they
+import, transitively; a measurement against the simulated target adds the closure of
 ``capacity_pack.sim.__main__``, which it starts as a subprocess. A real change to any of those
 modules reruns the stage and its dependents; a comment or docstring edit reruns nothing; a change
 to a module outside the closure (a Grafana panel, for a measurement) reruns nothing of that
@@ -17,8 +18,8 @@ never run. ``import a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``; ``from a.b import
 against the importing module's package. So each package ``__init__`` on a module's path is in
 the closure too. Only modules of this package count: third-party code is pinned by the
 environment, not hashed. Imports by computed name (``importlib.import_module(f"...")``) are not
-seen; a rule that runs one names it as an extra entry (the ``track`` rule does, for the tracked
-stage's module).
+seen; a rule that runs one names it as an extra entry (every rule does for its stage's entry
+module, and the ``track`` rule also for the tracked stage's record module).
 
 Hash. A module's hash is ``sha256(ast.dump(tree, include_attributes=False))`` of its syntax tree
 with docstrings removed: comments and formatting are not in the tree, line and column numbers

@@ -18,8 +18,8 @@ import pytest
 from pydantic import BaseModel
 
 from capacity_pack import stages
+from tests.paths import DEFAULT_CONFIG, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RULE = re.compile(r"^rule (\w+):", re.MULTILINE)
 
 
@@ -126,7 +126,7 @@ def workflow(tmp_path_factory):
         wf = api.workflow(
             snakefile=ROOT / "Snakefile",
             resource_settings=ResourceSettings(),
-            config_settings=ConfigSettings(configfiles=[ROOT / "config" / "config.yaml"]),
+            config_settings=ConfigSettings(configfiles=[DEFAULT_CONFIG]),
             storage_settings=StorageSettings(),
             workdir=workdir,
         )
@@ -172,7 +172,7 @@ def test_cli_schedule_writes_what_the_schedule_stage_writes(tmp_path):
     from capacity_pack.plan import schedule as S
     from capacity_pack.plan.manifest import load_pack
 
-    config = ROOT / "config" / "config.yaml"
+    config = DEFAULT_CONFIG
     out = tmp_path / "cli.parquet"
     res = CliRunner().invoke(
         main,
@@ -204,7 +204,7 @@ def test_cli_alerts_writes_what_the_dashboard_stage_writes(tmp_path):
     from capacity_pack.io import canonical_json
     from capacity_pack.plan.manifest import load_pack
 
-    config = ROOT / "config" / "config.yaml"
+    config = DEFAULT_CONFIG
     rules, board = tmp_path / "cli.yaml", tmp_path / "cli.json"
     res = CliRunner().invoke(
         main, ["alerts", str(config), "--rules", str(rules), "--dashboard", str(board)]
@@ -228,8 +228,7 @@ def test_cli_drill_runs_the_drill_stages(tmp_path):
     from click.testing import CliRunner
 
     from capacity_pack.cli import main
-
-    from .test_failure import drill_pack
+    from tests.integration.test_failure import drill_pack
 
     config = tmp_path / "pack.yaml"
     pack = drill_pack(tmp_path).model_dump(mode="json", exclude_none=True)
