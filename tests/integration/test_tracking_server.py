@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from capacity_pack import redact
 from capacity_pack.plan.manifest import freeze, load_pack, validate_pack
 from capacity_pack.track import tracking
 from tests.conftest import small_pack_data
@@ -545,8 +546,8 @@ def test_store_passwords_count_as_secrets(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("PGPASSWORD", "pg-pass-123456")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "basic-auth-123456")
     monkeypatch.setenv(tracking.TRACKING_URI_ENV, "postgresql://u:in%2Furi-123456@db:5432/mlflow")
-    found = tracking.secret_values()
+    found = redact.secret_values()
     assert {"pg-pass-123456", "basic-auth-123456", "in/uri-123456", "in%2Furi-123456"} <= set(found)
-    assert tracking.redact_text("dsn password=pg-pass-123456") == "dsn password=[redacted]"
+    assert redact.redact_text("dsn password=pg-pass-123456") == "dsn password=[redacted]"
     monkeypatch.setenv(tracking.TRACKING_URI_ENV, "http://[::1")  # malformed: no crash here
-    assert "pg-pass-123456" in tracking.secret_values()
+    assert "pg-pass-123456" in redact.secret_values()
