@@ -16,7 +16,7 @@ from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
 from capacity_pack.drills import plan as drill_plan_lib
 from capacity_pack.plan import schedule as schedule_lib
-from capacity_pack.measure import sweep as sweep_lib
+from capacity_pack.measure import inputs as sweep_inputs_lib
 from capacity_pack.io import canonical_json
 from capacity_pack import stages as stages_lib
 
@@ -101,7 +101,7 @@ def results_root(wildcards, output):
 
 def sweep_inputs_json(wildcards):
     """The manifest content one measurement reads, as canonical JSON."""
-    return sweep_lib.SweepInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
+    return sweep_inputs_lib.SweepInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
 
 
 def sweep_threads(wildcards):

@@ -19,7 +19,7 @@ RPS by default) and each client transport (``--transports``: ``capacity_pack``, 
 generator's own plain-HTTP transport, and ``httpx``, httpx's default httpcore transport, with
 the same SSE reader), the default pack's Poisson schedule and request mix (~56 output tokens
 mean) is run for a 1 s warm-up plus ``--measure-s`` seconds through
-:func:`capacity_pack.measure.loadgen.run_point`, exactly as a sweep point runs it (metrics scraping
+:func:`capacity_pack.measure.run.run_point`, exactly as a sweep point runs it (metrics scraping
 included). Reported per run, from the run's own summary and records:
 
 - dispatch lateness p50/p99/max (actual send - due, every request of the run);
@@ -150,8 +150,9 @@ def sim_nodelay(workdir: Path) -> None:
 
 
 def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: Path) -> dict:
-    from capacity_pack.measure.loadgen import run_point
-    from capacity_pack.measure.sweep import SweepInputs, load_settings, measurement_error
+    from capacity_pack.measure.inputs import SweepInputs, load_settings
+    from capacity_pack.measure.run import run_point
+    from capacity_pack.measure.sweep import measurement_error
     from capacity_pack.plan import schedule as S
 
     point = S.Point(mode="open", rate_rps=rate, cache_state="cold", repeat=repeat)
@@ -191,7 +192,7 @@ def split_error(records: Path, gt: Path) -> dict:
     the first and last tokens."""
     import numpy as np
 
-    from capacity_pack.measure.loadgen import read_records
+    from capacity_pack.measure.records import read_records
 
     server = {}
     with gt.open() as fh:

@@ -10,7 +10,7 @@ them are in docs/scaling.md.
 Method. For each size N of ``--sizes`` (10k, 100k and 300k requests by default) the default
 pack's Poisson schedule is built at ``--rate`` (1,000 RPS) for N / rate seconds, and every
 request gets the record a client that saw it succeed would write, through the load generator's
-own serializer (:meth:`capacity_pack.measure.loadgen.Attempt.to_json`): one chunk per token, TTFT
+own serializer (:meth:`capacity_pack.measure.records.Attempt.to_json`): one chunk per token, TTFT
 50 ms, inter-token gap 20 ms, the class's fixed output length (32 / 48 / 128 tokens, 56 on
 average). The records are written as one file (1 shard) and, for ``--shards`` K, as the file a
 K-shard point's measurement job writes (each record on its assigned shard, shard files
@@ -77,7 +77,7 @@ def write_records(
     schedule: pd.DataFrame, path: Path, shard: np.ndarray | None, *, one_chunk: bool = False
 ) -> int:
     """``one_chunk``: every request's tokens arrive in one chunk (one SSE event)."""
-    from capacity_pack.measure.loadgen import Attempt
+    from capacity_pack.measure.records import Attempt
 
     ttft, itl = 50_000_000, 20_000_000
     lines = []
@@ -195,7 +195,7 @@ def one_size(n: int, rate: float, shards: list[int], work: Path) -> list[dict]:
             ]
 
             def merge(per=per, frames=frames, path=path, seed=seed):
-                from capacity_pack.evidence.normalize import records_frame
+                from capacity_pack.measure.records import records_frame
 
                 merge_series(frames, 1.0)
                 return merge_summaries(per, records_frame(path), 5.0, 1.0, seed)

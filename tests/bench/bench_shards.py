@@ -202,8 +202,10 @@ http {{
 
 
 def static_run(rate: float, k: int, measure_s: float, base_url: str, work: Path) -> dict:
-    from capacity_pack.measure.loadgen import read_records, run_point
-    from capacity_pack.measure.sweep import SweepInputs, load_settings, run_sharded
+    from capacity_pack.measure.inputs import SweepInputs, load_settings
+    from capacity_pack.measure.records import read_records
+    from capacity_pack.measure.run import run_point
+    from capacity_pack.measure.sweep import run_sharded
     from capacity_pack.plan import schedule as S
 
     pack = pack_for(measure_s, k)

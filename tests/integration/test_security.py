@@ -13,7 +13,9 @@ import yaml
 from starlette.responses import JSONResponse
 
 from capacity_pack.io import write_json_atomic
-from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.measure.records import read_records
+from capacity_pack.measure.run import run_point
+from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sweep import measure_point, tracking_record
 from capacity_pack.measure.target import SimProcess, TargetError, open_target
 from capacity_pack.plan import schedule as S

@@ -270,7 +270,7 @@ def load(
     """Measure one point of CONFIG against its target; record every attempted request."""
     import pandas as pd
 
-    from capacity_pack.measure.sweep import SweepInputs
+    from capacity_pack.measure.inputs import SweepInputs
     from capacity_pack.plan import schedule as sched
     from capacity_pack.plan.manifest import load_pack
     from capacity_pack.stages import STAGES

@@ -5,7 +5,8 @@ file in the destination folder and renamed over the target, so a crash or a vali
 never leaves a half-written output behind (rename is atomic on POSIX within one filesystem).
 
 Canonical JSON (sorted keys, no insignificant whitespace, UTF-8, no NaN) is what hashes are
-computed over, so the same content always gives the same sha256.
+computed over, so the same content always gives the same sha256. :func:`finite_or_none` turns
+the non-finite floats JSON cannot hold into nulls.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -71,3 +73,15 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def finite_or_none(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, +-inf) replaced by None, through dicts and
+    lists: JSON has no such numbers, and a summary must stay readable everywhere."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite_or_none(v) for v in obj]
+    return obj

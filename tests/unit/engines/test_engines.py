@@ -569,7 +569,9 @@ def test_tls_verification_is_on_unless_turned_off(tls_files):
 
 
 def test_the_load_generator_client_honours_the_tls_flag(tls_files, tmp_path, monkeypatch):
-    from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+    from capacity_pack.measure.records import read_records
+    from capacity_pack.measure.run import run_point
+    from capacity_pack.measure.settings import LoadSettings
     from tests.unit.measure.test_loadgen import constant_schedule
 
     ca, cert, key = tls_files

@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+from capacity_pack.measure.records import read_records
+from capacity_pack.measure.run import run_point
+from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sweep import measure_point, measurement_error
 from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S

@@ -14,16 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capacity_pack.measure.loadgen import (
-    BODY_EXTENSION,
-    SEND_AT,
-    SENT_HOOK,
-    Attempt,
-    PlainHTTPTransport,
-    RequestWithdrawn,
-    SSEReader,
-    _Dispatcher,
-)
+from capacity_pack.measure.connection import RequestWithdrawn
+from capacity_pack.measure.dispatcher import Dispatcher
+from capacity_pack.measure.records import Attempt
+from capacity_pack.measure.sse import SSEReader
+from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
 from capacity_pack.sim.tokenizer import count_tokens
 
 
@@ -432,7 +427,7 @@ def test_timed_write_goes_out_at_its_due_time_and_a_withdrawn_one_not_at_all():
         writer.write(HEAD + chunked(sse(completion(" a"), "[DONE]")))
 
     async def main():
-        dispatcher = _Dispatcher(asyncio.get_running_loop())
+        dispatcher = Dispatcher(asyncio.get_running_loop())
         dispatcher.start()
         try:
             async with Script(respond) as s, client(scheduler=dispatcher) as c:
@@ -506,7 +501,9 @@ def test_a_run_reuses_its_connections(tmp_path, transport):
     import numpy as np
     import pandas as pd
 
-    from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
+    from capacity_pack.measure.records import read_records
+    from capacity_pack.measure.run import run_point
+    from capacity_pack.measure.settings import LoadSettings
 
     async def respond(request, writer):
         writer.write(HEAD + chunked(sse(completion(" a"), completion(" b")))[:-5])

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.measure.loadgen import read_records
+from capacity_pack.measure.records import read_records
 
 NS = 1_000_000_000
 # Snakemake's main log stamps are truncated to the second.

@@ -117,7 +117,8 @@ def _s(t_ns: Any) -> float | None:
 
 def request_frame(records_path: Path, spec: DrillAnalysisSpec, name: str) -> pd.DataFrame:
     """The drill's requests table (pandera-validated like a sweep point's), with SLO columns."""
-    from capacity_pack.evidence.normalize import normalize, records_frame
+    from capacity_pack.evidence.normalize import normalize
+    from capacity_pack.measure.records import records_frame
 
     recs = records_frame(records_path)
     fixed = {c.name: c.output_tokens if isinstance(c.output_tokens, int) else None

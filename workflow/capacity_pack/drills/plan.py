@@ -47,7 +47,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import canonical_json
-from capacity_pack.measure.sweep import SweepInputs
+from capacity_pack.measure.inputs import SweepInputs
 from capacity_pack.plan.manifest import (
     Drill,
     Experiment,

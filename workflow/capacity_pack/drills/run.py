@@ -197,9 +197,9 @@ def run_drill(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure one drill; write records.jsonl, scrapes, events.json and drill.json."""
-    from capacity_pack.measure.loadgen import run_point
-    from capacity_pack.measure.sweep import load_settings, token_counter
-    from capacity_pack.measure.target import SimProcess, _healthy
+    from capacity_pack.measure.inputs import load_settings, token_counter
+    from capacity_pack.measure.run import run_point
+    from capacity_pack.measure.target import SimProcess, healthy
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +239,7 @@ def run_drill(
         else:
             assert isinstance(target, OpenAITarget)
             base_url = target.base_url.rstrip("/")
-            if not _healthy(base_url, timeout_s=5.0):
+            if not healthy(base_url, timeout_s=5.0):
                 raise DrillError(f"{base_url}/health does not answer 200: is the target up?")
         recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, sim)
         settings = load_settings(inputs.sweep, drill_point(plan), base_url, progress=progress)
@@ -281,7 +281,7 @@ def _write_outputs(
     scrapes: pd.DataFrame,
     schedule: pd.DataFrame | None,
 ) -> None:
-    from capacity_pack.measure.loadgen import _finite
+    from capacity_pack.io import finite_or_none
 
     if schedule is not None:
         with atomic_path(out / "schedule.parquet") as tmp:
@@ -292,4 +292,4 @@ def _write_outputs(
         with atomic_path(out / name) as tmp:
             frame.to_parquet(tmp, index=False)
     write_text_atomic(out / "events.json", json.dumps({"events": events}, indent=1) + "\n")
-    write_text_atomic(out / "drill.json", json.dumps(_finite(facts), indent=1) + "\n")
+    write_text_atomic(out / "drill.json", json.dumps(finite_or_none(facts), indent=1) + "\n")

@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-import pyarrow
 from pandera.typing import Series
 
-from capacity_pack.measure.loadgen import STATUSES
+from capacity_pack.measure.records import STATUSES, RecordsError, records_frame
+from capacity_pack.measure.shards import ShardError, check_merge
 from capacity_pack.tables import validate_table
 
 NS_PER_MS = 1e6
@@ -200,71 +200,6 @@ def reconcile(records: pd.DataFrame, expected: pd.DataFrame, source: str) -> dic
     }
 
 
-# The load generator's record (loadgen.Attempt.to_json; ``shard`` on a sharded point's records).
-RECORD_SCHEMA = pyarrow.schema(
-    [
-        ("request_id", pyarrow.string()),
-        ("seq", pyarrow.int64()),
-        ("class", pyarrow.string()),
-        ("phase", pyarrow.string()),
-        ("block", pyarrow.int64()),
-        ("status", pyarrow.string()),
-        ("http_status", pyarrow.int64()),
-        ("error", pyarrow.string()),
-        ("finish_reason", pyarrow.string()),
-        ("input_tokens", pyarrow.int64()),
-        ("output_tokens_expected", pyarrow.int64()),
-        ("output_tokens", pyarrow.int64()),
-        ("prompt_tokens", pyarrow.int64()),
-        ("completion_tokens", pyarrow.int64()),
-        ("cached_tokens", pyarrow.int64()),
-        ("prompt_tokens_mismatch", pyarrow.bool_()),
-        ("scheduled_offset_ns", pyarrow.int64()),
-        ("t0_ns", pyarrow.int64()),
-        ("t0_realtime_ns", pyarrow.int64()),
-        ("due_ns", pyarrow.int64()),
-        ("sent_ns", pyarrow.int64()),
-        ("sent_realtime_ns", pyarrow.int64()),
-        ("first_token_ns", pyarrow.int64()),
-        ("last_token_ns", pyarrow.int64()),
-        ("end_ns", pyarrow.int64()),
-        ("end_realtime_ns", pyarrow.int64()),
-        ("chunk_ns", pyarrow.list_(pyarrow.int64())),
-        ("chunk_tokens", pyarrow.list_(pyarrow.int64())),
-        ("shard", pyarrow.int64()),
-    ]
-)
-# One record must fit in a block: 32 MB holds a stream of ~2 million chunks.
-RECORD_BLOCK_BYTES = 32 << 20
-
-
-def records_frame(path: str | Path) -> pd.DataFrame:
-    """Every complete record of a records.jsonl as a frame (a torn last line is ignored).
-
-    Parsed by pyarrow's JSON reader against :data:`RECORD_SCHEMA`, not into Python dicts: the
-    chunk lists become numpy arrays (8 bytes a stamp instead of a Python int and a pointer),
-    which keeps a long point's normalization within memory (docs/scaling.md).
-    """
-    import pyarrow.json as pj
-
-    data = Path(path).read_bytes()
-    end = data.rfind(b"\n") + 1  # the writer died mid-line: that request never finished recording
-    if end == 0:
-        return pd.DataFrame(columns=["request_id"])
-    try:
-        table = pj.read_json(
-            pyarrow.BufferReader(memoryview(data)[:end]),
-            read_options=pj.ReadOptions(block_size=RECORD_BLOCK_BYTES),
-            parse_options=pj.ParseOptions(
-                explicit_schema=RECORD_SCHEMA, unexpected_field_behavior="ignore"
-            ),
-        )
-    except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError) as err:
-        raise NormalizeError(f"{path}: not a records file of the load generator: {err}") from None
-    del data
-    return table.to_pandas(split_blocks=True, self_destruct=True)
-
-
 def normalize(
     records: pd.DataFrame,
     *,
@@ -421,7 +356,10 @@ def normalize_point(
     from capacity_pack.plan.schedule import build_schedule, prewarm_rows
 
     source = str(records_path)
-    records = records_frame(records_path)
+    try:
+        records = records_frame(records_path)
+    except RecordsError as err:
+        raise NormalizeError(str(err)) from None
     schedule = pd.read_parquet(schedule_path)
     k = int(sweep_summary.get("extension_blocks", 0))
     extension = None
@@ -435,8 +373,6 @@ def normalize_point(
     facts = reconcile(records, expected, source)
     shards = sweep_summary.get("shards")
     if shards and int(shards.get("count", 1)) > 1:
-        from capacity_pack.measure.shards import ShardError, check_merge
-
         try:
             facts["shards"] = check_merge(records, schedule, prewarm, shards, source)
         except ShardError as err:

@@ -62,7 +62,10 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.io import write_json_atomic
+from capacity_pack.io import finite_or_none, write_json_atomic
+from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
+from capacity_pack.measure.run import run_point
+from capacity_pack.plan.schedule import Point
 
 NS = 1_000_000_000
 READY_POLL_S = 0.002
@@ -322,10 +325,6 @@ class ShardSpec(BaseModel):
 
 def run_shard(spec: ShardSpec) -> dict[str, Any]:
     """Run one shard: its rows, its records, its summary (with clock samples)."""
-    from capacity_pack.measure.loadgen import run_point
-    from capacity_pack.measure.sweep import SweepInputs, load_settings, token_counter
-    from capacity_pack.plan.schedule import Point
-
     inputs = SweepInputs.model_validate_json(spec.inputs_json)
     point = Point.parse(spec.point, spec.cache_state, spec.repeat)
     schedule = pd.read_parquet(spec.schedule_path)
@@ -378,14 +377,8 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
         clock=clock,
         rendezvous=rendezvous.ready,
     )
-    write_json_atomic(out / "summary.json", _finite(summary))
+    write_json_atomic(out / "summary.json", finite_or_none(summary))
     return summary
-
-
-def _finite(obj: Any) -> Any:
-    from capacity_pack.measure.loadgen import _finite as finite
-
-    return finite(obj)
 
 
 # ---------------------------------------------------------------------------------------------

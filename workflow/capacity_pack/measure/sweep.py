@@ -1,9 +1,8 @@
 """One measurement point end to end: target up, cache state prepared, schedule run, facts kept.
 
-:class:`SweepInputs` is exactly the manifest content a measurement reads (target, model, client,
-request shape, prompts and the sample gate that drives extension blocks); the sweep rule passes
-it in its params, so a changed acceptance threshold does not re-measure anything, while a changed
-timeout or target does.
+The point's inputs are :class:`capacity_pack.measure.inputs.SweepInputs`; the run itself is
+:func:`capacity_pack.measure.run.run_point` in one client process, or
+:mod:`capacity_pack.measure.shards` over K of them (``client.shards``, open-loop points).
 
 Cache-state facts in the summary:
 
@@ -17,129 +16,28 @@ Cache-state facts in the summary:
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.io import canonical_json
-from capacity_pack.measure.loadgen import LoadSettings, read_records, run_point
-from capacity_pack.plan.manifest import (
-    Client,
-    Engine,
-    Model,
-    OpenAITarget,
-    Pack,
-    Prompts,
-    RequestShape,
-    SimTarget,
+from capacity_pack.io import atomic_path
+from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
+from capacity_pack.measure.records import read_records, records_frame
+from capacity_pack.measure.run import run_point
+from capacity_pack.measure.shards import (
+    ShardSpec,
+    assignment_seed,
+    merge_series,
+    merge_summaries,
+    run_shards,
 )
-from capacity_pack.plan.schedule import (
-    Point,
-    ScheduleInputs,
-    build_schedule,
-    prewarm_rows,
-)
-
-
-class SweepInputs(BaseModel):
-    """The manifest content one measurement depends on (beyond its schedule)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    schedule: ScheduleInputs = Field(description="To rebuild extension blocks and prewarm rows.")
-    target: SimTarget | OpenAITarget = Field(discriminator="kind")
-    model: Model
-    client: Client
-    request: RequestShape
-    prompts: Prompts
-    min_successful_samples_per_class: int = Field(description="Sample gate for extensions.")
-    engine: Engine | None = Field(
-        default=None, description="What a real target must identify as (None: a simulated one)."
-    )
-
-    @classmethod
-    def for_point(cls, pack: Pack, point: Point) -> SweepInputs:
-        return cls(
-            schedule=ScheduleInputs.for_point(pack, point),
-            engine=pack.engine if isinstance(pack.target, OpenAITarget) else None,
-            target=pack.target,
-            model=pack.model,
-            client=pack.client,
-            request=pack.request,
-            prompts=pack.prompts,
-            min_successful_samples_per_class=pack.acceptance.min_successful_samples_per_class,
-        )
-
-    def canonical_json(self) -> str:
-        data = self.model_dump(mode="json")
-        if data["engine"] is None:
-            del data["engine"]  # a simulated target's inputs read as before the field existed
-        return canonical_json(data)
-
-
-def load_settings(
-    inputs: SweepInputs, point: Point, base_url: str, *, progress: bool
-) -> LoadSettings:
-    c, r = inputs.client, inputs.request
-    sampling: dict[str, Any] = {"temperature": r.sampling.temperature, "top_p": r.sampling.top_p}
-    if r.sampling.top_k != -1:
-        sampling["top_k"] = r.sampling.top_k
-    if r.sampling.seed is not None:
-        sampling["seed"] = r.sampling.seed
-    prefix = inputs.prompts.prefix
-    return LoadSettings(
-        base_url=base_url,
-        model=inputs.model.served_name or inputs.model.id,
-        endpoint=c.endpoint,
-        api_key_env=getattr(inputs.target, "api_key_env", None),
-        mode=point.mode,
-        concurrency=point.concurrency,
-        request_timeout_s=c.request_timeout_seconds,
-        max_in_flight=c.max_in_flight,
-        lateness_bound_ms=c.lateness_bound_ms,
-        metrics_interval_s=c.metrics_interval_seconds,
-        sampling=sampling,
-        ignore_eos=r.stop.ignore_eos,
-        stop_sequences=r.stop.stop_sequences,
-        include_usage=r.include_usage,
-        prefix_revision=prefix.revision if prefix else None,
-        tls_verify=getattr(inputs.target, "tls_verify", True),
-        keep_alive=getattr(inputs.target, "keep_alive", True),
-        ca_bundle=getattr(inputs.target, "ca_bundle", None),
-        corpus_revision=inputs.prompts.corpus_revision,
-        cold_unique_prefix_tokens=inputs.prompts.cold_unique_prefix_tokens,
-        min_successful_per_class=inputs.min_successful_samples_per_class,
-        maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
-        progress=progress,
-    )
-
-
-def token_counter(inputs: SweepInputs, base_url: str):
-    """The target's tokenizer for exact prompt lengths: a tokenizer.json, /tokenize, or None
-    (the project tokenizer, exact for the simulated engine)."""
-    import os
-
-    from capacity_pack.engines.tokenize import EndpointCounter
-    from capacity_pack.plan.prompts import FileTokenizerCounter
-
-    target = inputs.target
-    if not isinstance(target, OpenAITarget):
-        return None
-    if target.tokenizer_path is not None:
-        return FileTokenizerCounter(target.tokenizer_path)
-    if target.tokenize_endpoint:
-        key = os.environ.get(target.api_key_env, "") if target.api_key_env else ""
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        from capacity_pack.engines import verify_setting
-
-        verify = verify_setting(target.tls_verify, target.ca_bundle)
-        return EndpointCounter(
-            base_url, inputs.model.served_name or inputs.model.id, headers, verify=verify
-        )
-    return None
+from capacity_pack.measure.target import open_target
+from capacity_pack.plan.manifest import Pack, SimTarget
+from capacity_pack.plan.schedule import Point, build_schedule, prewarm_rows
 
 
 def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -182,17 +80,6 @@ def run_sharded(
     out: Path,
 ) -> dict[str, Any]:
     """Run a point as K shard processes; write the merged records and series; its summary."""
-    import shutil
-
-    from capacity_pack.io import atomic_path
-    from capacity_pack.measure.shards import (
-        ShardSpec,
-        assignment_seed,
-        merge_series,
-        merge_summaries,
-        run_shards,
-    )
-
     c = inputs.client
     k = shard_count(inputs, point)
     seed = assignment_seed(c.request_schedule_seed, point.key)
@@ -243,8 +130,6 @@ def run_sharded(
     frames = [pd.read_parquet(Path(sp.out_dir) / "metrics.parquet") for sp in specs]
     with atomic_path(out / "metrics.parquet") as tmp:
         merge_series(frames, c.metrics_interval_seconds).to_parquet(tmp, index=False)
-    from capacity_pack.evidence.normalize import records_frame
-
     stamps = records_frame(out / "records.jsonl")
     summary = merge_summaries(
         summaries, stamps, c.lateness_bound_ms, c.shard_clock_tolerance_ms, seed
@@ -262,8 +147,6 @@ def measure_point(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files)."""
-    from capacity_pack.measure.target import open_target
-
     inputs = (
         pack_or_inputs
         if isinstance(pack_or_inputs, SweepInputs)
@@ -294,7 +177,7 @@ def measure_point(
             full = build_schedule(inputs.schedule, point, extension_blocks=block - 1)
             return full[full["block"] == block]
 
-        # The seed's extension rule is for open-loop rate points: a closed-loop level traces the
+        # Extension blocks are for open-loop rate points: a closed-loop level traces the
         # frontier and a load-shape experiment is its profile, so neither is extended.
         if point.mode == "open":
             settings.extension_block = extension
@@ -339,8 +222,6 @@ def measurement_error(records_path: str | Path, ground_truth_path: str | Path) -
     |client TTFT - server TTFT| and |client E2E - server E2E| with the server's TTFT measured
     from its arrival to its first token *sent*, and E2E to its last token sent.
     """
-    import json
-
     client = pd.DataFrame(
         [r for r in read_records(records_path) if r["status"] == "ok" and r["phase"] != "prewarm"]
     )

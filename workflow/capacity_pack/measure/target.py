@@ -102,7 +102,7 @@ class SimProcess:
             raise TargetError(str(err)) from None
         self.base_url = self._proc.url
         deadline = time.monotonic() + self.startup_timeout_s
-        while not _healthy(self.base_url):
+        while not healthy(self.base_url):
             if time.monotonic() > deadline:
                 self.stop()
                 raise TargetError(f"simulated engine not healthy within {self.startup_timeout_s} s")
@@ -127,7 +127,8 @@ class SimProcess:
         self.stop()
 
 
-def _healthy(base_url: str, timeout_s: float = 1.0) -> bool:
+def healthy(base_url: str, timeout_s: float = 1.0) -> bool:
+    """Whether `GET {base_url}/health` answers 200 within ``timeout_s``."""
     import httpx
 
     try:

@@ -105,7 +105,7 @@ _STAGES = [
     Stage(
         "sweep",
         entry="capacity_pack.stages.sweep:run",
-        inputs="capacity_pack.measure.sweep:SweepInputs",
+        inputs="capacity_pack.measure.inputs:SweepInputs",
         folder="raw/" + POINT_DIR,
         outputs={
             "records": "records.jsonl",

@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from capacity_pack.io import write_json_atomic
-from capacity_pack.measure.sweep import SweepInputs, measure_point
+from capacity_pack.measure.inputs import SweepInputs
+from capacity_pack.measure.sweep import measure_point
 from capacity_pack.plan.schedule import Point
 
 

@@ -13,7 +13,7 @@ a :class:`Provenance` (tool, version, file sha256, the definitions applied, what
 and what could not be mapped) and the minimal sweep summary :func:`analysis.analyze_point` reads
 (:mod:`.point` builds them from a tool-neutral frame; :mod:`.common` holds the shared types).
 
-Our definitions (``capacity_pack.measure.loadgen``): s = request sent, f = first non-empty content
+Our definitions (``capacity_pack.measure.records``): s = request sent, f = first non-empty content
 chunk, e = last content chunk, O = output tokens (``usage.completion_tokens`` when given):
 TTFT = f - s, E2E = e - s, TPOT = (E2E - TTFT) / (O - 1) for O > 1 (0 otherwise),
 ITL = gaps between consecutive chunks (the chunks table). Failed rows carry zero latencies.

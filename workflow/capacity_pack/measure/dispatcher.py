@@ -1,0 +1,158 @@
+"""The dispatcher thread: timed sends at their due instant, outside the event loop's backlog.
+
+Timed sends (open loop, the project's transport). Requests are built before the clock starts.
+The run starts each one ``LEAD_NS`` (5 ms) ahead of its due time: connection taken from the pool
+(or opened), bytes ready. The dispatcher thread (:class:`Dispatcher`) sleeps until the due time
+and writes them to the socket itself (:class:`~capacity_pack.measure.connection.TimedWrite`),
+stamping the send there, so the loop's backlog and httpx's request handling never delay the
+send. The thread sleeps outside the GIL with 1 us timer slack and SCHED_FIFO priority where the
+process may (:func:`dispatcher_priority`; ``dispatcher_scheduling`` in the summary); the GIL
+switch interval is lowered to ``SWITCH_INTERVAL_S`` (0.2 ms) during a run so it gets the GIL
+promptly. With httpx's transport the thread hands each arrival to the loop at its due time
+instead.
+
+The lateness this leaves is measured per request as dispatch lateness, s - (t0 + scheduled
+offset) (:mod:`capacity_pack.measure.records`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capacity_pack.measure.connection import TimedWrite
+
+NS = 1_000_000_000
+# GIL switch interval during a run: how long the dispatcher thread may wait for the GIL.
+SWITCH_INTERVAL_S = 0.0002
+# How far ahead of its due time a timed send is handed to the loop to be prepared: above the
+# loop's longest usual backlog (a step's burst of chunks at 200 RPS is ~3 ms).
+LEAD_NS = 5_000_000
+
+
+class Dispatcher(threading.Thread):
+    """The dispatcher thread: sleeps until the next deadline, then acts on it.
+
+    Two uses. Timed sends (our transport): the thread wakes once at each expected due time
+    (``expect``) and writes the prepared requests due by then (``write_at``, no wake-up needed
+    to register one); a request registered after its due time was checked is written by the
+    caller at once. Hand-overs (httpx's transport): ``start(i)`` goes to the loop through
+    ``call_soon_threadsafe`` at ``times[i]``.
+
+    ``threading.Condition.wait`` sleeps outside the GIL and wakes within tens of microseconds
+    (the thread's timer slack is set to 1 us where Linux allows, and it asks for SCHED_FIFO
+    where permitted, so a busy machine does not hold its wake-up back); the lowered switch
+    interval bounds its wait for the GIL while the loop works.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(name="capacity-pack-dispatch", daemon=True)
+        self.loop = loop
+        self.cond = threading.Condition(threading.Lock())
+        self.times: list[int] = []
+        self.next = 0
+        self.start_cb: Callable[[int], None] | None = None
+        self.expected: list[int] = []
+        self.next_expected = 0
+        self.writes: list[tuple[int, int, TimedWrite]] = []
+        self.seq = 0
+        self.checked_ns = 0  # every write due by then has been taken
+        self.wake_ns = 0  # when the sleeping thread means to wake
+        self.stopped = False
+        self.scheduling = "normal"
+
+    def arrivals(self, times: list[int], start: Callable[[int], None] | None) -> None:
+        """Hand ``start(i)`` to the loop at ``times[i]`` (perf_counter_ns), in order."""
+        with self.cond:
+            self.times, self.next, self.start_cb = times, 0, start
+            self.cond.notify()
+
+    def expect(self, due: list[int]) -> None:
+        """The (sorted) due times that timed writes will be registered for."""
+        with self.cond:
+            self.expected, self.next_expected = due, 0
+            self.cond.notify()
+
+    def write_at(self, t_ns: int, write: TimedWrite) -> bool:
+        """Register a timed write; False if ``t_ns`` is already past (write it now yourself)."""
+        with self.cond:
+            if t_ns <= self.checked_ns:
+                return False
+            heapq.heappush(self.writes, (t_ns, self.seq, write))
+            self.seq += 1
+            if t_ns < self.wake_ns:
+                self.cond.notify()  # not an expected due time: wake earlier for it
+            return True
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        self.scheduling = dispatcher_priority()
+        clock, cond, writes = time.perf_counter_ns, self.cond, self.writes
+        while True:
+            due: list[TimedWrite] = []
+            start, i = None, 0
+            with cond:
+                while True:
+                    if self.stopped:
+                        return
+                    now = clock()
+                    while writes and writes[0][0] <= now:
+                        due.append(heapq.heappop(writes)[2])
+                    self.checked_ns = now
+                    if self.next < len(self.times) and self.times[self.next] <= now:
+                        start, i = self.start_cb, self.next
+                        self.next += 1
+                    if due or start is not None:
+                        break
+                    expected, k = self.expected, self.next_expected
+                    while k < len(expected) and expected[k] <= now:
+                        k += 1
+                    self.next_expected = k
+                    wake = now + NS
+                    if k < len(expected):
+                        wake = min(wake, expected[k])
+                    if writes:
+                        wake = min(wake, writes[0][0])
+                    if self.next < len(self.times):
+                        wake = min(wake, self.times[self.next])
+                    self.wake_ns = wake
+                    cond.wait((wake - now) / NS)
+                    self.wake_ns = 0
+            for write in due:
+                write.fire()
+            if start is not None:
+                try:
+                    self.loop.call_soon_threadsafe(start, i)
+                except RuntimeError:  # the loop is closed: the run is over
+                    return
+
+
+def dispatcher_priority() -> str:
+    """Make the calling thread's wake-ups punctual; returns its scheduling policy's name.
+
+    Timer slack 1 us (Linux's default of 50 us lets a sleep end that much late), then
+    SCHED_FIFO at the lowest real-time priority where the process may (root, CAP_SYS_NICE):
+    the thread then preempts ordinary work when its deadline comes instead of queueing behind
+    it. It runs for tens of microseconds per request, so it takes nothing from anyone.
+    """
+    with contextlib.suppress(Exception):
+        import ctypes  # here, inside the guard: a Python without ctypes just keeps the slack
+
+        ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in nanoseconds
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (AttributeError, OSError):
+        return "normal"
+    return "SCHED_FIFO"

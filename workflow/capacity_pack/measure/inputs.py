@@ -1,0 +1,125 @@
+"""What one measurement reads of the manifest, and the load settings and tokenizer made from it.
+
+:class:`SweepInputs` is exactly the manifest content a measurement reads (target, model, client,
+request shape, prompts and the sample gate that drives extension blocks); the sweep rule passes
+it in its params, so a changed acceptance threshold does not re-measure anything, while a changed
+timeout or target does. A sharded point's shard processes and a failure drill read the same
+inputs: :func:`load_settings` turns them into one run's
+:class:`~capacity_pack.measure.settings.LoadSettings`, :func:`token_counter` picks the tokenizer
+that sizes the prompts exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.engines import verify_setting
+from capacity_pack.engines.tokenize import EndpointCounter
+from capacity_pack.io import canonical_json
+from capacity_pack.measure.settings import LoadSettings
+from capacity_pack.plan.manifest import (
+    Client,
+    Engine,
+    Model,
+    OpenAITarget,
+    Pack,
+    Prompts,
+    RequestShape,
+    SimTarget,
+)
+from capacity_pack.plan.prompts import FileTokenizerCounter
+from capacity_pack.plan.schedule import Point, ScheduleInputs
+
+
+class SweepInputs(BaseModel):
+    """The manifest content one measurement depends on (beyond its schedule)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: ScheduleInputs = Field(description="To rebuild extension blocks and prewarm rows.")
+    target: SimTarget | OpenAITarget = Field(discriminator="kind")
+    model: Model
+    client: Client
+    request: RequestShape
+    prompts: Prompts
+    min_successful_samples_per_class: int = Field(description="Sample gate for extensions.")
+    engine: Engine | None = Field(
+        default=None, description="What a real target must identify as (None: a simulated one)."
+    )
+
+    @classmethod
+    def for_point(cls, pack: Pack, point: Point) -> SweepInputs:
+        return cls(
+            schedule=ScheduleInputs.for_point(pack, point),
+            engine=pack.engine if isinstance(pack.target, OpenAITarget) else None,
+            target=pack.target,
+            model=pack.model,
+            client=pack.client,
+            request=pack.request,
+            prompts=pack.prompts,
+            min_successful_samples_per_class=pack.acceptance.min_successful_samples_per_class,
+        )
+
+    def canonical_json(self) -> str:
+        data = self.model_dump(mode="json")
+        if data["engine"] is None:
+            del data["engine"]  # a simulated target's inputs read as before the field existed
+        return canonical_json(data)
+
+
+def load_settings(
+    inputs: SweepInputs, point: Point, base_url: str, *, progress: bool
+) -> LoadSettings:
+    c, r = inputs.client, inputs.request
+    sampling: dict[str, Any] = {"temperature": r.sampling.temperature, "top_p": r.sampling.top_p}
+    if r.sampling.top_k != -1:
+        sampling["top_k"] = r.sampling.top_k
+    if r.sampling.seed is not None:
+        sampling["seed"] = r.sampling.seed
+    prefix = inputs.prompts.prefix
+    return LoadSettings(
+        base_url=base_url,
+        model=inputs.model.served_name or inputs.model.id,
+        endpoint=c.endpoint,
+        api_key_env=getattr(inputs.target, "api_key_env", None),
+        mode=point.mode,
+        concurrency=point.concurrency,
+        request_timeout_s=c.request_timeout_seconds,
+        max_in_flight=c.max_in_flight,
+        lateness_bound_ms=c.lateness_bound_ms,
+        metrics_interval_s=c.metrics_interval_seconds,
+        sampling=sampling,
+        ignore_eos=r.stop.ignore_eos,
+        stop_sequences=r.stop.stop_sequences,
+        include_usage=r.include_usage,
+        prefix_revision=prefix.revision if prefix else None,
+        tls_verify=getattr(inputs.target, "tls_verify", True),
+        keep_alive=getattr(inputs.target, "keep_alive", True),
+        ca_bundle=getattr(inputs.target, "ca_bundle", None),
+        corpus_revision=inputs.prompts.corpus_revision,
+        cold_unique_prefix_tokens=inputs.prompts.cold_unique_prefix_tokens,
+        min_successful_per_class=inputs.min_successful_samples_per_class,
+        maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
+        progress=progress,
+    )
+
+
+def token_counter(inputs: SweepInputs, base_url: str):
+    """The target's tokenizer for exact prompt lengths: a tokenizer.json, /tokenize, or None
+    (the project tokenizer, exact for the simulated engine)."""
+    target = inputs.target
+    if not isinstance(target, OpenAITarget):
+        return None
+    if target.tokenizer_path is not None:
+        return FileTokenizerCounter(target.tokenizer_path)
+    if target.tokenize_endpoint:
+        key = os.environ.get(target.api_key_env, "") if target.api_key_env else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        verify = verify_setting(target.tls_verify, target.ca_bundle)
+        return EndpointCounter(
+            base_url, inputs.model.served_name or inputs.model.id, headers, verify=verify
+        )
+    return None

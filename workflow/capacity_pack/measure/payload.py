@@ -1,0 +1,93 @@
+"""The HTTP requests of one run: URL, headers, and each request's JSON body with its prompt.
+
+Every request is a streamed ``POST /v1/completions`` (``prompt``, ``max_tokens``) or
+``POST /v1/chat/completions`` (one user message, ``max_completion_tokens``) with the class's
+output length as the limit, ``stream_options.include_usage``, ``ignore_eos`` (the fixed-length
+workload contract), the stop sequences and the sampling parameters of the pack, and an
+``X-Request-Id`` header naming the scheduled request. The prompt is built to the row's exact
+input length (:func:`capacity_pack.plan.prompts.build_prompt_for`: the target's tokenizer where
+the pack names one, else the project's words, exact for the simulated engine).
+
+The API key (from the environment variable ``api_key_env`` names) goes with every request and
+scrape; a key of 8 characters or more is also listed in :attr:`RequestBuilder.secrets`, the
+texts no record may carry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import httpx
+
+from capacity_pack.measure.settings import LoadSettings
+from capacity_pack.plan.prompts import build_prompt_for
+
+
+class RequestBuilder:
+    """Builds the requests of one run from its settings and schedule rows."""
+
+    def __init__(self, settings: LoadSettings) -> None:
+        self.s = settings
+        path = "completions" if settings.endpoint == "completions" else "chat/completions"
+        self.url = f"{settings.base_url}/v1/{path}"
+        key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
+        self.headers = {"Content-Type": "application/json"}
+        if not settings.keep_alive:
+            # One connection per request: for servers that drop a reused connection without
+            # answering (llama.cpp's llama-server after a few streamed responses).
+            self.headers["Connection"] = "close"
+        self.auth: dict[str, str] = {}
+        self.secrets: list[str] = []
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+            self.auth["Authorization"] = f"Bearer {key}"
+            # A server's error text may quote the key: no record may carry it. (A key under
+            # 8 characters would also match inside ordinary numbers and text.)
+            if len(key) >= 8:
+                self.secrets = [key]
+
+    def payload(self, row: dict[str, Any], prompt: str) -> dict[str, Any]:
+        s = self.s
+        body: dict[str, Any] = {"model": s.model, "stream": True}
+        n_out = int(row["output_tokens"])
+        if s.endpoint == "completions":
+            body["prompt"] = prompt
+            body["max_tokens"] = n_out
+        else:
+            body["messages"] = [{"role": "user", "content": prompt}]
+            body["max_completion_tokens"] = n_out
+        if s.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if s.ignore_eos:
+            body["ignore_eos"] = True
+        if s.stop_sequences:
+            body["stop"] = s.stop_sequences
+        body.update({k: v for k, v in s.sampling.items() if v is not None})
+        return body
+
+    def body(self, row: dict[str, Any]) -> bytes:
+        return json.dumps(self.payload(row, self.prompt(row)), separators=(",", ":")).encode()
+
+    def request(self, client: httpx.AsyncClient, row: dict[str, Any]) -> httpx.Request:
+        return client.build_request(
+            "POST",
+            self.url,
+            content=self.body(row),
+            headers={**self.headers, "X-Request-Id": row["request_id"]},
+        )
+
+    def prompt(self, row: dict[str, Any]) -> str:
+        # A real target's tokenizer (tokenizer.json or /tokenize) fits the text to the exact
+        # count; without one, the project's words are exact for the simulated engine.
+        return build_prompt_for(
+            self.s.token_counter,
+            input_tokens=int(row["input_tokens"]),
+            prompt_seed=int(row["prompt_seed"]),
+            prefix_id=int(row["prefix_id"]),
+            prefix_tokens=int(row["prefix_tokens"]),
+            prefix_revision=self.s.prefix_revision,
+            cold_unique_prefix_tokens=self.s.cold_unique_prefix_tokens,
+            corpus_revision=self.s.corpus_revision,
+        )

@@ -1,0 +1,711 @@
+"""One measurement run: a point's schedule sent to an OpenAI-compatible endpoint, all recorded.
+
+Open loop (``mode == "open"``/``"exp"``): each request is sent at its scheduled offset regardless
+of completions; nothing ever holds a scheduled arrival behind a concurrency cap. An optional
+in-flight ceiling (``client.max_in_flight``; in flight = written and not yet ended) answers an
+arrival beyond it, at its due time, with a client-side ``rejected`` record. Closed loop
+(``mode == "closed"``): N workers, each sending its next request when the previous one ends, in
+schedule order. Open-loop arrivals are sent at their due instant by the dispatcher thread
+(:mod:`capacity_pack.measure.dispatcher`).
+
+Client: one ``httpx.AsyncClient`` per run (keep-alive, explicit ``httpx.Timeout``, ``httpx.Limits``
+without connection caps, ``Accept-Encoding: identity``, no cookie carried between requests) over
+:class:`~capacity_pack.measure.transport.PlainHTTPTransport` for ``http://`` targets, httpx's
+default transport for ``https://`` (``LoadSettings.transport`` overrides), verifying an https://
+server's certificate unless ``LoadSettings.tls_verify`` is false (``ca_bundle``: a private CA).
+The API key goes with every request and scrape, and a record whose text quotes it (a server's
+error) has it replaced by ``[redacted]`` (:mod:`capacity_pack.measure.payload`).
+
+Timeouts and cancellation deadlines run from the due time (from the start in closed loop). No
+automatic retries, ever. A request counts as ``ok`` only when the stream ended normally with the
+class's exact output length (the workload contract of ``ignore_eos`` fixed-length classes); a
+short or long output is an ``error`` whose text says so, never silently a success. Streams are
+read by :class:`~capacity_pack.measure.sse.SSEReader`; each finished request is written as one
+record (:mod:`capacity_pack.measure.records`, where the stamps and the latency definitions are).
+
+Extension blocks (open-loop points with a sample gate): while a class has fewer successful
+measured requests than ``min_successful_per_class`` and ``maximum_duration_s`` has not passed,
+the next block of the seeded arrival process is sent, starting now with its gaps preserved.
+
+The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
+and its own CPU time from the clock's start (request building before it is not counted); when
+lateness p99 exceeds ``client.lateness_bound_ms`` the summary labels the point ``client_bound``
+and the analysis treats it as invalid. Objects alive at the clock's start are frozen out of the
+garbage collector (``gc.freeze``), so a full collection cannot pause the loop for tens of
+milliseconds. ``/metrics`` is scraped every ``client.metrics_interval_seconds`` into a long time
+series (queue depth, running, KV usage, prefix-cache queries/hits, preemptions) through a name
+map for vLLM, SGLang, llama.cpp, TGI, TensorRT-LLM and the simulator
+(:func:`capacity_pack.engines.signals.parse_metrics`), with the client's own backlog series (due
+but unsent, in flight) alongside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import gc
+import http.cookiejar
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from capacity_pack.engines import verify_setting
+from capacity_pack.engines.signals import parse_metrics
+from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
+from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
+from capacity_pack.measure.dispatcher import LEAD_NS, SWITCH_INTERVAL_S, Dispatcher
+from capacity_pack.measure.payload import RequestBuilder
+from capacity_pack.measure.records import Attempt, RecordWriter
+from capacity_pack.measure.settings import LoadSettings
+from capacity_pack.measure.sse import SSEReader
+from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
+
+NS = 1_000_000_000
+# Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
+HTTPX_MAX_IDLE_CONNECTIONS = 32
+
+
+@dataclass
+class _State:
+    """The run's counters (the dispatcher thread changes some of them, under ``Run._lock``)."""
+
+    in_flight: int = 0
+    sent: int = 0
+    finished: int = 0
+    failed: int = 0
+    due_unsent: int = 0
+    streamed_tokens: int = 0
+    ok_by_class: dict[str, int] = field(default_factory=dict)
+    terminal_by_class: dict[str, int] = field(default_factory=dict)
+
+
+class _Block:
+    """One open-loop block's arrivals, and how many of them have been sent or settled."""
+
+    __slots__ = ("due", "decided")
+
+    def __init__(self, due: list[int]) -> None:
+        self.due = due
+        self.decided = 0
+
+
+class _Gate:
+    """Called at a request's send instant (on the dispatcher thread for a timed send): stamps
+    the send, then applies the in-flight ceiling (in flight = written and not yet ended)."""
+
+    __slots__ = ("a", "block", "st", "lock", "ceiling", "gated", "sent")
+
+    def __init__(
+        self,
+        a: Attempt,
+        block: _Block | None,
+        st: _State,
+        lock: threading.Lock,
+        ceiling: int | None,
+    ) -> None:
+        self.a, self.block, self.st, self.lock, self.ceiling = a, block, st, lock, ceiling
+        self.gated = self.sent = False
+
+    def __call__(self, now_ns: int) -> bool:
+        a, st = self.a, self.st
+        a.sent_ns = now_ns
+        a.sent_realtime_ns = time.time_ns()
+        self.gated = True
+        with self.lock:
+            if self.block is not None:
+                self.block.decided += 1
+            if self.ceiling is not None and st.in_flight >= self.ceiling:
+                return False
+            st.in_flight += 1
+            st.sent += 1
+        self.sent = True
+        return True
+
+
+def _attempt(row: dict[str, Any], due_ns: int) -> Attempt:
+    return Attempt(
+        request_id=row["request_id"],
+        seq=int(row["seq"]),
+        klass=row["class"],
+        phase=row["phase"],
+        block=int(row["block"]),
+        input_tokens=int(row["input_tokens"]),
+        output_tokens_expected=int(row["output_tokens"]),
+        scheduled_offset_ns=int(row["scheduled_offset_ns"]),
+        due_ns=due_ns,
+    )
+
+
+class Run:
+    """One point: the schedule, the client, the records, the series."""
+
+    def __init__(
+        self,
+        schedule: pd.DataFrame,
+        settings: LoadSettings,
+        records_path: str | Path,
+        *,
+        prewarm: pd.DataFrame | None = None,
+    ):
+        self.schedule = schedule.reset_index(drop=True)
+        self.prewarm = prewarm
+        self.s = settings
+        self.writer = RecordWriter(records_path)
+        if settings.shard is not None:
+            self.writer.suffix = f',"shard":{int(settings.shard)}'
+        self.state = _State()
+        self.lateness_ns: list[int] = []
+        self.loop_lag_ns: list[int] = []
+        self.series: list[tuple[int, int, str, str, float]] = []
+        self.t0_ns = 0
+        self.t0_realtime_ns = 0
+        self.blocks_sent = 0
+        self.extension_rebase_ns: list[int] = []
+        self._requests: dict[str, httpx.Request] = {}
+        self._client: httpx.AsyncClient | None = None
+        # Counters the dispatcher thread updates too (at a timed send) are changed under it.
+        self._lock = threading.Lock()
+        self._dispatcher: Dispatcher | None = None
+        self._own_transport = False
+        self._lead_ns = 0
+        self._block: _Block | None = None
+        self._builder = RequestBuilder(settings)
+        self.writer.secrets = self._builder.secrets
+
+    # -- request construction --------------------------------------------------------------
+
+    def _request(self, row: dict[str, Any]) -> httpx.Request:
+        assert self._client is not None
+        return self._builder.request(self._client, row)
+
+    def _prepare(self, rows: list[dict[str, Any]]) -> None:
+        """Build the requests (prompt text, JSON body, httpx.Request) before the clock starts,
+        so dispatch never waits on them."""
+        for row in rows:
+            self._requests[row["request_id"]] = self._request(row)
+
+    # -- one request -----------------------------------------------------------------------
+
+    async def _send(
+        self, client, row: dict[str, Any], due_ns: int, block: _Block | None = None
+    ) -> None:
+        a = _attempt(row, due_ns)
+        request = self._requests.pop(a.request_id, None) or self._request(row)
+        cancel_after = int(row.get("cancel_after_ns", -1))
+        # Until the request is written (it may be prepared ahead of its due time): a request
+        # that never is (no connection) keeps the later of now and its due time.
+        now = time.perf_counter_ns()
+        a.sent_ns = max(now, due_ns)
+        a.sent_realtime_ns = time.time_ns() + a.sent_ns - now
+        gate = _Gate(a, block, self.state, self._lock, self.s.max_in_flight)
+        if self._own_transport:
+            request.extensions[SENT_HOOK] = gate
+            if due_ns and self._lead_ns:
+                request.extensions[SEND_AT] = due_ns
+        elif not gate(time.perf_counter_ns()):
+            self._reject(a)
+            return
+        limit_s = self.s.request_timeout_s
+        cancel_s = cancel_after / NS if cancel_after >= 0 else None
+        deadline_s = min(limit_s, cancel_s) if cancel_s is not None else limit_s
+        # Both limits count from the send, not from the early preparation of a timed send.
+        deadline_s += max(0, due_ns - time.perf_counter_ns()) / NS
+        try:
+            async with asyncio.timeout(deadline_s):
+                await self._exchange(client, request, a)
+        except RequestWithdrawn:
+            self._reject(a)
+            return
+        except TimeoutError:
+            cancelled = cancel_s is not None and cancel_s <= limit_s
+            a.status = "cancelled" if cancelled else "timeout"
+            a.error = (
+                f"cancelled by policy after {cancel_s:.3f} s"
+                if cancelled
+                else f"no complete response within {limit_s:.3f} s"
+            )
+        except httpx.HTTPError as exc:
+            a.status = "error"
+            a.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a failed request is data, never a crash
+            a.status = "error"
+            a.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if a.status != "rejected" or a.http_status is not None:
+                self._settle(a, gate, block)
+
+    async def _exchange(self, client, request: httpx.Request, a: Attempt) -> None:
+        """Send the request, read its response into ``a``."""
+        resp = await client.send(request, stream=True)
+        try:
+            a.http_status = resp.status_code
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                a.status = "rejected" if resp.status_code in (429, 503) else "error"
+                a.error = f"HTTP {resp.status_code}: {_error_message(text)}"
+            else:
+                await self._consume(resp, a)
+        finally:
+            await resp.aclose()
+
+    def _settle(self, a: Attempt, gate: _Gate, block: _Block | None) -> None:
+        """The request ended (any way but the ceiling's refusal): stamp, count, record it."""
+        st = self.state
+        a.end_ns = time.perf_counter_ns()
+        a.end_realtime_ns = time.time_ns()
+        with self._lock:
+            if gate.sent:
+                st.in_flight -= 1
+            else:
+                st.sent += 1  # attempted, never written (no connection, cancelled)
+                if block is not None and not gate.gated:
+                    block.decided += 1
+        self._finish(a)
+
+    def _reject(self, a: Attempt) -> None:
+        """The client's in-flight ceiling refused the request at its send time."""
+        a.status = "rejected"
+        a.error = f"client in-flight ceiling {self.s.max_in_flight} reached"
+        a.end_ns, a.end_realtime_ns = a.sent_ns, a.sent_realtime_ns
+        self._finish(a)
+
+    async def _consume(self, resp, a: Attempt) -> None:
+        reader = SSEReader(chat=self.s.endpoint == "chat_completions")
+        st = self.state
+        body = resp.extensions.get(BODY_EXTENSION)
+        if body is not None and resp.headers.get("content-encoding", "identity") == "identity":
+            # Our transport: each read is parsed in the connection's read callback, stamped
+            # with its kernel receive time.
+            def sink(now_ns: int, data: bytes) -> bool:
+                st.streamed_tokens += reader.feed(data, now_ns, a)
+                return reader.ended
+
+            await body.feed(sink)
+            if not reader.ended:
+                st.streamed_tokens += reader.close(time.perf_counter_ns(), a)
+        else:
+            chunks = resp.aiter_bytes()
+            async for data in chunks:
+                st.streamed_tokens += reader.feed(data, time.perf_counter_ns(), a)
+                if reader.ended:
+                    break
+            else:
+                st.streamed_tokens += reader.close(time.perf_counter_ns(), a)
+            if reader.done:
+                # Read the body's end (it follows [DONE] at once): httpcore keeps only a
+                # connection whose response was read to the end, else every request reconnects.
+                with contextlib.suppress(httpx.HTTPError, TimeoutError):
+                    async with asyncio.timeout(DRAIN_GRACE_S):
+                        async for _ in chunks:
+                            pass
+        if reader.failed:
+            return
+        if reader.done and body is not None:
+            # The response is over for us; its last bytes may trail: reuse the connection if
+            # they arrive, instead of closing it (a new connection per request costs both sides).
+            body.reuse_when_complete = True
+        got = sum(a.chunk_tokens)
+        if not reader.done:
+            a.status, a.error = "error", f"stream ended without [DONE] after {got} tokens"
+        elif a.completion_tokens is not None and a.completion_tokens != got:
+            a.status = "error"
+            a.error = f"usage reports {a.completion_tokens} completion tokens, stream carried {got}"
+        elif got != a.output_tokens_expected:
+            a.status = "error"
+            a.error = f"output_tokens {got} != the class's {a.output_tokens_expected}"
+        else:
+            a.status = "ok"
+
+    def _finish(self, a: Attempt) -> None:
+        st = self.state
+        if a.due_ns:
+            self.lateness_ns.append(a.sent_ns - a.due_ns)
+        st.finished += 1
+        if a.status != "ok":
+            st.failed += 1
+        if a.phase in ("measure", "extension"):
+            st.terminal_by_class[a.klass] = st.terminal_by_class.get(a.klass, 0) + 1
+            if a.status == "ok":
+                st.ok_by_class[a.klass] = st.ok_by_class.get(a.klass, 0) + 1
+        self.writer.write(a.to_json(self.t0_ns, self.t0_realtime_ns))
+
+    # -- load modes ------------------------------------------------------------------------
+
+    async def _open_loop(self, client, rows: list[dict[str, Any]], base_ns: int) -> None:
+        """Send ``rows`` at base_ns + scheduled offset; returns when all have terminated."""
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task] = set()
+        all_handed = loop.create_future()
+        due = [base_ns + int(r["scheduled_offset_ns"]) for r in rows]
+        block = self._block = _Block(due)
+
+        def start(i: int) -> None:
+            task = loop.create_task(self._send(client, rows[i], due[i], block))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if i == len(rows) - 1 and not all_handed.done():
+                all_handed.set_result(None)
+
+        dispatcher = self._dispatcher
+        assert dispatcher is not None
+        feeder = None
+        if self._lead_ns:
+            # Timed sends: the loop starts each request a lead early (its own timers, to the
+            # millisecond, are enough for that); the thread writes it at its due time.
+            dispatcher.expect(due)
+            feeder = loop.create_task(self._feed([t - self._lead_ns for t in due], start))
+        else:
+            dispatcher.arrivals(due, start)
+        try:
+            if rows:
+                await all_handed
+            while tasks:
+                await asyncio.wait(set(tasks))
+        finally:
+            if feeder is not None:
+                feeder.cancel()
+            dispatcher.arrivals([], None)
+            dispatcher.expect([])
+
+    @staticmethod
+    async def _feed(times: list[int], start: Callable[[int], None]) -> None:
+        for i, t in enumerate(times):
+            delay_ns = t - time.perf_counter_ns()
+            if delay_ns > 0:
+                await asyncio.sleep(delay_ns / NS)
+            start(i)
+
+    async def _closed_loop(self, client, rows: list[dict[str, Any]]) -> None:
+        it = iter(rows)
+
+        async def worker() -> None:
+            for row in it:
+                await self._send(client, row, 0)
+
+        n = self.s.concurrency or 1
+        await asyncio.gather(*(worker() for _ in range(n)))
+
+    # -- watchers ---------------------------------------------------------------------------
+
+    async def _lag_monitor(self, stop: asyncio.Event) -> None:
+        period = 0.010
+        while not stop.is_set():
+            before = time.perf_counter_ns()
+            await asyncio.sleep(period)
+            # epoll rounds timeouts up to whole milliseconds: lag beyond that is the loop's.
+            self.loop_lag_ns.append(max(0, time.perf_counter_ns() - before - int(period * NS)))
+
+    async def _scraper(self, client, stop: asyncio.Event) -> None:
+        url = f"{self.s.base_url}/metrics"
+        interval = self.s.metrics_interval_s
+        # The clock may start a little ahead (timed sends): the series starts with it.
+        await asyncio.sleep(max(0, self.t0_ns - time.perf_counter_ns()) / NS)
+        next_t = time.perf_counter()
+        while True:
+            t_ns = time.perf_counter_ns()
+            rt_ns = time.time_ns()
+            st = self.state
+            rel = t_ns - self.t0_ns
+            self.series += [
+                (rel, rt_ns, "client", "in_flight", float(st.in_flight)),
+                (rel, rt_ns, "client", "due_unsent", float(self._due_unsent(t_ns))),
+                (rel, rt_ns, "client", "finished", float(st.finished)),
+                (rel, rt_ns, "client", "streamed_tokens", float(st.streamed_tokens)),
+            ]
+            if self.s.scrape_metrics:
+                try:
+                    resp = await client.get(url, timeout=max(0.5, interval))
+                    if resp.status_code == 200:
+                        for key, val in parse_metrics(resp.text).items():
+                            self.series.append((rel, rt_ns, "server", key, val))
+                except Exception:  # a scrape failure is a gap in the series, not a crash
+                    self.series.append((rel, rt_ns, "client", "scrape_failed", 1.0))
+            if stop.is_set():
+                return
+            next_t += interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, next_t - time.perf_counter()))
+
+    def _due_unsent(self, now_ns: int) -> int:
+        block = self._block
+        if block is None:
+            return 0
+        return max(0, bisect.bisect_right(block.due, now_ns) - block.decided)
+
+    async def _progress(self, stop: asyncio.Event, total: int) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            st = self.state
+            late = np.percentile(self.lateness_ns[-500:], 99) / 1e6 if self.lateness_ns else 0.0
+            line = (
+                f"\r  sent {st.sent}/{total}  finished {st.finished}  failed {st.failed}  "
+                f"in flight {st.in_flight}  lateness p99 {late:.2f} ms "
+            )
+            print(line, end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr, flush=True)
+
+    # -- extension blocks --------------------------------------------------------------------
+
+    def _short_classes(self, projected: bool) -> list[str]:
+        gate = self.s.min_successful_per_class
+        if gate is None:
+            return []
+        st = self.state
+        measured = self.schedule[self.schedule["phase"].isin(["measure", "extension"])]
+        scheduled = measured["class"].value_counts().to_dict()
+        short = []
+        for klass, n in scheduled.items():
+            ok = st.ok_by_class.get(klass, 0)
+            if projected:
+                done = st.terminal_by_class.get(klass, 0)
+                ok = n * (ok / done) if done else n
+            if ok < gate:
+                short.append(klass)
+        return short
+
+    # -- entry point ---------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        # The dispatcher thread must get the GIL promptly when an arrival is due.
+        old_switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        own, limits, timeout = self._http_options()
+        self._dispatcher = Dispatcher(asyncio.get_running_loop())
+        self._dispatcher.start()
+        transport = PlainHTTPTransport(limits, scheduler=self._dispatcher) if own else None
+        # TLS as the target says (the https:// default transport; ours serves http only).
+        verify = verify_setting(self.s.tls_verify, self.s.ca_bundle)
+        self._own_transport = own
+        self._lead_ns = LEAD_NS if self._own_transport and self.s.mode != "closed" else 0
+        stop = asyncio.Event()
+        try:
+            async with httpx.AsyncClient(
+                transport=transport,
+                limits=limits,
+                timeout=timeout,
+                verify=verify,
+                # A compressed event stream would hold events back in the server's compressor.
+                # The key goes to every request, /metrics scrapes included (llama-server guards
+                # /metrics with it).
+                headers={"Accept-Encoding": "identity", **self._builder.auth},
+                # Requests are independent: no cookie (a load balancer's stickiness) carries over.
+                cookies=_NoCookies(),
+            ) as client:
+                self._client = client
+                await self._measure(client, stop)
+        finally:
+            stop.set()
+            self._dispatcher.stop()
+            sys.setswitchinterval(old_switch)
+            self.writer.close()
+        self.wall_s = (time.perf_counter_ns() - self.t0_ns) / NS
+        return self.summary()
+
+    def _http_options(self) -> tuple[bool, httpx.Limits, httpx.Timeout]:
+        """Whether our transport serves the run, and the client's pool limits and timeouts."""
+        choice = self.s.transport
+        own = choice == "capacity_pack" or (
+            choice == "auto" and self._builder.url.startswith("http://")
+        )
+        limits = httpx.Limits(
+            max_connections=None,
+            # httpcore's pool scans every connection, and polls every idle one, for each idle
+            # one on every request: unbounded, that grows quadratically and melts the client
+            # past ~100 RPS. Bounding the idle pool only closes surplus idle connections; new
+            # ones still open whenever needed. Our transport keeps every idle connection.
+            max_keepalive_connections=None if own else HTTPX_MAX_IDLE_CONNECTIONS,
+            # Under the 5 s keep-alive timeout of uvicorn (vLLM, SGLang, the simulator), so an
+            # idle connection is dropped here before the server can close it under a request.
+            keepalive_expiry=4.0,
+        )
+        timeout = httpx.Timeout(
+            self.s.request_timeout_s, connect=min(10.0, self.s.request_timeout_s)
+        )
+        return own, limits, timeout
+
+    async def _measure(self, client, stop: asyncio.Event) -> None:
+        """Prepare every request, prewarm, start the clock and the watchers, send the load."""
+        rows = self.schedule.to_dict("records")
+        self._prepare(rows)
+        if self.prewarm is not None and len(self.prewarm):
+            await asyncio.gather(
+                *(self._send(client, r, 0) for r in self.prewarm.to_dict("records"))
+            )
+        # Everything allocated so far (pandas, the schedule, the bodies) is long-lived:
+        # moved out of the collector's sight, a full collection during the run stays
+        # cheap instead of pausing the loop for tens of milliseconds.
+        gc.collect()
+        gc.freeze()
+        watchers: list[asyncio.Task] = []
+        try:
+            self._start_clock()
+            # The client's CPU from the start on (a shard's wait for the others excluded).
+            cpu0 = time.process_time()
+            watchers = self._watchers(client, stop)
+            if self.s.mode == "closed":
+                await self._closed_loop(client, rows)
+            else:
+                await self._open_loop(client, rows, self.t0_ns)
+            self.blocks_sent = int(self.schedule["block"].max()) if len(rows) else 0
+            await self._extend(client)
+            stop.set()
+            await asyncio.gather(*watchers)
+            self.cpu_s = time.process_time() - cpu0
+        finally:
+            stop.set()
+            for w in watchers:
+                w.cancel()
+            gc.unfreeze()
+
+    def _start_clock(self) -> None:
+        if self.s.start_at is not None:
+            # A shared start (realtime) mapped onto this process's monotonic clock.
+            start_rt = int(self.s.start_at())
+            mono, rt = time.perf_counter_ns(), time.time_ns()
+            self.t0_ns = mono + (start_rt - rt)
+            self.t0_realtime_ns = start_rt
+        else:
+            # The clock starts one lead ahead, so even the first arrivals are prepared early.
+            self.t0_ns = time.perf_counter_ns() + self._lead_ns
+            self.t0_realtime_ns = time.time_ns() + self._lead_ns
+
+    def _watchers(self, client, stop: asyncio.Event) -> list[asyncio.Task]:
+        """The tasks beside the load: lag ticker, scraper, progress line, side tasks."""
+        watchers = [
+            asyncio.create_task(self._lag_monitor(stop)),
+            asyncio.create_task(self._scraper(client, stop)),
+        ]
+        if self.s.progress:
+            watchers.append(asyncio.create_task(self._progress(stop, len(self.schedule))))
+        if self.s.side_tasks is not None:
+            watchers += [asyncio.create_task(c) for c in self.s.side_tasks(self, stop)]
+        return watchers
+
+    async def _extend(self, client) -> None:
+        """Extension blocks while a class is under its sample gate and time remains."""
+        make = self.s.extension_block
+        if make is None:
+            return
+        limit_ns = None
+        if self.s.maximum_duration_s is not None:
+            limit_ns = self.t0_ns + int(self.s.maximum_duration_s * NS)
+        while self._short_classes(projected=False):
+            if limit_ns is not None and time.perf_counter_ns() >= limit_ns:
+                return
+            rows = make(self.blocks_sent + 1)
+            if rows is None or not len(rows):
+                return
+            self.blocks_sent += 1
+            self.schedule = pd.concat([self.schedule, rows], ignore_index=True)
+            records = rows.to_dict("records")
+            self._prepare(records)
+            if self.s.mode == "closed":
+                await self._closed_loop(client, records)
+                continue
+            # The block continues the seeded process; it starts now, gaps preserved.
+            first = int(rows["scheduled_offset_ns"].iloc[0])
+            base = time.perf_counter_ns() + self._lead_ns - first
+            self.extension_rebase_ns.append(base - self.t0_ns)
+            if limit_ns is not None:
+                records = [r for r in records if base + int(r["scheduled_offset_ns"]) <= limit_ns]
+            await self._open_loop(client, records, base)
+
+    def series_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            self.series, columns=["t_offset_ns", "realtime_ns", "source", "metric", "value"]
+        )
+
+    def summary(self) -> dict[str, Any]:
+        st = self.state
+        late = np.array(self.lateness_ns, dtype=float) / 1e6
+        lag = np.array(self.loop_lag_ns, dtype=float) / 1e6
+
+        def pct(x: np.ndarray, q: float) -> float | None:
+            return float(np.percentile(x, q)) if x.size else None
+
+        late_p99 = pct(late, 99)
+        return {
+            "mode": self.s.mode,
+            "concurrency": self.s.concurrency,
+            "requests_recorded": self.writer.count,
+            "sent": st.sent,
+            "finished": st.finished,
+            "failed": st.failed,
+            "ok_by_class": st.ok_by_class,
+            "terminal_by_class": st.terminal_by_class,
+            "streamed_tokens": st.streamed_tokens,
+            "wall_s": self.wall_s,
+            "client_cpu_s": self.cpu_s,
+            "client_cpu_ms_per_1k_tokens": (
+                1000 * self.cpu_s / st.streamed_tokens * 1000 if st.streamed_tokens else None
+            ),
+            "dispatch_lateness_ms": {
+                "p50": pct(late, 50),
+                "p99": pct(late, 99),
+                "max": pct(late, 100),
+            },
+            "event_loop_lag_ms": {"p50": pct(lag, 50), "p99": pct(lag, 99), "max": pct(lag, 100)},
+            "lateness_bound_ms": self.s.lateness_bound_ms,
+            "client_transport": "capacity_pack" if self._own_transport else "httpx",
+            "dispatcher_scheduling": (
+                self._dispatcher.scheduling if self._dispatcher is not None else None
+            ),
+            "client_bound": late_p99 is not None and late_p99 > self.s.lateness_bound_ms,
+            "extension_blocks": max(0, self.blocks_sent - 1),
+            "extension_rebase_offset_ns": self.extension_rebase_ns,
+            "under_sampled_classes": self._short_classes(projected=False),
+        }
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: Any) -> None:
+        return None
+
+
+def _error_message(text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:500]
+        return str(err)[:500]
+    except (ValueError, AttributeError):
+        return text[:500]
+
+
+def run_point(
+    schedule: pd.DataFrame,
+    settings: LoadSettings,
+    records_path: str | Path,
+    *,
+    metrics_path: str | Path | None = None,
+    summary_path: str | Path | None = None,
+    prewarm: pd.DataFrame | None = None,
+    extra_summary: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run one point to completion; write records (streamed), metrics parquet and summary."""
+    run = Run(schedule, settings, records_path, prewarm=prewarm)
+    summary = asyncio.run(run.run())
+    summary.update(extra_summary or {})
+    if metrics_path is not None:
+        frame = run.series_frame()
+        with atomic_path(metrics_path) as tmp:
+            frame.to_parquet(tmp, index=False)
+    if summary_path is not None:
+        write_json_atomic(summary_path, finite_or_none(summary))
+    return summary
