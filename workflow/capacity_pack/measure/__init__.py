@@ -1,3 +1,11 @@
-"""Measuring a target: the load generator, one point's measurement (sweep), sharded client
+"""Measuring a target: one point's measurement (sweep), the load generator, sharded client
 processes, and the targets a pack measures (simulated, managed, external).
+
+The load generator, by role: ``settings`` (what a run needs), ``payload`` (the requests),
+``run`` (open and closed loops, extension blocks, the metrics scraper, the summary),
+``dispatcher`` (timed sends), ``transport`` and ``connection`` (plain-HTTP/1.1 with kernel
+receive stamps), ``sse`` (the event-stream reader), ``records`` (the per-request record and the
+latency definitions). ``inputs`` is the manifest content a measurement reads; ``sweep`` runs one
+point, ``shards`` splits one over K client processes; ``target``, ``managed`` and ``cluster``
+are the system under test.
 """
