@@ -223,6 +223,11 @@ def test_sim_rule_expressions(sim_pack):
     assert "sum by (engine) (vllm:num_requests_waiting) > 8" in q
     assert "max by (engine) (vllm:kv_cache_usage_perc) < 0.9" in q
     assert "rate(router:admission_rejected_total[10s])) > 0.5" in q
+    # A share too: one Poisson burst of refusals lifts the rate for a whole window, not the share.
+    assert (
+        "sum(rate(router:admission_rejected_total[10s])) / sum(rate(router:responses_total[10s]))"
+        " > 0.05" in q
+    )
     assert rules["TransferDegraded"]["expr"] == (
         "max by (replica) (router:replica_health_rtt_seconds) > 0.1"
     )
@@ -443,10 +448,23 @@ def _scenarios(doc: dict) -> list[tuple[list[dict[str, str]], dict[str, list[dic
         ),
         (
             [
+                # Sustained shedding: 3 of every 20 responses refused.
                 _series(f"{v}kv_cache_usage_perc", {**e, "engine": "0"}, "0.5x30"),
                 _series("router:admission_rejected_total", {}, "0+3x30"),
+                _series("router:responses_total", {"code": "200"}, "0+17x30"),
+                _series("router:responses_total", {"code": "429"}, "0+3x30"),
             ],
             {"QueueSaturation": [labels("QueueSaturation")]},
+        ),
+        (
+            [
+                # One burst of 8 refusals at a Poisson peak, 100 responses a second: the rate
+                # over the window passes shed_rate_min for the whole window, the share does not.
+                _series(f"{v}kv_cache_usage_perc", {**e, "engine": "0"}, "0.5x30"),
+                _series("router:admission_rejected_total", {}, "0x15 8x14"),
+                _series("router:responses_total", {"code": "200"}, "0+100x30"),
+            ],
+            {"QueueSaturation": []},
         ),
         (
             [

@@ -120,6 +120,9 @@ def test_killed_replica_leaves_rotation_and_restart_brings_it_back(client, clust
         assert resp.status_code == 200 and resp.headers["x-sim-replica"] == survivor
     fams = prom.parse(client.get("/metrics").text)
     assert prom.value(fams, "router:replica_up", replica=victim) == 0.0
+    # A replica out of rotation has no health round trip (a stale one would read as a slow link).
+    assert prom.value(fams, "router:replica_health_rtt_seconds", replica=victim) is None
+    assert prom.value(fams, "router:replica_health_rtt_seconds", replica=survivor) is not None
     assert {s.label("engine") for s in fams["vllm:num_requests_running"].samples} == {survivor}
     assert client.get("/health").status_code == 200
 

@@ -125,6 +125,13 @@ class AlertThresholds(_Model):
     shed_rate_min: float = Field(
         default=0.5, ge=0, description="Requests/s shed by admission control called saturation."
     )
+    shed_share_min: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Share of completion responses that admission control refused, above which "
+        "shedding is called saturation (with shed_rate_min).",
+    )
     kv_usage_max: float = Field(default=0.9, gt=0, le=1, description="KV usage called pressure.")
     preemption_rate_max: float = Field(
         default=0.0, ge=0, description="Preemptions per second per replica called KV pressure."
@@ -322,8 +329,14 @@ def alert_rules(
     else:
         skip("QueueSaturation", "queue_saturation", "no waiting-requests gauge", "clause")
     if m.router:
-        # Sustained shedding, not the odd request refused at the peak of a Poisson burst.
-        shed = f"sum({_rate(ROUTER_ADMISSION_REJECTED, w)}) > {_num(t.shed_rate_min)}"
+        # Sustained shedding, not the odd request refused at the peak of a Poisson burst: a
+        # burst of refusals lifts the rate over the window for as long as the window (so a rate
+        # alone fires on one burst), but not the share of the window's responses it refused.
+        shed_rate = f"sum({_rate(ROUTER_ADMISSION_REJECTED, w)})"
+        shed = (
+            f"({shed_rate} > {_num(t.shed_rate_min)}) and "
+            f"({shed_rate} / sum({_rate(ROUTER_RESPONSES, w)}) > {_num(t.shed_share_min)})"
+        )
         if m.kv_usage is not None:
             shed = f"({shed}) and (max({m.kv_usage}) < {_num(t.kv_usage_max)})"
         parts.append(shed)

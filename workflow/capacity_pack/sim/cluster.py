@@ -33,7 +33,8 @@ serves the same OpenAI API in front of them:
   ``engine`` label, as vLLM labels its data-parallel engines). Router series:
   ``replica_up``, ``replica_starting`` (spawned, not yet healthy: loading),
   ``replica_outstanding_requests``, ``replica_health_rtt_seconds`` (gauges,
-  per ``replica``; the RTT is measured, the configured link is not exported);
+  per ``replica``; the RTT is measured, the configured link is not exported, and a replica out of
+  rotation has none);
   ``requests_total``, ``upstream_errors_total``, ``retries_total`` (per failed replica),
   ``relay_failures_total`` (streams cut mid-response), ``relayed_bytes_total``,
   ``replica_starts_total`` (per ``replica``); ``responses_total`` (per ``code``, every response
@@ -455,6 +456,9 @@ class Cluster:
             self._event(r.index, "ready", reason)
         elif r.healthy and not healthy:
             self._event(r.index, "removed", reason)
+            # The last round trip of a replica out of rotation says nothing of its link now; a
+            # stale slow probe (one answered as it died) would read as a degraded link.
+            r.health_rtt_s = None
         r.state, r.healthy = state, healthy
 
     def _event(self, replica: int | None, event: str, detail: str = "") -> None:
