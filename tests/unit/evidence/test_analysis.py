@@ -243,6 +243,9 @@ def test_wilson_interval_hand_computed():
     assert wilson_interval(0, 0) is None
     lo, hi = wilson_interval(10, 10, 0.95)
     assert hi == 1.0 and lo == pytest.approx(0.7225, abs=1e-4)
+    # The bounds of a bounded quantity are exact at its ends (no 2.8e-17 for "none passed").
+    for n in (1, 10, 1000, 10_007):
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
 
 
 def test_mlperf_early_stopping_bound():

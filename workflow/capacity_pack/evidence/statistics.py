@@ -71,7 +71,9 @@ def wilson_interval(passed: int, n: int, confidence: float = 0.95) -> tuple[floa
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, round(centre + half, 12))
+    # Rounded so the ends are exact: at p = 0 (or 1) centre and half are equal mathematically
+    # and differ by ~1e-17 in floating point.
+    return max(0.0, round(centre - half, 12)), min(1.0, round(centre + half, 12))
 
 
 def early_stopping_min_samples(
