@@ -47,7 +47,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 PACK = "autopsy-fixture"
-# The record fields the run autopsy reads (capacity_pack.autopsy.sources.records_frame).
+# The record fields the run autopsy reads (capacity_pack.autopsy.sources.record_clocks).
 RECORD_FIELDS = (
     "request_id",
     "phase",

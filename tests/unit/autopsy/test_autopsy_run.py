@@ -381,7 +381,7 @@ def test_buckets_check_refuses_a_broken_sum(monkeypatch):
 
 
 def _frame(path: Path) -> pd.DataFrame:
-    return sources.records_frame(path)
+    return sources.record_clocks(path)
 
 
 def test_clock_check_catches_injected_skew(tmp_path):

@@ -32,7 +32,7 @@ from capacity_pack.autopsy.sources import (
     NS,
     StrictModel,
     file_mtime,
-    records_frame,
+    record_clocks,
     resolve_path,
     summary_wall_s,
 )
@@ -209,7 +209,7 @@ def measurement_windows(
         if path is None or not path.exists():
             rows.append(row | {"available": False})
             continue
-        frame = records_frame(path)
+        frame = record_clocks(path)
         check = clock_check(frame, **clock_kw)
         mtime = file_mtime(path)
         # Records rewritten after this job (a later invocation re-measured) are not its own.

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.measure.records import read_records
+from capacity_pack.measure.records import records_frame
 
 NS = 1_000_000_000
 # Snakemake's main log stamps are truncated to the second.
@@ -373,15 +373,11 @@ def read_benchmark(path: Path | None) -> dict[str, float]:
     return out
 
 
-def records_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """A records.jsonl's clock columns as exact Int64 (epoch ns exceed float64's 53 bits)."""
-    recs = read_records(path)
-    data: dict[str, Any] = {
-        c: pd.array([r.get(c) for r in recs], dtype="Int64") for c in RECORD_INT_COLUMNS
-    }
-    for c in ("request_id", "phase", "status"):
-        data[c] = [r.get(c) for r in recs]
-    return pd.DataFrame(data)
+def record_clocks(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A records.jsonl's clock columns as exact Int64, with request_id, phase and status."""
+    return records_frame(
+        path, columns=(*RECORD_INT_COLUMNS, "request_id", "phase", "status"), exact_ints=True
+    )
 
 
 def summary_wall_s(outputs: Iterable[str], root: Path) -> float:

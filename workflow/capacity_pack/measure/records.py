@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,12 +181,19 @@ RECORD_SCHEMA = pyarrow.schema(
         ("shard", pyarrow.int64()),
     ]
 )
+_INT64 = {pyarrow.int64(): pd.Int64Dtype()}.get
 # One record must fit in a block: 32 MB holds a stream of ~2 million chunks.
 RECORD_BLOCK_BYTES = 32 << 20
 
 
-def records_frame(path: str | Path) -> pd.DataFrame:
+def records_frame(
+    path: str | Path, columns: Sequence[str] | None = None, exact_ints: bool = False
+) -> pd.DataFrame:
     """Every complete record of a records.jsonl as a frame (a torn last line is ignored).
+
+    ``columns`` keeps only those fields; ``exact_ints`` reads integer fields as nullable
+    ``Int64`` (else a column with a missing value becomes float64, which rounds epoch
+    nanoseconds: they exceed float64's 53 bits).
 
     Parsed by pyarrow's JSON reader against :data:`RECORD_SCHEMA`, not into Python dicts: the
     chunk lists become numpy arrays (8 bytes a stamp instead of a Python int and a pointer),
@@ -196,7 +204,10 @@ def records_frame(path: str | Path) -> pd.DataFrame:
     data = Path(path).read_bytes()
     end = data.rfind(b"\n") + 1  # the writer died mid-line: that request never finished recording
     if end == 0:
-        return pd.DataFrame(columns=["request_id"])
+        if columns is None:
+            return pd.DataFrame(columns=["request_id"])
+        empty = RECORD_SCHEMA.empty_table().select(list(columns))
+        return empty.to_pandas(types_mapper=_INT64 if exact_ints else None)
     try:
         table = pj.read_json(
             pyarrow.BufferReader(memoryview(data)[:end]),
@@ -208,4 +219,7 @@ def records_frame(path: str | Path) -> pd.DataFrame:
     except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError) as err:
         raise RecordsError(f"{path}: not a records file of the load generator: {err}") from None
     del data
-    return table.to_pandas(split_blocks=True, self_destruct=True)
+    if columns is not None:
+        table = table.select(list(columns))
+    mapper = _INT64 if exact_ints else None
+    return table.to_pandas(split_blocks=True, self_destruct=True, types_mapper=mapper)
