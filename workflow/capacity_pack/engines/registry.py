@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from capacity_pack.engines.base import CacheReset, Engine, TokenizeFormat
 from capacity_pack.engines.metric_map import EngineMetrics, MetricMapError
+from capacity_pack.validation import problems
 
 _ENGINES: dict[str, Engine] = {}
 # target.cache_reset values that need no engine: nothing, or the restart command.
@@ -200,11 +201,8 @@ def engine_metrics(engine_name: str, overrides: dict[str, Any] | None = None) ->
     try:
         return EngineMetrics.model_validate(data)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<map>'}: {e['msg']}" for e in err.errors()
-        )
         raise MetricMapError(
-            f"engine {engine_name!r}: invalid metric map ({problems}); valid fields: "
+            f"engine {engine_name!r}: invalid metric map ({problems(err, '<map>')}); valid fields: "
             f"{', '.join(EngineMetrics.model_fields)}"
         ) from None
 
