@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from capacity_pack.drills import analyze
+from capacity_pack.drills.alerts import write_alert_rules
 from capacity_pack.drills.analyze import (
     DrillAnalysisSpec,
     analyze_drill,
@@ -24,7 +25,6 @@ from capacity_pack.drills.analyze import (
     queue_evidence,
     windows,
 )
-from capacity_pack.drills.dashboard import write_alert_rules
 from capacity_pack.drills.plan import (
     CONSEQUENCES,
     MECHANISM,

@@ -105,10 +105,14 @@ def test_a_measurement_never_hashes_presentation_modules():
     assert "capacity_pack.sim.server" in sweep
     # A drill runs the load generator (measure.run) without the sweep's point logic.
     assert "capacity_pack.measure.run" in drill
-    for module in ("decide.report", "track.tracking", "drills.dashboard"):
+    presentation = ("decide.report", "track.tracking", "drills.dashboard", "drills.alerts")
+    for module in presentation:
         assert f"capacity_pack.{module}" not in sweep + drill, module
     importers = {
-        m for m in sweep + drill if "capacity_pack.drills.dashboard" in codehash.direct_imports(m)
+        m
+        for m in sweep + drill
+        if {f"capacity_pack.drills.{p}" for p in ("dashboard", "alerts")}
+        & set(codehash.direct_imports(m))
     }
     assert importers <= KNOWN_DASHBOARD_IMPORTERS
 

@@ -474,9 +474,9 @@ def drill(
     output: Path,
 ) -> None:
     """Run one failure drill of CONFIG and write its failure-test fields (drill-report.json)."""
-    from capacity_pack.drills import dashboard
     from capacity_pack.drills.analyze import DrillAnalysisSpec
     from capacity_pack.drills.plan import DrillError, DrillInputs
+    from capacity_pack.drills.queries import DashboardError
     from capacity_pack.plan.manifest import load_pack
     from capacity_pack.stages import STAGES
 
@@ -500,7 +500,7 @@ def drill(
             report=output / STAGES["failure_analyze"].outputs["report"],
             log=log,
         )
-    except (DrillError, dashboard.DashboardError) as err:
+    except (DrillError, DashboardError) as err:
         raise _Fail(str(err)) from None
     if report.get("skipped"):
         click.echo(f"{name}: skipped: {report['skipped']}")
@@ -531,7 +531,7 @@ def drill(
 @_die_on_manifest_error
 def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
     """Alert rules (and a Grafana dashboard) for CONFIG's engine, workload and gates."""
-    from capacity_pack.drills import dashboard
+    from capacity_pack.drills.queries import DashboardError
     from capacity_pack.plan.manifest import load_pack
 
     pack = load_pack(config)
@@ -539,7 +539,7 @@ def alerts(config: Path, rules_path: Path, dashboard_path: Path | None) -> None:
         omitted = _stage("dashboard")(
             inputs=pack, rules=rules_path, dashboard_path=dashboard_path, log=_quiet_log()
         )
-    except dashboard.DashboardError as err:
+    except DashboardError as err:
         raise _Fail(str(err)) from None
     for o in omitted:
         click.echo(f"left out: {o['alert']} ({o['scope']}): {o['reason']}", err=True)

@@ -12,21 +12,21 @@ import pytest
 import yaml
 
 from capacity_pack.drills import promql
-from capacity_pack.drills.dashboard import (
-    DCGM_METRICS,
-    ROW_TITLES,
+from capacity_pack.drills.alerts import (
     SEVERITIES,
     STATIC_LABELS,
     AlertThresholds,
-    DashboardError,
     alert_rules,
-    build_dashboard,
-    engine_metrics,
-    grafana_dashboard,
-    metric_map_name,
     write_alert_rules,
+)
+from capacity_pack.drills.dashboard import (
+    DCGM_METRICS,
+    ROW_TITLES,
+    build_dashboard,
+    grafana_dashboard,
     write_grafana_dashboard,
 )
+from capacity_pack.drills.queries import DashboardError, engine_metrics, metric_map_name
 from capacity_pack.engines import metric_maps
 from capacity_pack.plan.manifest import load_pack, load_yaml, validate_pack
 from tests.paths import DEFAULT

@@ -16,7 +16,8 @@ from starlette.responses import JSONResponse
 
 from capacity_pack import engines
 from capacity_pack.drills import promql
-from capacity_pack.drills.dashboard import DCGM_METRICS, alert_rules, grafana_dashboard
+from capacity_pack.drills.alerts import alert_rules
+from capacity_pack.drills.dashboard import DCGM_METRICS, grafana_dashboard
 from capacity_pack.engines.exposition import ExpositionError, samples
 from capacity_pack.engines.tokenize import EndpointCounter
 from capacity_pack.measure.target import TargetError, open_target

@@ -83,7 +83,7 @@ class DrillAnalysisSpec(BaseModel):
 
     @classmethod
     def of(cls, pack: Pack) -> DrillAnalysisSpec:
-        from capacity_pack.drills.dashboard import metric_map_name
+        from capacity_pack.drills.queries import metric_map_name
 
         f = pack.failure or Failure()
         return cls(
@@ -304,7 +304,7 @@ def analyze_drill(
     if facts.get("skipped"):
         report["skipped"] = facts["skipped"]
         return report
-    from capacity_pack.drills.dashboard import engine_metrics
+    from capacity_pack.drills.queries import engine_metrics
 
     req = request_frame(d / "records.jsonl", spec, name)
     samples = pd.read_parquet(d / "samples.parquet")

@@ -859,7 +859,7 @@ class Failure(_Model):
     )
     alert_thresholds: dict[str, float] = Field(
         default_factory=dict,
-        description="Overrides of the alert thresholds (drills.dashboard.AlertThresholds).",
+        description="Overrides of the alert thresholds (drills.alerts.AlertThresholds).",
     )
     drills: list[Drill] = Field(default_factory=default_drills, min_length=1)
 

@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from capacity_pack.drills import dashboard
+from capacity_pack.drills import alerts, dashboard
 from capacity_pack.io import write_json_atomic
 from capacity_pack.plan.manifest import Pack
 
@@ -22,7 +22,7 @@ def run(
     """Write the alert rules (and, where given, the omissions JSON and the dashboard); return
     the alerts left out, with why."""
     pack = Pack.model_validate(json.loads(inputs)) if isinstance(inputs, str) else inputs
-    left_out = dashboard.write_alert_rules(pack, rules)
+    left_out = alerts.write_alert_rules(pack, rules)
     if omitted is not None:
         write_json_atomic(omitted, {"omitted": left_out})
     if dashboard_path is not None:

@@ -1,0 +1,91 @@
+"""What the alert rules (:mod:`~capacity_pack.drills.alerts`) and the Grafana dashboard
+(:mod:`~capacity_pack.drills.dashboard`) share: the engine's metric map and PromQL text.
+
+- :func:`engine_metrics` and :func:`metric_map_name` pick the metric map of a pack's engine from
+  the engine registry (:mod:`capacity_pack.engines`); an unusable map or override is a
+  :class:`DashboardError` whose message says what to give.
+- PromQL builders, each returning expression text: :func:`sel` (``metric{m1,m2}``), :func:`agg`
+  (``op by (label) (inner)``, or ``op(inner)`` without a label), :func:`rate`
+  (``rate(selector[window])``), :func:`any_of` (``(a) or (b)``), :func:`num` (a threshold,
+  10 significant digits), :func:`duration` (``10s``, ``500ms``), :func:`le` (a histogram bucket
+  bound as Prometheus writes it).
+- SLO cutoffs against histograms: :func:`strictest` (the smallest, or largest, class cutoff and
+  the classes that have it) and :func:`round_up` (the smallest bucket bound at or above a
+  cutoff: a histogram counts observations at or below a bound only, so a cutoff between two
+  bounds is met by the next bound up).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capacity_pack import engines
+from capacity_pack.engines.metric_map import EngineMetrics, MetricMapError
+
+
+class DashboardError(ValueError):
+    """An engine map, override or threshold that cannot be used; the message says what to give."""
+
+
+def metric_map_name(pack: Any) -> str:
+    """Which map a pack's series follow (:func:`capacity_pack.engines.metric_map_name`)."""
+    return engines.metric_map_name(pack)
+
+
+def engine_metrics(engine_name: str, overrides: dict[str, Any] | None = None) -> EngineMetrics:
+    """The registered metric map of ``engine_name`` with ``overrides`` applied
+    (:func:`capacity_pack.engines.engine_metrics`); :class:`DashboardError` when unusable."""
+    try:
+        return engines.engine_metrics(engine_name, overrides)
+    except MetricMapError as err:
+        raise DashboardError(str(err)) from None
+
+
+def num(x: float) -> str:
+    return f"{x:.10g}"
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration: whole seconds as ``10s``, anything finer in milliseconds."""
+    ms = round(seconds * 1000)
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
+
+
+def le(bound: float) -> str:
+    # Python's float repr is how prometheus_client writes bounds ("0.25", "1.0") and what
+    # Prometheus 3 normalizes classic-histogram "le" values to.
+    return repr(float(bound))
+
+
+def sel(metric: str, *matchers: str) -> str:
+    return f"{metric}{{{','.join(matchers)}}}" if matchers else metric
+
+
+def agg(op: str, label: str | None, inner: str) -> str:
+    return f"{op} by ({label}) ({inner})" if label else f"{op}({inner})"
+
+
+def any_of(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else " or ".join(f"({p})" for p in parts)
+
+
+def rate(selector: str, window: str) -> str:
+    return f"rate({selector}[{window}])"
+
+
+def round_up(cutoff_s: float, bounds: tuple[float, ...]) -> float | None:
+    """The smallest bound at or above ``cutoff_s`` (1e-12 s of float slack), or None."""
+    for b in bounds:
+        if b >= cutoff_s - 1e-12:
+            return b
+    return None
+
+
+def strictest(pack: Any, field: str, loosest: bool = False) -> tuple[float, list[str]]:
+    """The smallest (``loosest``: largest) value of workload-class ``field`` and the classes
+    that have it."""
+    pick = max if loosest else min
+    cutoff = pick(getattr(c, field) for c in pack.workload)
+    return cutoff, [c.name for c in pack.workload if getattr(c, field) == cutoff]
