@@ -8,16 +8,18 @@ the symptoms a user sees.
   a scrape target down (``up == 0``);
 - ``QueueSaturation``: waiting requests per replica above ``queue_waiting_max`` while KV usage
   stays below ``kv_usage_max`` (else it is KV pressure), or the router's admission control
-  shedding at least ``shed_rate_min`` requests/s *and* ``shed_share_min`` of its responses;
+  shedding more than ``shed_rate_min`` requests/s *and* more than ``shed_share_min`` of its
+  responses (a rate alone fires on one Poisson burst) while KV usage stays below the same cap;
 - ``KVCachePressure``: KV usage above ``kv_usage_max`` or preemptions faster than
   ``preemption_rate_max``/s;
 - ``TransferDegraded``: the router's health-check round trip above ``health_rtt_max_s``;
 - ``RequestCancellations``: aborted / finished requests above ``cancel_share_max``;
 - ``ColdReplica`` (cold start): a replica still loading, or its prefix-cache hit rate below
   ``cold_hit_ratio`` x the fleet's while the fleet's is above ``cold_fleet_hit_rate_min``;
-- symptoms: ``ErrorRate`` (non-2xx / all router responses above the error-rate gate's cap) and
-  ``SLOBurnTTFT`` / ``SLOBurnTPOT``: ``1 - within / count`` of the latency histogram above
-  ``burn_factor x (1 - attainment gate)``, the error budget of the attainment gate.
+- symptoms: ``ErrorRate`` (non-2xx / all router responses above the error-rate gate's cap, or
+  ``error_rate_max``) and ``SLOBurnTTFT`` / ``SLOBurnTPOT``: ``1 - within / count`` of the
+  latency histogram above ``burn_factor x (1 - attainment gate)``, the error budget of the
+  attainment gate (within: the bucket at the cutoff, below).
 
 Every rule carries the same five bounded labels (:data:`STATIC_LABELS`); aggregation is only
 ever by the replica label, ``replica``, ``code`` or the finish-reason label. A rule (or a clause
