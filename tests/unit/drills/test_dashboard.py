@@ -228,8 +228,11 @@ def test_sim_rule_expressions(sim_pack):
         "sum(rate(router:admission_rejected_total[10s])) / sum(rate(router:responses_total[10s]))"
         " > 0.05" in q
     )
+    rtt = "max by (replica) (router:replica_health_rtt_seconds)"
     assert rules["TransferDegraded"]["expr"] == (
-        "max by (replica) (router:replica_health_rtt_seconds) > 0.1"
+        f"(({rtt} > 0.1) and ({rtt} > on() group_left() "
+        "(2 * min(router:replica_health_rtt_seconds)))) "
+        f"or (({rtt} > 0.1) and on() (count({rtt}) == 1))"
     )
     assert 'finished_reason="abort"' in rules["RequestCancellations"]["expr"]
     assert rules["RequestCancellations"]["expr"].endswith("> 0.05")
@@ -285,7 +288,10 @@ def test_thresholds_from_argument_and_pack(sim_pack):
         pack = sim_pack.model_copy(deep=True)
         pack.failure.alert_thresholds = {"health_rtt_max_s": 0.2}
         rules = {r["alert"]: r for r in rules_of(alert_rules(pack)[0])}
-        assert rules["TransferDegraded"]["expr"].endswith("> 0.2")
+        assert (
+            rules["TransferDegraded"]["expr"].count("(router:replica_health_rtt_seconds) > 0.2")
+            == 2
+        )
 
 
 def test_rules_missing_signals_are_left_out_and_reported():
@@ -472,6 +478,19 @@ def _scenarios(doc: dict) -> list[tuple[list[dict[str, str]], dict[str, list[dic
                 _series("router:replica_health_rtt_seconds", {"replica": "1"}, "0.3x30"),
             ],
             {"TransferDegraded": [labels("TransferDegraded", replica="1")]},
+        ),
+        (
+            [
+                # A loaded host: every probe slow alike, no link at fault.
+                _series("router:replica_health_rtt_seconds", {"replica": "0"}, "0.25x30"),
+                _series("router:replica_health_rtt_seconds", {"replica": "1"}, "0.4x30"),
+            ],
+            {"TransferDegraded": []},
+        ),
+        (
+            # One replica has no peer: the absolute threshold alone.
+            [_series("router:replica_health_rtt_seconds", {"replica": "0"}, "0.3x30")],
+            {"TransferDegraded": [labels("TransferDegraded", replica="0")]},
         ),
         (
             [

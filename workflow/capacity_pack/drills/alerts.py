@@ -12,7 +12,10 @@ the symptoms a user sees.
   responses (a rate alone fires on one Poisson burst) while KV usage stays below the same cap;
 - ``KVCachePressure``: KV usage above ``kv_usage_max`` or preemptions faster than
   ``preemption_rate_max``/s;
-- ``TransferDegraded``: the router's health-check round trip above ``health_rtt_max_s``;
+- ``TransferDegraded``: the router's health-check round trip to a replica above
+  ``health_rtt_max_s`` and above ``health_rtt_ratio_min`` x the fleet's fastest (a host-wide
+  slowdown lifts every replica's round trip and is no link fault); a one-replica fleet is held
+  to the absolute threshold alone;
 - ``RequestCancellations``: aborted / finished requests above ``cancel_share_max``;
 - ``ColdReplica`` (cold start): a replica still loading, or its prefix-cache hit rate below
   ``cold_hit_ratio`` x the fleet's while the fleet's is above ``cold_fleet_hit_rate_min``;
@@ -112,6 +115,13 @@ class AlertThresholds(BaseModel):
     )
     health_rtt_max_s: float = Field(
         default=0.1, gt=0, description="Health-check round trip above which the link is degraded."
+    )
+    # 2: a drill's degraded link is 20-60x its healthy peer; on a loaded 2-core host single
+    # probes of healthy peers differed by up to 2.9x, but not for as long as the rule's `for`.
+    health_rtt_ratio_min: float = Field(
+        default=2.0,
+        ge=1,
+        description="A degraded link's round trip is also above this x the fleet's fastest.",
     )
     cancel_share_max: float = Field(
         default=0.05, ge=0, le=1, description="Share of finished requests aborted."
@@ -327,16 +337,23 @@ def transfer_degraded(r: RuleFile) -> None:
     if not r.m.router:
         r.skip("TransferDegraded", "transfer_degradation", "no router health-check RTT series")
         return
+    rtt = f"max by ({ROUTER_REPLICA_LABEL}) ({ROUTER_HEALTH_RTT})"
+    slow = f"{rtt} > {num(t.health_rtt_max_s)}"
+    # Slow and slower than the fleet's fastest: a loaded router or host delays every probe
+    # alike, a degraded link only its own replica's. Alone in its fleet, a replica has no peer.
+    slower = f"{rtt} > on() group_left() ({num(t.health_rtt_ratio_min)} * min({ROUTER_HEALTH_RTT}))"
+    alone = f"count({rtt}) == 1"
     r.add(
         "TransferDegraded",
         "transfer_degradation",
         "warning",
         t.for_s,
-        f"max by ({ROUTER_REPLICA_LABEL}) ({ROUTER_HEALTH_RTT}) > {num(t.health_rtt_max_s)}",
+        f"(({slow}) and ({slower})) or (({slow}) and on() ({alone}))",
         "Degraded link to replica {{ $labels.replica }}",
         "Health-check round trip to replica {{ $labels.replica }} is {{ $value }} s "
-        f"(threshold {num(t.health_rtt_max_s)} s; a loopback check takes about 1 ms). The "
-        "network path to it is slow or lossy: latency rises without KV or queue pressure.",
+        f"(threshold {num(t.health_rtt_max_s)} s and {num(t.health_rtt_ratio_min)} x the "
+        "fleet's fastest; a loopback check takes about 1 ms). The network path to it is slow or "
+        "lossy: latency rises without KV or queue pressure.",
     )
 
 

@@ -662,7 +662,8 @@ def _document(
 ) -> dict[str, Any]:
     description = (
         f"Pack {pack.pack.name}: engine {pack.engine.name} {pack.engine.version}, model "
-        f"{pack.model.id}@{pack.model.revision}. Rows follow the seed's signal groups."
+        f"{pack.model.id}@{pack.model.revision}. Rows: request and SLO, scheduler and "
+        "queue, KV and GPU, distributed."
     )
     if omitted:
         description += " Left out: " + "; ".join(f"{o['panel']} ({o['reason']})" for o in omitted)
