@@ -3,6 +3,9 @@
 Every file the project writes goes through these helpers: content is written to a temporary
 file in the destination folder and renamed over the target, so a crash or a validation error
 never leaves a half-written output behind (rename is atomic on POSIX within one filesystem).
+The temporary file is made with ``mkstemp`` (mode 0600 whatever the umask), so before the rename
+it gets the mode an ordinary ``open`` would have given it, ``0o666 & ~umask`` (0644 under the
+usual umask 022): a pack on a shared volume is as readable as any other file its owner writes.
 
 Canonical JSON (sorted keys, no insignificant whitespace, UTF-8, no NaN) is what hashes are
 computed over, so the same content always gives the same sha256. :func:`finite_or_none` turns
@@ -17,6 +20,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,9 +44,37 @@ def sha256_of_obj(obj: Any) -> str:
     return sha256_hex(canonical_json(obj))
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc/self/status``,
+    Linux 4.7+); elsewhere set and restored at once, under a lock (a file another thread of this
+    process creates in between would get umask 0)."""
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open("/proc/self/status", encoding="ascii", errors="replace") as fh,
+    ):
+        for line in fh:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def output_mode() -> int:
+    """The mode a new output file gets: what ``open(path, "w")`` would give it."""
+    return 0o666 & ~current_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    """Yield a temp path beside ``path``; rename it onto ``path`` only if the block succeeds.
+
+    The file renamed is given the umask's mode (see the module docstring), also when the block
+    replaced the temp file by another one of its own (``to_parquet``, a copy)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -50,6 +82,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, output_mode())
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
