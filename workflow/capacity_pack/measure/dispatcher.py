@@ -5,11 +5,13 @@ The run starts each one ``LEAD_NS`` (5 ms) ahead of its due time: connection tak
 (or opened), bytes ready. The dispatcher thread (:class:`Dispatcher`) sleeps until the due time
 and writes them to the socket itself (:class:`~capacity_pack.measure.connection.TimedWrite`),
 stamping the send there, so the loop's backlog and httpx's request handling never delay the
-send. The thread sleeps outside the GIL with 1 us timer slack and SCHED_FIFO priority where the
-process may (:func:`dispatcher_priority`; ``dispatcher_scheduling`` in the summary); the GIL
-switch interval is lowered to ``SWITCH_INTERVAL_S`` (0.2 ms) during a run so it gets the GIL
-promptly. With httpx's transport the thread hands each arrival to the loop at its due time
-instead.
+send. The thread sleeps outside the GIL with 1 us timer slack (:func:`dispatcher_priority`);
+with ``client.realtime_dispatch: true`` it also asks for SCHED_FIFO, which only a privileged
+process gets (root, CAP_SYS_NICE) and which no ``nice`` value limits, hence opt-in (the summary
+says whether it was requested and whether it took effect: ``realtime_dispatch``,
+``dispatcher_scheduling``). The GIL switch interval is lowered to ``SWITCH_INTERVAL_S`` (0.2 ms)
+during a run so the thread gets the GIL promptly. With httpx's transport the thread hands each
+arrival to the loop at its due time instead.
 
 The lateness this leaves is measured per request as dispatch lateness, s - (t0 + scheduled
 offset) (:mod:`capacity_pack.measure.records`).
@@ -47,12 +49,12 @@ class Dispatcher(threading.Thread):
     ``call_soon_threadsafe`` at ``times[i]``.
 
     ``threading.Condition.wait`` sleeps outside the GIL and wakes within tens of microseconds
-    (the thread's timer slack is set to 1 us where Linux allows, and it asks for SCHED_FIFO
-    where permitted, so a busy machine does not hold its wake-up back); the lowered switch
-    interval bounds its wait for the GIL while the loop works.
+    (the thread's timer slack is set to 1 us where Linux allows and, when ``realtime`` asks for
+    it, SCHED_FIFO where permitted, so a busy machine does not hold its wake-up back); the
+    lowered switch interval bounds its wait for the GIL while the loop works.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, realtime: bool = False) -> None:
         super().__init__(name="capacity-pack-dispatch", daemon=True)
         self.loop = loop
         self.cond = threading.Condition(threading.Lock())
@@ -66,7 +68,10 @@ class Dispatcher(threading.Thread):
         self.checked_ns = 0  # every write due by then has been taken
         self.wake_ns = 0  # when the sleeping thread means to wake
         self.stopped = False
+        self.halted = False
+        self.realtime = realtime
         self.scheduling = "normal"
+        self.scheduling_detail = "not requested (client.realtime_dispatch is false)"
 
     def arrivals(self, times: list[int], start: Callable[[int], None] | None) -> None:
         """Hand ``start(i)`` to the loop at ``times[i]`` (perf_counter_ns), in order."""
@@ -83,6 +88,8 @@ class Dispatcher(threading.Thread):
     def write_at(self, t_ns: int, write: TimedWrite) -> bool:
         """Register a timed write; False if ``t_ns`` is already past (write it now yourself)."""
         with self.cond:
+            if self.halted:
+                return True  # held, never written: the interrupt ends its request
             if t_ns <= self.checked_ns:
                 return False
             heapq.heappush(self.writes, (t_ns, self.seq, write))
@@ -91,6 +98,15 @@ class Dispatcher(threading.Thread):
                 self.cond.notify()  # not an expected due time: wake earlier for it
             return True
 
+    def halt(self) -> None:
+        """Dispatch no more (an interrupt): drop the arrivals and the timed writes not yet made."""
+        with self.cond:
+            self.halted = True
+            self.writes.clear()
+            self.times, self.next, self.start_cb = [], 0, None
+            self.expected, self.next_expected = [], 0
+            self.cond.notify()
+
     def stop(self) -> None:
         with self.cond:
             self.stopped = True
@@ -98,7 +114,7 @@ class Dispatcher(threading.Thread):
         self.join(timeout=5)
 
     def run(self) -> None:
-        self.scheduling = dispatcher_priority()
+        self.scheduling, self.scheduling_detail = dispatcher_priority(self.realtime)
         clock, cond, writes = time.perf_counter_ns, self.cond, self.writes
         while True:
             due: list[TimedWrite] = []
@@ -139,20 +155,25 @@ class Dispatcher(threading.Thread):
                     return
 
 
-def dispatcher_priority() -> str:
-    """Make the calling thread's wake-ups punctual; returns its scheduling policy's name.
+def dispatcher_priority(realtime: bool = False) -> tuple[str, str]:
+    """Make the calling thread's wake-ups punctual; its scheduling policy's name and why.
 
-    Timer slack 1 us (Linux's default of 50 us lets a sleep end that much late), then
-    SCHED_FIFO at the lowest real-time priority where the process may (root, CAP_SYS_NICE):
-    the thread then preempts ordinary work when its deadline comes instead of queueing behind
-    it. It runs for tens of microseconds per request, so it takes nothing from anyone.
+    Timer slack 1 us (Linux's default of 50 us lets a sleep end that much late). With
+    ``realtime``, SCHED_FIFO at the lowest real-time priority where the process may (root,
+    CAP_SYS_NICE): the thread then preempts ordinary work when its deadline comes instead of
+    queueing behind it. It runs for tens of microseconds per request, but a real-time thread
+    is outside what ``nice`` or a fair-share scheduler limit, so it is never taken unasked.
     """
     with contextlib.suppress(Exception):
         import ctypes  # here, inside the guard: a Python without ctypes just keeps the slack
 
         ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in nanoseconds
+    if not realtime:
+        return "normal", "not requested (client.realtime_dispatch is false)"
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except (AttributeError, OSError):
-        return "normal"
-    return "SCHED_FIFO"
+    except AttributeError:
+        return "normal", "requested; this platform has no SCHED_FIFO"
+    except OSError as exc:
+        return "normal", f"requested; not permitted ({exc.strerror or exc})"
+    return "SCHED_FIFO", "requested and in effect (priority 1)"

@@ -67,6 +67,8 @@ class SweepInputs(BaseModel):
         data = self.model_dump(mode="json")
         if data["engine"] is None:
             del data["engine"]  # a simulated target's inputs read as before the field existed
+        if not data["client"].get("realtime_dispatch"):
+            del data["client"]["realtime_dispatch"]  # off (the default): as before it existed
         return canonical_json(data)
 
 
@@ -103,6 +105,7 @@ def load_settings(
         cold_unique_prefix_tokens=inputs.prompts.cold_unique_prefix_tokens,
         min_successful_per_class=inputs.min_successful_samples_per_class,
         maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
+        realtime_dispatch=c.realtime_dispatch,
         progress=progress,
     )
 

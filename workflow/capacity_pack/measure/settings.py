@@ -65,6 +65,10 @@ class LoadSettings(BaseModel):
         description="Callable() -> the start as realtime ns (a sharded point's shared start), "
         "called once the requests are built; None: start now.",
     )
+    realtime_dispatch: bool = Field(
+        default=False,
+        description="Ask for SCHED_FIFO for the dispatcher thread (client.realtime_dispatch).",
+    )
     transport: Literal["auto", "capacity_pack", "httpx"] = Field(
         default="auto",
         description="HTTP transport under the httpx client: auto (ours for http://, httpx's "

@@ -399,6 +399,15 @@ class Client(_Model):
         description="Realtime-vs-monotonic skew between shards (or drift within one) above this "
         "marks a sharded point invalid.",
     )
+    realtime_dispatch: bool = Field(
+        default=False,
+        strict=True,  # true or false only: a privilege is never granted by a stray "1" or "on"
+        description="Run the load generator's dispatcher thread under SCHED_FIFO (real-time, "
+        "lowest priority) where the process is permitted (root or CAP_SYS_NICE): punctual sends "
+        "on a busy client host, but a real-time thread is beyond what nice or a fair-share "
+        "scheduler limits, so it is opt-in. The run summary reports whether it was requested "
+        "and whether it took effect (realtime_dispatch, dispatcher_scheduling).",
+    )
 
     @field_validator("automatic_retries")
     @classmethod
