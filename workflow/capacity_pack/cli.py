@@ -284,18 +284,29 @@ def load(
         if schedule_path is not None
         else sched.build_schedule(pack, point)
     )
+    from capacity_pack.measure.interrupt import Interrupted
+
     files = STAGES["sweep"].outputs
-    summary = _stage("sweep")(
-        inputs=SweepInputs.for_point(pack, point),
-        point=point.point_id,
-        cache_state=point.cache_state,
-        repeat=point.repeat,
-        schedule=frame,
-        records=output / files["records"],
-        summary=output / files["summary"],
-        log=_quiet_log(),
-        progress=progress,
-    )
+    try:
+        summary = _stage("sweep")(
+            inputs=SweepInputs.for_point(pack, point),
+            point=point.point_id,
+            cache_state=point.cache_state,
+            repeat=point.repeat,
+            schedule=frame,
+            records=output / files["records"],
+            summary=output / files["summary"],
+            log=_quiet_log(),
+            progress=progress,
+        )
+    except Interrupted as stop:
+        # Exit status 130 or 143 (SystemExit), no traceback; the partial results say so.
+        where = f"; partial results in {output}" if stop.summary else ""
+        click.echo(f"{output}: {stop}{where}", err=True)
+        raise
+    except KeyboardInterrupt:  # outside the run (the target starting or stopping)
+        click.echo(f"{output}: interrupted by SIGINT outside the measurement", err=True)
+        sys.exit(130)
     late = summary["dispatch_lateness_ms"]["p99"]
     # A closed-loop point has no due times, so no dispatch lateness.
     late_text = f"{late:.3f} ms" if late is not None else "n/a (closed loop)"

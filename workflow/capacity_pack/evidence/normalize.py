@@ -356,6 +356,13 @@ def normalize_point(
     from capacity_pack.plan.schedule import build_schedule, prewarm_rows
 
     source = str(records_path)
+    stopped = sweep_summary.get("interrupted")
+    if stopped:
+        raise NormalizeError(
+            f"{source}: the measurement was interrupted by {stopped.get('signal')} "
+            f"({stopped.get('never_sent')} of {stopped.get('scheduled')} requests never sent): "
+            "its records are partial; measure the point again"
+        )
     try:
         records = records_frame(records_path)
     except RecordsError as err:

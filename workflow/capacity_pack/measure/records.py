@@ -4,11 +4,12 @@ Per request, from one monotonic clock (``time.perf_counter_ns``, CLOCK_MONOTONIC
 same clock in every process of the machine) plus a realtime stamp (``time.time_ns``) at send and
 at end: scheduled offset, due time, actual send time (when the request's bytes were written),
 every streamed chunk's arrival and its token count, HTTP status, terminal status (``ok``,
-``error``, ``timeout``, ``rejected``, ``cancelled``), error text, usage (prompt, completion,
-cached tokens). A chunk's arrival is the kernel's receive time of the socket read that completed
-it (:mod:`capacity_pack.measure.connection`), so a busy loop does not blur it; events read
-together share it. A request that is never written (no connection) keeps the later of its start
-and due time as its send time.
+``error``, ``timeout``, ``rejected``, ``cancelled``: by the cancellation policy, or in flight
+when SIGINT/SIGTERM interrupted the run, with the stamps it got so far), error text, usage
+(prompt, completion, cached tokens). A chunk's arrival is the kernel's receive time of the
+socket read that completed it (:mod:`capacity_pack.measure.connection`), so a busy loop does not
+blur it; events read together share it. A request that is never written (no connection) keeps
+the later of its start and due time as its send time.
 
 The latencies derived from a record (by :mod:`capacity_pack.evidence.normalize`) follow vLLM's
 serving benchmark (``benchmarks/benchmark_serving.py``: TTFT, TPOT, ITL), with s = send,

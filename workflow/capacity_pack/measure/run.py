@@ -16,12 +16,19 @@ server's certificate unless ``LoadSettings.tls_verify`` is false (``ca_bundle``:
 The API key goes with every request and scrape, and a record whose text quotes it (a server's
 error) has it replaced by ``[redacted]`` (:mod:`capacity_pack.measure.payload`).
 
-Timeouts and cancellation deadlines run from the due time (from the start in closed loop). No
-automatic retries, ever. A request counts as ``ok`` only when the stream ended normally with the
-class's exact output length (the workload contract of ``ignore_eos`` fixed-length classes); a
-short or long output is an ``error`` whose text says so, never silently a success. Streams are
-read by :class:`~capacity_pack.measure.sse.SSEReader`; each finished request is written as one
-record (:mod:`capacity_pack.measure.records`, where the stamps and the latency definitions are).
+Timeouts and cancellation deadlines run from the due time (from the start in closed loop): one
+overall deadline per request (``asyncio.timeout``), whatever phase it is in (connecting, waiting
+for the head, reading the body), so a request unfinished after ``request_timeout_s`` is a
+``timeout`` and says in which phase. The transports' own per-phase timeouts are a backstop set
+past that deadline (``BACKSTOP_S``), never what ends a request; a connection refused, reset or
+unresolvable is an ``error`` with its cause. No automatic retries, ever. A request counts as
+``ok`` only when the stream ended normally with the class's exact output length (the workload
+contract of ``ignore_eos`` fixed-length classes); a short or long output is an ``error`` whose
+text says so, never silently a success. Streams are read by
+:class:`~capacity_pack.measure.sse.SSEReader`; each finished request is written as one record
+(:mod:`capacity_pack.measure.records`, where the stamps and the latency definitions are).
+SIGINT or SIGTERM stops the run with every request accounted for
+(:mod:`capacity_pack.measure.interrupt`).
 
 Extension blocks (open-loop points with a sample gate): while a class has fewer successful
 measured requests than ``min_successful_per_class`` and ``maximum_duration_s`` has not passed,
@@ -47,6 +54,7 @@ import contextlib
 import gc
 import http.cookiejar
 import json
+import signal
 import sys
 import threading
 import time
@@ -64,6 +72,7 @@ from capacity_pack.engines.signals import parse_metrics
 from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
 from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
 from capacity_pack.measure.dispatcher import LEAD_NS, SWITCH_INTERVAL_S, Dispatcher
+from capacity_pack.measure.interrupt import Interrupted, catch_signals, interruption
 from capacity_pack.measure.payload import RequestBuilder
 from capacity_pack.measure.records import Attempt, RecordWriter
 from capacity_pack.measure.settings import LoadSettings
@@ -73,6 +82,9 @@ from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, 
 NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
 HTTPX_MAX_IDLE_CONNECTIONS = 32
+# The transports' per-phase timeouts lie this far past the request's overall deadline: they
+# only catch what the deadline somehow did not, and then still read as a timeout.
+BACKSTOP_S = 1.0
 
 
 @dataclass
@@ -181,6 +193,14 @@ class Run:
         self._block: _Block | None = None
         self._builder = RequestBuilder(settings)
         self.writer.secrets = self._builder.secrets
+        # Interrupts: the signal's name once one came, when, and the tasks sending a request.
+        self.interrupted: str | None = None
+        self._interrupt_ns = 0
+        self._halt: asyncio.Event | None = None
+        self._active: set[asyncio.Task] = set()
+        self.cancelled_in_flight = 0
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
 
     # -- request construction --------------------------------------------------------------
 
@@ -199,6 +219,8 @@ class Run:
     async def _send(
         self, client, row: dict[str, Any], due_ns: int, block: _Block | None = None
     ) -> None:
+        if self.interrupted is not None:
+            return  # started after the interrupt: never sent
         a = _attempt(row, due_ns)
         request = self._requests.pop(a.request_id, None) or self._request(row)
         cancel_after = int(row.get("cancel_after_ns", -1))
@@ -220,20 +242,38 @@ class Run:
         deadline_s = min(limit_s, cancel_s) if cancel_s is not None else limit_s
         # Both limits count from the send, not from the early preparation of a timed send.
         deadline_s += max(0, due_ns - time.perf_counter_ns()) / NS
+        # Registered for the interrupt (which cancels it) from here to its end.
+        task = asyncio.current_task()
+        assert task is not None
+        self._active.add(task)
+        record = True
         try:
             async with asyncio.timeout(deadline_s):
                 await self._exchange(client, request, a)
         except RequestWithdrawn:
             self._reject(a)
             return
+        except asyncio.CancelledError:
+            if self.interrupted is None:
+                raise  # not the interrupt's: the run is being torn down
+            task.uncancel()  # the interrupt's cancellation ends here, with the request
+            # In flight once written or due (its connection opening); else never sent.
+            record = gate.gated or a.due_ns <= self._interrupt_ns
+            if record:
+                self.cancelled_in_flight += 1
+                a.status = "cancelled"
+                a.error = f"interrupted by {self.interrupted} ({_phase(a, gate)})"
         except TimeoutError:
             cancelled = cancel_s is not None and cancel_s <= limit_s
             a.status = "cancelled" if cancelled else "timeout"
             a.error = (
                 f"cancelled by policy after {cancel_s:.3f} s"
                 if cancelled
-                else f"no complete response within {limit_s:.3f} s"
+                else f"no complete response within {limit_s:.3f} s ({_phase(a, gate)})"
             )
+        except httpx.TimeoutException as exc:  # a transport's backstop: a timeout all the same
+            a.status = "timeout"
+            a.error = f"{type(exc).__name__}: {exc} ({_phase(a, gate)})"
         except httpx.HTTPError as exc:
             a.status = "error"
             a.error = f"{type(exc).__name__}: {exc}"
@@ -241,7 +281,8 @@ class Run:
             a.status = "error"
             a.error = f"{type(exc).__name__}: {exc}"
         finally:
-            if a.status != "rejected" or a.http_status is not None:
+            self._active.discard(task)
+            if record and (a.status != "rejected" or a.http_status is not None):
                 self._settle(a, gate, block)
 
     async def _exchange(self, client, request: httpx.Request, a: Attempt) -> None:
@@ -350,6 +391,8 @@ class Run:
         block = self._block = _Block(due)
 
         def start(i: int) -> None:
+            if self.interrupted is not None:
+                return  # handed over just before the interrupt: never sent
             task = loop.create_task(self._send(client, rows[i], due[i], block))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -366,12 +409,15 @@ class Run:
             feeder = loop.create_task(self._feed([t - self._lead_ns for t in due], start))
         else:
             dispatcher.arrivals(due, start)
+        assert self._halt is not None
+        halted = loop.create_task(self._halt.wait())
         try:
             if rows:
-                await all_handed
+                await asyncio.wait({all_handed, halted}, return_when=asyncio.FIRST_COMPLETED)
             while tasks:
                 await asyncio.wait(set(tasks))
         finally:
+            halted.cancel()
             if feeder is not None:
                 feeder.cancel()
             dispatcher.arrivals([], None)
@@ -390,6 +436,8 @@ class Run:
 
         async def worker() -> None:
             for row in it:
+                if self.interrupted is not None:
+                    return
                 await self._send(client, row, 0)
 
         n = self.s.concurrency or 1
@@ -481,7 +529,9 @@ class Run:
         old_switch = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         own, limits, timeout = self._http_options()
-        self._dispatcher = Dispatcher(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self._halt = asyncio.Event()
+        self._dispatcher = Dispatcher(loop, realtime=self.s.realtime_dispatch)
         self._dispatcher.start()
         transport = PlainHTTPTransport(limits, scheduler=self._dispatcher) if own else None
         # TLS as the target says (the https:// default transport; ours serves http only).
@@ -489,21 +539,14 @@ class Run:
         self._own_transport = own
         self._lead_ns = LEAD_NS if self._own_transport and self.s.mode != "closed" else 0
         stop = asyncio.Event()
+
+        def on_signal(signum: int) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the run is over anyway
+                loop.call_soon_threadsafe(self._interrupt, signum)
+
         try:
-            async with httpx.AsyncClient(
-                transport=transport,
-                limits=limits,
-                timeout=timeout,
-                verify=verify,
-                # A compressed event stream would hold events back in the server's compressor.
-                # The key goes to every request, /metrics scrapes included (llama-server guards
-                # /metrics with it).
-                headers={"Accept-Encoding": "identity", **self._builder.auth},
-                # Requests are independent: no cookie (a load balancer's stickiness) carries over.
-                cookies=_NoCookies(),
-            ) as client:
-                self._client = client
-                await self._measure(client, stop)
+            with catch_signals(on_signal):
+                await self._client_run(transport, limits, timeout, verify, stop)
         finally:
             stop.set()
             self._dispatcher.stop()
@@ -511,6 +554,36 @@ class Run:
             self.writer.close()
         self.wall_s = (time.perf_counter_ns() - self.t0_ns) / NS
         return self.summary()
+
+    async def _client_run(self, transport, limits, timeout, verify, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(
+            transport=transport,
+            limits=limits,
+            timeout=timeout,
+            verify=verify,
+            # A compressed event stream would hold events back in the server's compressor.
+            # The key goes to every request, /metrics scrapes included (llama-server guards
+            # /metrics with it).
+            headers={"Accept-Encoding": "identity", **self._builder.auth},
+            # Requests are independent: no cookie (a load balancer's stickiness) carries over.
+            cookies=_NoCookies(),
+        ) as client:
+            self._client = client
+            await self._measure(client, stop)
+
+    def _interrupt(self, signum: int) -> None:
+        """SIGINT or SIGTERM (on the loop): stop dispatching, end every request in flight; each
+        records itself as cancelled (``_send``), and the run then ends as usual."""
+        if self.interrupted is not None:
+            return  # a second signal: already stopping (Ctrl-C reaches a shard twice)
+        self.interrupted = signal.Signals(signum).name
+        self._interrupt_ns = time.perf_counter_ns()
+        if self._dispatcher is not None:
+            self._dispatcher.halt()
+        if self._halt is not None:
+            self._halt.set()
+        for task in list(self._active):
+            task.cancel()
 
     def _http_options(self) -> tuple[bool, httpx.Limits, httpx.Timeout]:
         """Whether our transport serves the run, and the client's pool limits and timeouts."""
@@ -529,16 +602,16 @@ class Run:
             # idle connection is dropped here before the server can close it under a request.
             keepalive_expiry=4.0,
         )
-        timeout = httpx.Timeout(
-            self.s.request_timeout_s, connect=min(10.0, self.s.request_timeout_s)
-        )
+        # Every phase is bounded by the request's overall deadline (``_send``); these only back
+        # it up, so a slow phase always reads as the timeout it is.
+        timeout = httpx.Timeout(self.s.request_timeout_s + BACKSTOP_S)
         return own, limits, timeout
 
     async def _measure(self, client, stop: asyncio.Event) -> None:
         """Prepare every request, prewarm, start the clock and the watchers, send the load."""
         rows = self.schedule.to_dict("records")
         self._prepare(rows)
-        if self.prewarm is not None and len(self.prewarm):
+        if self.prewarm is not None and len(self.prewarm) and self.interrupted is None:
             await asyncio.gather(
                 *(self._send(client, r, 0) for r in self.prewarm.to_dict("records"))
             )
@@ -553,7 +626,9 @@ class Run:
             # The client's CPU from the start on (a shard's wait for the others excluded).
             cpu0 = time.process_time()
             watchers = self._watchers(client, stop)
-            if self.s.mode == "closed":
+            if self.interrupted is not None:
+                pass  # interrupted before the clock started: nothing is sent
+            elif self.s.mode == "closed":
                 await self._closed_loop(client, rows)
             else:
                 await self._open_loop(client, rows, self.t0_ns)
@@ -569,7 +644,7 @@ class Run:
             gc.unfreeze()
 
     def _start_clock(self) -> None:
-        if self.s.start_at is not None:
+        if self.s.start_at is not None and self.interrupted is None:
             # A shared start (realtime) mapped onto this process's monotonic clock.
             start_rt = int(self.s.start_at())
             mono, rt = time.perf_counter_ns(), time.time_ns()
@@ -600,7 +675,7 @@ class Run:
         limit_ns = None
         if self.s.maximum_duration_s is not None:
             limit_ns = self.t0_ns + int(self.s.maximum_duration_s * NS)
-        while self._short_classes(projected=False):
+        while self.interrupted is None and self._short_classes(projected=False):
             if limit_ns is not None and time.perf_counter_ns() >= limit_ns:
                 return
             rows = make(self.blocks_sent + 1)
@@ -635,6 +710,8 @@ class Run:
             return float(np.percentile(x, q)) if x.size else None
 
         late_p99 = pct(late, 99)
+        d = self._dispatcher
+        scheduled = len(self.schedule) + (len(self.prewarm) if self.prewarm is not None else 0)
         return {
             "mode": self.s.mode,
             "concurrency": self.s.concurrency,
@@ -661,10 +738,18 @@ class Run:
             "dispatcher_scheduling": (
                 self._dispatcher.scheduling if self._dispatcher is not None else None
             ),
+            "realtime_dispatch": {
+                "requested": self.s.realtime_dispatch,
+                "in_effect": d is not None and d.scheduling == "SCHED_FIFO",
+                "detail": d.scheduling_detail if d is not None else None,
+            },
             "client_bound": late_p99 is not None and late_p99 > self.s.lateness_bound_ms,
             "extension_blocks": max(0, self.blocks_sent - 1),
             "extension_rebase_offset_ns": self.extension_rebase_ns,
             "under_sampled_classes": self._short_classes(projected=False),
+            "interrupted": interruption(
+                self.interrupted, scheduled, self.writer.count, self.cancelled_in_flight
+            ),
         }
 
 
@@ -676,6 +761,15 @@ class _NoCookies(http.cookiejar.CookieJar):
 
     def set_cookie(self, cookie: Any) -> None:
         return None
+
+
+def _phase(a: Attempt, gate: _Gate) -> str:
+    """Where a request was when it ended early, for its error text."""
+    if a.http_status is not None:
+        return f"reading the body, {sum(a.chunk_tokens)} tokens received"
+    if gate.sent:
+        return "no response head yet"
+    return "connecting, request not written"
 
 
 def _error_message(text: str) -> str:
@@ -698,7 +792,10 @@ def run_point(
     prewarm: pd.DataFrame | None = None,
     extra_summary: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run one point to completion; write records (streamed), metrics parquet and summary."""
+    """Run one point to completion; write records (streamed), metrics parquet and summary.
+
+    Interrupted (SIGINT, SIGTERM), it writes them all the same, then raises
+    :class:`~capacity_pack.measure.interrupt.Interrupted` carrying the summary."""
     run = Run(schedule, settings, records_path, prewarm=prewarm)
     summary = asyncio.run(run.run())
     summary.update(extra_summary or {})
@@ -708,4 +805,6 @@ def run_point(
             frame.to_parquet(tmp, index=False)
     if summary_path is not None:
         write_json_atomic(summary_path, finite_or_none(summary))
+    if run.interrupted is not None:
+        raise Interrupted(run.interrupted, summary)
     return summary

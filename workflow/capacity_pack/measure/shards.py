@@ -64,6 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import finite_or_none, write_json_atomic
 from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
+from capacity_pack.measure.interrupt import Interrupted, forward_signals, merge_interruptions
 from capacity_pack.measure.run import run_point
 from capacity_pack.plan.schedule import Point
 
@@ -356,13 +357,17 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
 
     settings.start_at = start
     prewarm = pd.read_parquet(spec.prewarm_path) if spec.prewarm_path else None
-    summary = run_point(
-        rows,
-        settings,
-        records,
-        metrics_path=out / "metrics.parquet",
-        prewarm=prewarm if prewarm is not None and len(prewarm) else None,
-    )
+    stop: Interrupted | None = None
+    try:
+        summary = run_point(
+            rows,
+            settings,
+            records,
+            metrics_path=out / "metrics.parquet",
+            prewarm=prewarm if prewarm is not None and len(prewarm) else None,
+        )
+    except Interrupted as exc:  # its records are written: complete the summary, then exit
+        stop, summary = exc, exc.summary
     clock["end"] = clock_sample()
     clock["ntp"] = ntp_state()
     summary.update(
@@ -378,6 +383,8 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
         rendezvous=rendezvous.ready,
     )
     write_json_atomic(out / "summary.json", finite_or_none(summary))
+    if stop is not None:
+        raise stop
     return summary
 
 
@@ -410,17 +417,21 @@ def run_shards(
         procs.append((spec, proc, log))
     deadline = time.monotonic() + timeout_s
     failed = []
-    for spec, proc, log in procs:
-        try:
-            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-            failed.append(f"shard {spec.index}: still running after {timeout_s:g} s (killed)")
-        log.close()
-        if rc != 0 and not any(f.startswith(f"shard {spec.index}:") for f in failed):
-            tail = (log_dir / f"shard-{spec.index}.log").read_text(errors="replace")[-800:]
-            failed.append(f"shard {spec.index}: exit status {rc}; its log ends:\n{tail}")
+    # SIGINT or SIGTERM goes on to the shards, which record their requests in flight and exit.
+    with forward_signals([proc for _, proc, _ in procs]) as received:
+        for spec, proc, log in procs:
+            try:
+                rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+                failed.append(f"shard {spec.index}: still running after {timeout_s:g} s (killed)")
+            log.close()
+            if rc != 0 and not any(f.startswith(f"shard {spec.index}:") for f in failed):
+                tail = (log_dir / f"shard-{spec.index}.log").read_text(errors="replace")[-800:]
+                failed.append(f"shard {spec.index}: exit status {rc}; its log ends:\n{tail}")
+    if received:
+        raise Interrupted(received[0])  # the shards wrote what they have: the caller merges it
     if failed:
         for _, proc, _ in procs:
             with contextlib.suppress(OSError):
@@ -535,6 +546,7 @@ def merge_summaries(
         "lateness_bound_ms": lateness_bound_ms,
         "client_transport": first["client_transport"],
         "dispatcher_scheduling": first["dispatcher_scheduling"],
+        "realtime_dispatch": first.get("realtime_dispatch"),
         "client_bound": bool(bound),
         "extension_blocks": 0,
         "extension_rebase_offset_ns": [],
@@ -548,6 +560,7 @@ def merge_summaries(
             "clock_check": clocks,
         },
         "shard_clock_valid": clocks["valid"],
+        "interrupted": merge_interruptions([s.get("interrupted") for s in summaries]),
     }
 
 

@@ -26,6 +26,7 @@ import pandas as pd
 
 from capacity_pack.io import atomic_path
 from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
+from capacity_pack.measure.interrupt import Interrupted, interruption
 from capacity_pack.measure.records import read_records, records_frame
 from capacity_pack.measure.run import run_point
 from capacity_pack.measure.shards import (
@@ -120,7 +121,17 @@ def run_sharded(
         + c.request_timeout_seconds
         + 60
     )
-    summaries = run_shards(specs, c.shard_launcher, work, timeout_s=budget)
+    stop: Interrupted | None = None
+    try:
+        summaries = run_shards(specs, c.shard_launcher, work, timeout_s=budget)
+    except Interrupted as exc:
+        # Each shard recorded its requests in flight and wrote its summary: merge those. A
+        # shard stopped before its run began wrote nothing, and then neither does the point.
+        stop = exc
+        paths = [Path(sp.out_dir) / "summary.json" for sp in specs]
+        if not all(p.exists() for p in paths):
+            raise
+        summaries = [json.loads(p.read_text()) for p in paths]
     # The point's records: each shard's file in shard order (every record says its shard);
     # normalization checks the merge against the assignment.
     with atomic_path(out / "records.jsonl") as tmp, Path(tmp).open("wb") as dst:
@@ -135,6 +146,13 @@ def run_sharded(
         summaries, stamps, c.lateness_bound_ms, c.shard_clock_tolerance_ms, seed
     )
     summary["shards"]["launcher"] = c.shard_launcher
+    if stop is not None:
+        # Interrupted just as the shards finished, none of them saw it: the point still stops.
+        summary["interrupted"] = summary["interrupted"] or interruption(
+            stop.signame, len(schedule) + len(prewarm), summary["requests_recorded"], 0
+        )
+        stop.summary = summary
+        raise stop
     return summary
 
 
@@ -183,16 +201,22 @@ def measure_point(
             settings.extension_block = extension
         else:
             settings.min_successful_per_class = None
-        if shard_count(inputs, point) > 1:
-            summary = run_sharded(inputs, point, schedule, prewarm, base_url, out)
-        else:
-            summary = run_point(
-                schedule,
-                settings,
-                records_path,
-                metrics_path=out / "metrics.parquet",
-                prewarm=prewarm if len(prewarm) else None,
-            )
+        stop: Interrupted | None = None
+        try:
+            if shard_count(inputs, point) > 1:
+                summary = run_sharded(inputs, point, schedule, prewarm, base_url, out)
+            else:
+                summary = run_point(
+                    schedule,
+                    settings,
+                    records_path,
+                    metrics_path=out / "metrics.parquet",
+                    prewarm=prewarm if len(prewarm) else None,
+                )
+        except Interrupted as exc:  # records and series are written: complete the summary
+            if not exc.summary:
+                raise
+            stop, summary = exc, exc.summary
     records = read_records(records_path)
     series = pd.read_parquet(out / "metrics.parquet")
     summary.update(facts)
@@ -211,6 +235,9 @@ def measure_point(
     )
     statuses = pd.Series([r["status"] for r in records]).value_counts().to_dict()
     summary["status_counts"] = {k: int(v) for k, v in statuses.items()}
+    if stop is not None:
+        stop.summary = summary
+        raise stop
     return summary
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from capacity_pack.io import write_json_atomic
 from capacity_pack.measure.inputs import SweepInputs
+from capacity_pack.measure.interrupt import Interrupted
 from capacity_pack.measure.sweep import measure_point
 from capacity_pack.plan.schedule import Point
 
@@ -27,12 +28,21 @@ def run(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure ``point`` on ``schedule`` (a parquet path or the frame); the records and metrics
-    go beside ``records``, the summary to ``summary``, which is returned."""
+    go beside ``records``, the summary to ``summary``, which is returned. Interrupted (SIGINT,
+    SIGTERM), it writes them all the same and raises
+    :class:`~capacity_pack.measure.interrupt.Interrupted` (exit status 130 or 143)."""
     pt = Point.parse(point, cache_state, int(repeat))
     if isinstance(inputs, str):
         inputs = SweepInputs.model_validate_json(inputs)
     frame = schedule if isinstance(schedule, pd.DataFrame) else pd.read_parquet(schedule)
-    doc = measure_point(inputs, pt, frame, Path(records).parent, progress=progress)
+    try:
+        doc = measure_point(inputs, pt, frame, Path(records).parent, progress=progress)
+    except Interrupted as stop:
+        # The partial measurement's summary says so (normalization refuses it); the job fails.
+        if stop.summary:
+            write_json_atomic(summary, stop.summary)
+        log.warning("%s: %s", pt.key, stop)
+        raise
     write_json_atomic(summary, doc)
     log.info(
         "%s: %d recorded, %d failed, lateness p99 %.3f ms%s",
