@@ -50,7 +50,11 @@ def long_stream_pack() -> dict:
 
 @pytest.mark.parametrize(
     ("sig", "status", "shards"),
-    [(signal.SIGINT, 130, 1), (signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 2)],
+    [
+        (signal.SIGINT, 130, 1),
+        (signal.SIGTERM, 143, 1),
+        pytest.param(signal.SIGINT, 130, 2, marks=pytest.mark.slow),
+    ],
 )
 def test_interrupt_records_every_request_in_flight(tmp_path, sig, status, shards):
     """The signal goes to the measuring process alone (with two shards, to their parent, which
