@@ -126,3 +126,71 @@ def test_the_key_is_sent_with_every_request_and_scrubbed_from_what_echoes_it(tmp
 def leaks_in(obj: object, secret: str) -> list[str]:
     text = json.dumps(obj, default=str)
     return [secret] if secret in text else []
+
+
+# ---------------------------------------------------------------------------------------------
+# A tracking password in MLFLOW_TRACKING_URI: no job log, no console line, no file holds it
+# ---------------------------------------------------------------------------------------------
+
+TRACK_PACK = "redact-test"
+
+
+@pytest.fixture(scope="module")
+def sqlite_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real ``mlflow server`` on 127.0.0.1 over a SQLite store (outside the run directory)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.integration.test_tracking_server import free_port, quiet_mlflow_env, wait_healthy
+
+    base = tmp_path_factory.mktemp("mlflow-sqlite-server")
+    log = base / "server.log"
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1", "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
+        "--serve-artifacts", "--artifacts-destination", str(base / "artifacts"),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=quiet_mlflow_env(),
+                                cwd=base, start_new_session=True)  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+        yield port
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_tracking_password_reaches_no_file_and_no_console(tmp_path, sqlite_server):
+    from tests.conftest import run_snakemake, small_pack_data, write_pack
+    from tests.integration.test_tracking_server import free_port, quiet_mlflow_env
+
+    password = "pw-" + secrets.token_hex(8)
+    data = small_pack_data(TRACK_PACK, requests=20, min_samples=3,
+                           sweep={"open_loop_rps": [10], "closed_loop_concurrency": [1],
+                                  "cache_states": ["warm"]})  # fmt: skip
+    data.pop("failure")
+    write_pack(tmp_path, data)
+    target = f"results/{TRACK_PACK}/tracking/schedule.json"
+    env = quiet_mlflow_env()
+    env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # the failing run fails at once
+    # First a tracking server that is not there: the track job fails with MLflow's error,
+    # which names the URI, password and all.
+    env["MLFLOW_TRACKING_URI"] = f"http://alice:{password}@127.0.0.1:{free_port()}"
+    failed = run_snakemake(tmp_path, target, check=False, env=env)
+    assert failed.returncode != 0
+    log = tmp_path / "results" / TRACK_PACK / "logs" / "track" / "schedule.log"
+    assert "Traceback" in log.read_text() and "alice:[redacted]@127.0.0.1" in log.read_text()
+    assert password not in failed.stdout + failed.stderr
+    assert leaks(tmp_path, password) == []
+    # Then the real server: MLflow prints "View run ... at <URI>" and the job tracks.
+    env["MLFLOW_TRACKING_URI"] = f"http://alice:{password}@127.0.0.1:{sqlite_server}"
+    ran = run_snakemake(tmp_path, target, env=env)
+    assert "alice:[redacted]@127.0.0.1" in ran.stdout + ran.stderr
+    assert password not in ran.stdout + ran.stderr
+    assert "Traceback" not in log.read_text()  # the log is the good run's alone
+    assert leaks(tmp_path, password) == []

