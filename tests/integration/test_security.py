@@ -21,7 +21,7 @@ from capacity_pack.measure.target import SimProcess, TargetError, open_target
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
 from capacity_pack.track import tracking
-from tests.paths import DEFAULT
+from tests.paths import DEFAULT, ROOT
 from tests.unit.engines.test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
 from tests.unit.measure.test_loadgen import constant_schedule
 
@@ -161,7 +161,11 @@ def sqlite_server(tmp_path_factory: pytest.TempPathFactory):
         yield port
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 @pytest.mark.slow
@@ -178,19 +182,40 @@ def test_a_tracking_password_reaches_no_file_and_no_console(tmp_path, sqlite_ser
     target = f"results/{TRACK_PACK}/tracking/schedule.json"
     env = quiet_mlflow_env()
     env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # the failing run fails at once
-    # First a tracking server that is not there: the track job fails with MLflow's error,
-    # which names the URI, password and all.
+    # First a tracking server that is not there: freeze, which opens the parent run, fails
+    # with MLflow's error, which names the URI, password and all.
     env["MLFLOW_TRACKING_URI"] = f"http://alice:{password}@127.0.0.1:{free_port()}"
     failed = run_snakemake(tmp_path, target, check=False, env=env)
     assert failed.returncode != 0
-    log = tmp_path / "results" / TRACK_PACK / "logs" / "track" / "schedule.log"
-    assert "Traceback" in log.read_text() and "alice:[redacted]@127.0.0.1" in log.read_text()
+    logs = tmp_path / "results" / TRACK_PACK / "logs"
+    text = (logs / "freeze.log").read_text()
+    assert "Traceback" in text and "API request to http://alice:[redacted]@127.0.0.1" in text
+    assert "MlflowException: API request to http://alice:[redacted]@" in failed.stderr
     assert password not in failed.stdout + failed.stderr
     assert leaks(tmp_path, password) == []
-    # Then the real server: MLflow prints "View run ... at <URI>" and the job tracks.
+    # Then the real server: the jobs track, and MLflow prints "View run ... at <URI>".
     env["MLFLOW_TRACKING_URI"] = f"http://alice:{password}@127.0.0.1:{sqlite_server}"
     ran = run_snakemake(tmp_path, target, env=env)
-    assert "alice:[redacted]@127.0.0.1" in ran.stdout + ran.stderr
+    assert "View run" in ran.stdout and "alice:[redacted]@127.0.0.1" in ran.stdout
     assert password not in ran.stdout + ran.stderr
-    assert "Traceback" not in log.read_text()  # the log is the good run's alone
+    # Each log is its good run's alone: the failure's traceback went with the rerun.
+    assert "Traceback" not in (logs / "freeze.log").read_text()
+    assert (logs / "track" / "schedule.log").is_file()
     assert leaks(tmp_path, password) == []
+
+
+def test_the_command_lines_errors_are_redacted(tmp_path):
+    """``capacity-pack``'s own error output: a file named by a URL with a password in it."""
+    import subprocess
+    import sys
+
+    password = "pw-" + secrets.token_hex(6)
+    config = f"http://alice:{password}@127.0.0.1:9/pack.yaml"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "workflow")}
+    res = subprocess.run(
+        [sys.executable, "-m", "capacity_pack", "freeze", config, "-o", str(tmp_path / "f.json")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and "does not exist" in res.stderr
+    assert "http://alice:[redacted]@127.0.0.1:9/pack.yaml" in res.stderr
+    assert password not in res.stdout + res.stderr
