@@ -170,6 +170,15 @@ def job_logging(path: str | Path, name: str = "capacity_pack") -> Iterator[loggi
         sys.stderr, sys.stdout = err, out
         try:
             yield logging.getLogger(name)
+        except (SystemExit, KeyboardInterrupt) as stop:
+            # An interrupt or a chosen exit status is no crash: one line, no traceback.
+            err.flush()
+            reason = redact_text(str(stop) or type(stop).__name__)
+            fh.write(f"{type(stop).__name__}: {reason}\n")
+            fh.flush()
+            if not isinstance(stop, SystemExit) or stop.code not in (0, None):
+                print(f"{type(stop).__name__}: {reason}", file=old_stderr)
+            raise
         except BaseException:
             err.flush()
             fh.write(redacted_exception())

@@ -44,6 +44,27 @@ def test_a_failing_job_leaves_no_password_in_its_log_or_on_the_console(
     assert "RuntimeError: API request to http://alice:[redacted]@" in err
 
 
+def test_an_interrupted_job_logs_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from capacity_pack.measure.interrupt import Interrupted
+
+    log = tmp_path / "sweep.log"
+    with pytest.raises(Interrupted) as caught, job_logging(log) as job:
+        job.info("measuring")
+        raise Interrupted("SIGTERM")
+    assert caught.value.code == 143
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert text.splitlines()[-1] == "Interrupted: measurement interrupted by SIGTERM"
+    err = capsys.readouterr().err
+    assert err.strip() == "Interrupted: measurement interrupted by SIGTERM"
+    # A clean exit says nothing on the console.
+    with pytest.raises(SystemExit), job_logging(log):
+        raise SystemExit(0)
+    assert capsys.readouterr().err == ""
+
+
 def test_the_log_starts_fresh_at_every_run_of_the_job(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("an earlier run's traceback\n")
