@@ -149,20 +149,30 @@ def freeze(config: Path, output: Path) -> None:
 def lint(config: Path, as_json: bool) -> None:
     """Report benchmark anti-patterns in CONFIG (a pack or a plain benchmark description).
 
-    Exit status 1 when any finding is reported.
+    A pack is first validated as `freeze` validates it: what freeze refuses, lint reports.
+    Exit status 1 when any finding is reported or the pack is invalid.
     """
     import json
 
-    from capacity_pack.plan.lint import lint_file
+    from capacity_pack.engines import check_cache_reset
+    from capacity_pack.plan.lint import is_pack_data, lint_data
+    from capacity_pack.plan.manifest import load_yaml, unwrap_frozen, validate_pack
 
-    findings = lint_file(config)
+    data = unwrap_frozen(load_yaml(config))
+    pack = (
+        validate_pack(data, str(config)) if isinstance(data, dict) and is_pack_data(data) else None
+    )
+    if pack is not None and (problem := check_cache_reset(pack.target)):
+        raise _Fail(f"{config}: invalid pack configuration: {problem}")
+    findings = lint_data(data, str(config))
     if as_json:
         click.echo(json.dumps([f.model_dump() for f in findings], indent=2))
     elif not findings:
         click.echo(f"{config}: no findings")
     else:
         for f in findings:
-            click.echo(f"{config}: {f.code}: {f.message}\n    why: {f.reason}")
+            mark = " (extra: not one of the six anti-patterns)" if f.extra else ""
+            click.echo(f"{config}: {f.code}{mark}: {f.message}\n    why: {f.reason}")
     if findings:
         sys.exit(1)
 

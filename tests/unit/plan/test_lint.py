@@ -1,4 +1,5 @@
-"""The seed's six benchmark anti-patterns, as named findings."""
+"""The six benchmark anti-patterns of a broken capacity benchmark, and the extra checks, as
+named findings."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import pytest
 import yaml
 
+from capacity_pack.plan import lint
 from capacity_pack.plan.lint import lint_data, lint_file
 from tests.conftest import pack_data
 from tests.paths import ROOT
@@ -17,17 +19,30 @@ SIX = {
     "concurrency-only-load",
     "too-few-requests",
     "uncontrolled-prefix-cache",
-    "no-warmup",
     "mean-only-reporting",
+    "missing-operational-evidence",
     "mutable-versions",
 }
+EXTRA = {"no-warmup", "single-run", "unvalidated-token-counts"}
 
 
 def test_seed_broken_config_yields_all_six_findings():
     findings = lint_file(BROKEN)
-    assert {f.code for f in findings} == SIX
-    assert len(findings) == 6
+    assert {f.code for f in findings if not f.extra} == SIX
+    assert {f.code for f in findings if f.extra} == EXTRA
+    assert len(findings) == 9
     assert all(f.reason and f.message for f in findings)
+    assert set(lint.SIX) == SIX and set(lint.EXTRA) == EXTRA
+    assert set(lint.REASONS) == SIX | EXTRA
+
+
+def test_the_broken_benchmark_lacks_operational_evidence():
+    (finding,) = [f for f in lint_file(BROKEN) if f.code == "missing-operational-evidence"]
+    assert finding.message == (
+        "report ['mean_latency', 'total_tokens_per_second'] names no errors, queue growth, "
+        "cancellations, cache state"
+    )
+    assert "queue growth" in finding.reason and not finding.extra
 
 
 @pytest.mark.parametrize(
@@ -63,12 +78,30 @@ def test_shipped_packs_are_clean(pack):
         (lambda d: d["client"].__setitem__("warmup_seconds", 0), "no-warmup"),
         (lambda d: d["report"].__setitem__("latency_statistics", ["mean"]), "mean-only-reporting"),
         (lambda d: d["model"].__setitem__("revision", "latest"), "mutable-versions"),
+        (lambda d: d["engine"].__setitem__("scheduler", "v2-latest"), "mutable-versions"),
+        (
+            lambda d: d["acceptance"].__setitem__("error_rate_max", 1),
+            "missing-operational-evidence",
+        ),
+        (
+            lambda d: (d["pack"].__setitem__("size", "full"), d["sweep"].__setitem__("repeats", 1)),
+            "single-run",
+        ),
+        (lambda d: d["request"].__setitem__("include_usage", False), "unvalidated-token-counts"),
     ],
 )
 def test_each_finding_on_a_pack(mutate, code):
     data = pack_data()
     mutate(data)
-    assert [f.code for f in lint_data(data, "pack.yaml")] == [code]
+    findings = lint_data(data, "pack.yaml")
+    assert [f.code for f in findings] == [code]
+    assert findings[0].extra is (code in EXTRA)
+
+
+def test_a_rehearsal_pack_may_run_once():
+    data = pack_data()
+    data["sweep"]["repeats"] = 1
+    assert lint_data(data, "pack.yaml") == []
 
 
 def test_fixing_the_broken_benchmark_clears_findings():
@@ -79,9 +112,11 @@ def test_fixing_the_broken_benchmark_clears_findings():
         request_count=22_000,
         prompts="synthetic_unique",
         warmup_seconds=60,
-        report=["p50_ttft", "p95_ttft"],
+        report=["p50_ttft", "p95_ttft", "error_rate", "queue_trend", "cancelled", "cache_state"],
         model_revision="r1",
         engine_version="0.11.0",
+        repeats=3,
+        tokenizer_revision="t1",
     )
     assert lint_data(data, "fixed.yaml") == []
 
@@ -95,7 +130,9 @@ def test_cli_lint_exit_codes():
     )
     assert bad.returncode == 1
     for code in SIX:
-        assert code in bad.stdout
+        assert f"{code}: " in bad.stdout
+    for code in EXTRA:
+        assert f"{code} (extra: not one of the six anti-patterns): " in bad.stdout
     good = subprocess.run(
         [sys.executable, "-m", "capacity_pack", "lint", "config/config.yaml"],
         capture_output=True,
@@ -116,3 +153,20 @@ def test_unknown_key_in_plain_description_is_named(tmp_path):
         timeout=60,
     )
     assert res.returncode == 1 and "requst_count" in res.stderr
+
+
+def test_cli_lint_reports_what_freeze_refuses(tmp_path):
+    """An unknown cache reset: freeze refuses it (the engines' registry), so lint does too."""
+    data = pack_data()
+    data["target"] = {"kind": "openai", "base_url": "http://127.0.0.1:8000", "cache_reset": "nope"}
+    path = tmp_path / "pack.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for args in (["lint", str(path)], ["freeze", str(path), "-o", str(tmp_path / "f.json")]):
+        res = subprocess.run(
+            [sys.executable, "-m", "capacity_pack", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 1 and "target.cache_reset" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr and "no findings" not in res.stdout

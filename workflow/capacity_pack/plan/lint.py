@@ -1,23 +1,44 @@
-"""Benchmark anti-pattern findings: what makes a load test produce a number but no evidence.
+"""Benchmark anti-patterns: what makes a load test produce a number but no evidence.
 
-:func:`lint_file` accepts either a pack configuration (anything with a ``workload`` list) or a
-plain, flat benchmark description such as this deliberately broken one (the shape of
-``tests/data/broken-benchmark.yaml``, which trips all six findings)::
+:func:`lint_file` accepts either a pack configuration (anything with a pack section other than
+``prompts`` and ``report``, or a frozen manifest) or a plain, flat benchmark description such
+as this deliberately broken one (``tests/data/broken-benchmark.yaml``, which trips all six
+findings and the three extras)::
 
     load_mode: concurrency_only      concurrency: 128         request_count: 100
     prompts: repeat_the_same_prompt  prefix_cache: enabled    clear_cache_before_run: false
     warmup_requests: 0               report: [mean_latency, total_tokens_per_second]
     model_revision: latest           engine_version: latest
 
-and reports each anti-pattern as a named finding with its reason:
+The six anti-patterns of a broken capacity benchmark, each a named finding with its reason and
+the field(s) it names:
 
-- ``concurrency-only-load``: closed-loop traffic self-throttles and cannot validate an arrival rate;
-- ``too-few-requests``: fewer requests per class than the sample gate gives no tail evidence;
-- ``uncontrolled-prefix-cache``: repeated prompts with the prefix cache on and no clearing mix
-  cold and warm cache states in one number;
-- ``no-warmup``: compilation, graph capture and cold caches land inside the measured window;
-- ``mean-only-reporting``: means hide tail latency and per-class failures;
-- ``mutable-versions``: ``latest``-style revisions make the run impossible to reproduce.
+1. ``concurrency-only-load``: closed-loop traffic self-throttles and cannot validate an arrival
+   rate (load_mode/concurrency/request_rate; a pack: sweep.open_loop_rps and experiments empty);
+2. ``too-few-requests``: fewer requests per class than the sample gate give almost no tail
+   evidence (request_count; a pack: client.initial_scheduled_requests against
+   acceptance.min_successful_samples_per_class);
+3. ``uncontrolled-prefix-cache``: repeated prompts and an uncleared prefix cache mix cold and warm
+   states in one number (prompts/prefix_cache/clear_cache_before_run; a pack: prompts.source,
+   engine.prefix_cache, target.cache_reset);
+4. ``mean-only-reporting``: means hide tail latency and class failures (report; a pack:
+   report.latency_statistics);
+5. ``missing-operational-evidence``: errors, queue growth, cancellations and cache state are
+   absent from the results (report names none of them; a pack records all four for every
+   request and point, so only its gate can drop them: acceptance.error_rate_max 1 accepts a point
+   whatever fails);
+6. ``mutable-versions``: ``latest``-style revisions make the run impossible to reproduce
+   (model_revision/tokenizer_revision/engine_version; a pack: every revision-like field, by
+   :func:`~capacity_pack.plan.limits.is_mutable_revision`).
+
+Extra findings (``extra: true``; not among the six, reported and refused the same way):
+
+- ``no-warmup``: compilation, graph capture and cold caches land inside the measured window
+  (warmup_requests/warmup_seconds; a pack: client.warmup_seconds 0);
+- ``single-run``: one run per point gives no variance between repeats (repeats; a pack: a
+  full-size pack with sweep.repeats 1; a rehearsal pack makes no capacity claim);
+- ``unvalidated-token-counts``: token counts the server never confirms are the client's guess
+  (tokenizer_revision missing; a pack: request.include_usage false, so no usage chunk is read).
 """
 
 from __future__ import annotations
@@ -27,14 +48,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capacity_pack.plan.limits import is_mutable_revision
 from capacity_pack.plan.manifest import (
+    SECTIONS,
     ManifestError,
     OpenAITarget,
     Pack,
     format_validation_error,
-    is_mutable_revision,
     load_yaml,
     mutable_revision_fields,
+    unwrap_frozen,
     validate_pack,
 )
 
@@ -43,6 +66,24 @@ from capacity_pack.plan.manifest import (
 # plain description states none. A reporting policy, not a statistical guarantee.
 DEFAULT_MIN_SAMPLES = 2000
 PERCENTILE_WORDS = ("p50", "p90", "p95", "p99", "percentile", "quantile", "attainment", "median")
+# What a report must name for each kind of operational evidence (finding 5).
+EVIDENCE_WORDS = {
+    "errors": ("error", "fail", "status", "timeout"),
+    "queue growth": ("queue", "backlog", "waiting", "pending"),
+    "cancellations": ("cancel",),
+    "cache state": ("cache",),
+}
+
+SIX = (
+    "concurrency-only-load",
+    "too-few-requests",
+    "uncontrolled-prefix-cache",
+    "mean-only-reporting",
+    "missing-operational-evidence",
+    "mutable-versions",
+)
+EXTRA = ("no-warmup", "single-run", "unvalidated-token-counts")
+PACK_ONLY_SECTIONS = frozenset(SECTIONS) - {"prompts", "report"}
 
 REASONS = {
     "concurrency-only-load": (
@@ -59,17 +100,32 @@ REASONS = {
         "states in one unlabeled number and inflate throughput; clear or restart before cold "
         "points, use unique prefixes, and report warm runs separately"
     ),
-    "no-warmup": (
-        "without warm-up, compilation, graph capture and model-load effects land inside the "
-        "measured window"
-    ),
     "mean-only-reporting": (
         "means hide tail latency and class failures; report per-class percentiles and "
         "request-level SLO attainment"
     ),
+    "missing-operational-evidence": (
+        "a throughput number without its errors, queue growth, cancellations and cache state "
+        "cannot tell a sustainable load from one the server survived by failing, queueing or "
+        "dropping requests; record every request's terminal status, the queue trend, the "
+        "cancellations and the cache state of every point, and gate on them"
+    ),
     "mutable-versions": (
         "mutable versions such as 'latest' prevent reproduction: the model, tokenizer and "
         "engine under test can change between runs"
+    ),
+    "no-warmup": (
+        "without warm-up, compilation, graph capture and model-load effects land inside the "
+        "measured window: a cold start is measured as the steady state"
+    ),
+    "single-run": (
+        "one run per point shows no run-to-run variance: repeat every point and report the "
+        "spread before a capacity claim rests on it"
+    ),
+    "unvalidated-token-counts": (
+        "token counts the server never confirms are the client's own estimate: throughput and "
+        "TPOT per token are then unchecked; pin the tokenizer revision and read the server's "
+        "usage"
     ),
 }
 
@@ -80,22 +136,26 @@ class Finding(BaseModel):
     code: str = Field(description="Stable finding id, e.g. 'no-warmup'.")
     message: str = Field(description="What was found, naming the field(s).")
     reason: str = Field(description="Why it breaks a capacity benchmark.")
+    extra: bool = Field(
+        default=False, description="True for a check beyond the six anti-patterns (module doc)."
+    )
 
 
 def _finding(code: str, message: str) -> Finding:
-    return Finding(code=code, message=message, reason=REASONS[code])
+    return Finding(code=code, message=message, reason=REASONS[code], extra=code in EXTRA)
 
 
 class BenchmarkDescription(BaseModel):
     """A flat, tool-agnostic benchmark description (load mode, counts, cache and version fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     load_mode: str | None = Field(default=None, description="concurrency_only, open_loop, both.")
     concurrency: int | None = Field(default=None, ge=1, description="Closed-loop concurrency.")
     request_rate: float | None = Field(default=None, gt=0, description="Open-loop rate (RPS).")
     request_count: int | None = Field(default=None, ge=0, description="Requests per run.")
     min_successful_samples_per_class: int | None = Field(default=None, ge=1)
+    repeats: int | None = Field(default=None, ge=1, description="Runs of every point.")
     prompts: str | None = Field(default=None, description="Prompt source.")
     prefix_cache: str | bool | None = Field(default=None, description="enabled/disabled.")
     clear_cache_before_run: bool | None = Field(default=None)
@@ -109,6 +169,16 @@ class BenchmarkDescription(BaseModel):
 
 def _reports_percentiles(stats: list[str]) -> bool:
     return any(word in s.lower() for s in stats for word in PERCENTILE_WORDS)
+
+
+def _absent_evidence(stats: list[str]) -> list[str]:
+    """The kinds of operational evidence (EVIDENCE_WORDS) that no reported statistic names."""
+    text = [s.lower() for s in stats]
+    return [
+        kind
+        for kind, words in EVIDENCE_WORDS.items()
+        if not any(w in s for s in text for w in words)
+    ]
 
 
 def lint_description(d: BenchmarkDescription) -> list[Finding]:
@@ -142,15 +212,15 @@ def lint_description(d: BenchmarkDescription) -> list[Finding]:
                 f"clear_cache_before_run {d.clear_cache_before_run!r}",
             )
         )
-    if not d.warmup_requests and not d.warmup_seconds:
-        findings.append(
-            _finding(
-                "no-warmup",
-                f"warmup_requests {d.warmup_requests!r}, warmup_seconds {d.warmup_seconds!r}",
-            )
-        )
     if not _reports_percentiles(d.report):
         findings.append(_finding("mean-only-reporting", f"report lists only {d.report}"))
+    if absent := _absent_evidence(d.report):
+        findings.append(
+            _finding(
+                "missing-operational-evidence",
+                f"report {d.report} names no {', '.join(absent)}",
+            )
+        )
     revisions = {
         "model_revision": d.model_revision,
         "tokenizer_revision": d.tokenizer_revision,
@@ -161,6 +231,27 @@ def lint_description(d: BenchmarkDescription) -> list[Finding]:
     if bad or missing:
         parts = bad + [f"{k} not pinned" for k in missing]
         findings.append(_finding("mutable-versions", "; ".join(parts)))
+    return findings + _description_extras(d)
+
+
+def _description_extras(d: BenchmarkDescription) -> list[Finding]:
+    findings: list[Finding] = []
+    if not d.warmup_requests and not d.warmup_seconds:
+        findings.append(
+            _finding(
+                "no-warmup",
+                f"warmup_requests {d.warmup_requests!r}, warmup_seconds {d.warmup_seconds!r}",
+            )
+        )
+    if (d.repeats or 1) < 2:
+        findings.append(_finding("single-run", f"repeats {d.repeats!r}: one run per point"))
+    if d.tokenizer_revision is None:
+        findings.append(
+            _finding(
+                "unvalidated-token-counts",
+                "tokenizer_revision not given: token counts are tied to no tokenizer",
+            )
+        )
     return findings
 
 
@@ -187,31 +278,7 @@ def lint_pack(pack: Pack) -> list[Finding]:
                 f"acceptance.min_successful_samples_per_class {gate}",
             )
         )
-    cache_on = pack.engine.prefix_cache == "enabled"
-    if cache_on and pack.prompts.source == "repeat":
-        findings.append(
-            _finding(
-                "uncontrolled-prefix-cache",
-                "prompts.source 'repeat' with engine.prefix_cache 'enabled'",
-            )
-        )
-    elif (
-        cache_on
-        and "cold" in pack.all_cache_states()
-        and isinstance(pack.target, OpenAITarget)
-        and pack.target.cache_reset == "none"
-        # A managed server is started fresh for every point: cold by construction.
-        and pack.target.managed is None
-    ):
-        findings.append(
-            _finding(
-                "uncontrolled-prefix-cache",
-                "cold-cache points against a target with engine.prefix_cache 'enabled' but "
-                "target.cache_reset 'none': the cache cannot be cleared between points",
-            )
-        )
-    if pack.client.warmup_seconds <= 0:
-        findings.append(_finding("no-warmup", "client.warmup_seconds is 0"))
+    findings += _pack_cache_findings(pack)
     if not _reports_percentiles(list(pack.report.latency_statistics)):
         findings.append(
             _finding(
@@ -220,16 +287,85 @@ def lint_pack(pack: Pack) -> list[Finding]:
                 "percentile",
             )
         )
+    if pack.acceptance.error_rate_max >= 1:
+        findings.append(
+            _finding(
+                "missing-operational-evidence",
+                f"acceptance.error_rate_max {pack.acceptance.error_rate_max:g} accepts a point "
+                "whatever share of its requests fail: errors are absent from the decision",
+            )
+        )
     bad = mutable_revision_fields(pack)
     if bad:
         findings.append(_finding("mutable-versions", "; ".join(f"{k} = {v!r}" for k, v in bad)))
+    return findings + _pack_extras(pack)
+
+
+def _pack_cache_findings(pack: Pack) -> list[Finding]:
+    cache_on = pack.engine.prefix_cache == "enabled"
+    if cache_on and pack.prompts.source == "repeat":
+        return [
+            _finding(
+                "uncontrolled-prefix-cache",
+                "prompts.source 'repeat' with engine.prefix_cache 'enabled'",
+            )
+        ]
+    if (
+        cache_on
+        and "cold" in pack.all_cache_states()
+        and isinstance(pack.target, OpenAITarget)
+        and pack.target.cache_reset == "none"
+        # A managed server is started fresh for every point: cold by construction.
+        and pack.target.managed is None
+    ):
+        return [
+            _finding(
+                "uncontrolled-prefix-cache",
+                "cold-cache points against a target with engine.prefix_cache 'enabled' but "
+                "target.cache_reset 'none': the cache cannot be cleared between points",
+            )
+        ]
+    return []
+
+
+def _pack_extras(pack: Pack) -> list[Finding]:
+    findings: list[Finding] = []
+    if pack.client.warmup_seconds <= 0:
+        findings.append(_finding("no-warmup", "client.warmup_seconds is 0"))
+    has_points = bool(pack.sweep.open_loop_rps or pack.sweep.closed_loop_concurrency)
+    if pack.pack.size == "full" and has_points and pack.sweep.repeats < 2:
+        findings.append(
+            _finding(
+                "single-run",
+                f"sweep.repeats {pack.sweep.repeats} in a full-size pack (pack.size 'full')",
+            )
+        )
+    if not pack.request.include_usage:
+        findings.append(
+            _finding(
+                "unvalidated-token-counts",
+                "request.include_usage is false: the server's usage is never read, so the "
+                "recorded output tokens are the client's own count",
+            )
+        )
     return findings
 
 
+def is_pack_data(data: dict) -> bool:
+    """Whether ``data`` is meant as a pack: it has a section no plain description has (both
+    have ``prompts`` and ``report``)."""
+    return any(key in PACK_ONLY_SECTIONS for key in data)
+
+
 def lint_data(data: Any, source: str) -> list[Finding]:
+    """The findings of a pack (validated as freeze validates it, :class:`ManifestError` if it
+    is invalid) or of a plain benchmark description."""
+    data = unwrap_frozen(data)
     if not isinstance(data, dict):
-        raise ManifestError(f"{source}: expected a mapping at the top level")
-    if "workload" in data:
+        raise ManifestError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    if is_pack_data(data):
         return lint_pack(validate_pack(data, source))
     try:
         description = BenchmarkDescription.model_validate(data)

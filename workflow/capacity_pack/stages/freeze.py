@@ -27,7 +27,10 @@ def run(
     data = json.loads(manifest)
     findings = lint_data(data, source)
     if findings:
-        lines = [f"{source}: {f.code}: {f.message} (why: {f.reason})" for f in findings]
+        lines = [
+            f"{source}: {f.code}{' (extra)' * f.extra}: {f.message} (why: {f.reason})"
+            for f in findings
+        ]
         raise SystemExit("benchmark anti-patterns found; fix the pack:\n" + "\n".join(lines))
     pack = validate_pack(data, source)
     probe = preflight_fit(pack)
