@@ -16,6 +16,11 @@ the file, its CSV line (header = line 1) and the rule:
   classes only); and |E2E - (TTFT + TPOT x (O - 1))| <= 0.5 ms (TPOT is the mean gap after the
   first token).
 
+Before either path, the header (line 1) must be UTF-8 text and name every column at most once:
+a repeated name (``status`` twice) is refused with the column named, since a reader would
+silently take one of the two. A file that is not UTF-8 is refused with the offset of its first
+bad byte from 0 ("FILE is not UTF-8 text (byte N)").
+
 Two paths give the same report. The fast path parses the file typed with pyarrow on two threads
 and checks every rule at once; at the first doubt (a rule failing, a value outside pyarrow's
 number grammar, two equal ID hashes) it declines and the exact path reads the file again as text
@@ -24,7 +29,10 @@ and words the first failure.
 
 from __future__ import annotations
 
+import codecs
+import csv
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +57,19 @@ CSV_COLUMNS = ["request_id", "class", "ttft_ms", "tpot_ms", "e2e_ms", "output_to
 
 def read_requests_csv(path: str | Path) -> pd.DataFrame:
     """A requests.csv with every column as text (pyarrow): the exact path's input."""
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
     path = Path(path)
+    source: Any = path
+    if path.is_file() and path.stat().st_size < _HEADER_BYTES:
+        raw = path.read_bytes()
+        if raw and not raw.endswith((b"\n", b"\r")):
+            # pyarrow reads no column names from a lone header without a line end.
+            source = pa.BufferReader(raw + b"\n")
     try:
         table = pacsv.read_csv(
-            path,
+            source,
             read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES),
             convert_options=pacsv.ConvertOptions(
                 column_types={c: "string" for c in CSV_COLUMNS},
@@ -65,14 +80,97 @@ def read_requests_csv(path: str | Path) -> pd.DataFrame:
         )
     except FileNotFoundError:
         raise AnalysisError(f"{path}: no such file") from None
-    except Exception as err:  # pyarrow's parse errors name the row; keep their text
-        raise AnalysisError(f"{path}: not a readable CSV: {err}") from None
-    missing = [c for c in CSV_COLUMNS if c not in table.column_names]
+    except Exception as err:  # pyarrow's parse errors quote the row; name its line if we can
+        if (offset := first_non_utf8_byte(path)) is not None:
+            raise AnalysisError(f"{path} is not UTF-8 text (byte {offset})") from None
+        if (ragged := _first_ragged_line(path)) is not None:
+            line, got, want = ragged
+            raise AnalysisError(
+                f"{path}: line {line}: {got} field(s) where the header has {want}"
+            ) from None
+        raise AnalysisError(f"{path}: not a readable CSV: {' '.join(str(err).split())}") from None
+    _check_columns(path, table.column_names)
+    return table.select(CSV_COLUMNS).to_pandas()
+
+
+def _check_columns(path: Path, names: list[str]) -> None:
+    missing = [c for c in CSV_COLUMNS if c not in names]
     if missing:
         raise AnalysisError(
             f"{path}: missing column(s) {missing}; expected the header {','.join(CSV_COLUMNS)}"
         )
-    return table.select(CSV_COLUMNS).to_pandas()
+
+
+# The header is read by itself, up to its first newline: no real header is longer.
+_HEADER_BYTES = 1 << 20
+
+
+def check_header(path: Path) -> None:
+    """Refuse a header (line 1) that is not UTF-8 text or that names a column twice."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.readline(_HEADER_BYTES)
+    except FileNotFoundError:
+        raise AnalysisError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise AnalysisError(f"{path}: a directory, not a CSV file") from None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.end < len(head) or len(head) < _HEADER_BYTES:
+            raise AnalysisError(f"{path} is not UTF-8 text (byte {err.start})") from None
+        text = head[: err.start].decode("utf-8")  # a character cut by the read limit
+    text = text.removeprefix("\ufeff")  # pyarrow skips a UTF-8 byte-order mark
+    # pyarrow ends a line at \n, \r\n or a lone \r.
+    first = text.replace("\r\n", "\n").replace("\r", "\n").split("\n", 1)[0]
+    try:
+        names = next(csv.reader([first]), [])
+    except csv.Error as err:
+        raise AnalysisError(f"{path}: line 1: not a CSV header ({err})") from None
+    if not any(names):
+        raise AnalysisError(f"{path}: line 1: no header; expected {','.join(CSV_COLUMNS)}")
+    _check_columns(path, names)
+    repeated = [name for name, n in Counter(names).items() if n > 1]
+    if repeated:
+        listed = ", ".join(f"{name!r} ({names.count(name)} times)" for name in repeated)
+        raise AnalysisError(
+            f"{path}: line 1: the header names column {listed}; each column must be named once"
+        )
+
+
+def _first_ragged_line(path: Path) -> tuple[int, int, int] | None:
+    """(line, fields, header fields) of the first record whose field count differs from the
+    header's, as Python's csv module splits them (blank lines skipped, as pyarrow does)."""
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh)
+        try:
+            width = len(next(reader, []))
+            for row in reader:
+                if row and len(row) != width:
+                    return reader.line_num, len(row), width
+        except csv.Error:  # a field over csv's size limit: pyarrow's own message then
+            return None
+    return None
+
+
+def first_non_utf8_byte(path: Path) -> int | None:
+    """The offset of the first byte of ``path`` that is not UTF-8 text, or None."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0  # bytes handed to the decoder before the current chunk
+    with path.open("rb") as fh:
+        while chunk := fh.read(_BLOCK_BYTES):
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                # err.start counts from the bytes the decoder still held from the last chunk.
+                return done - pending + err.start
+            done += len(chunk)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as err:
+            return done - len(err.object) + err.start
+    return None
 
 
 def _memory_pool():
@@ -159,7 +257,12 @@ def _fast_summary(path: Path, classes: list[ClassSpec]) -> Summary | None:
         rows += batch.num_rows
     with ThreadPoolExecutor(2) as pool:
         ids_ok = pool.submit(_ids_valid, table.column("request_id"))
-        checked = [f.result() for f in [pool.submit(_check_batches, t, classes) for t in tasks]]
+        try:
+            checked = [f.result() for f in [pool.submit(_check_batches, t, classes) for t in tasks]]
+        except (UnicodeDecodeError, pa.ArrowInvalid):
+            # Bytes that are not UTF-8 in a text column, read unchecked here for speed: the
+            # exact path names the first one.
+            return None
         if any(c is None for c in checked):
             return None
         counts = np.array([c[1] for c in checked], np.int64).reshape(len(tasks), len(classes))
@@ -561,6 +664,7 @@ def analyze_csv(
     classes = classes or tutorial_classes()
     gates = gates or Gates()
     check_arguments(duration_s, queue_trend)
+    check_header(Path(path))
     summary = _fast_summary(Path(path), classes)
     if summary is None:
         cols = validate_requests_table(read_requests_csv(path), classes, str(path))
