@@ -27,9 +27,9 @@ import contextlib
 import importlib.resources
 import os
 import re
+import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -145,7 +145,7 @@ class ManagedServer:
     def start(self) -> str:
         import httpx
 
-        from capacity_pack.sim.process import die_with_parent
+        from capacity_pack.measure.lifeline import dies_with_parent
 
         with open(self._out, "wb") as out:
             try:
@@ -155,7 +155,7 @@ class ManagedServer:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env={**os.environ, **self.env},
-                    preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                    preexec_fn=dies_with_parent(signal.SIGKILL),
                 )
             except FileNotFoundError as err:
                 raise ManagedError(f"managed.command: {err}") from None

@@ -51,6 +51,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -67,6 +68,7 @@ from capacity_pack.io import finite_or_none, write_json_atomic
 from capacity_pack.measure.commands import copy_redacted
 from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
 from capacity_pack.measure.interrupt import Interrupted, forward_signals, merge_interruptions
+from capacity_pack.measure.lifeline import dies_with_parent
 from capacity_pack.measure.run import run_point
 from capacity_pack.plan.schedule import Point
 
@@ -420,7 +422,15 @@ def run_shards(
             write_json_atomic(spec_path, json.loads(spec.model_dump_json()))
             log = (Path(private) / f"shard-{spec.index}.log").open("wb")
             argv = launch_argv(launcher, spec.index, spec.shards, spec_path)
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            # A shard dies with this job (SIGTERM: a launcher such as srun then stops its
+            # remote shard; capacity_pack.measure.lifeline), so a killed job leaves no load.
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=dies_with_parent(signal.SIGTERM),
+            )
             procs.append((spec, proc, log))
         failed, received = _wait_for_shards(procs, log_dir, timeout_s)
     if received:
