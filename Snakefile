@@ -4,6 +4,7 @@
 #   snakemake --cores 2 --configfile config/packs/X.yaml   # another pack, replacing the default
 #
 # The config is validated by the pydantic schema in capacity_pack.plan.manifest before any job runs.
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ min_version("9.27")
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from capacity_pack.engines import check_cache_reset
+from capacity_pack.measure import lifeline
+from capacity_pack.measure.lock import LockSettings, without_lock_settings
 from capacity_pack.plan.lint import lint_pack
 from capacity_pack.plan.manifest import ManifestError, validate_pack
 
@@ -27,10 +30,20 @@ if not workflow.overwrite_configfiles:
 
 
 CONFIG_SOURCE = ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"]))
+# The target lock's settings (`--config target_lock_wait=false target_lock_timeout_seconds=600`)
+# are this invocation's, not the pack's: checked here, read by the measurement jobs from the
+# config, never validated as pack fields nor hashed into a rule (capacity_pack.measure.lock).
 try:
-    PACK = validate_pack(config, CONFIG_SOURCE)
+    LockSettings.from_config(config)
+except ValueError as err:
+    raise WorkflowError(f"--config: {err}") from None
+try:
+    PACK = validate_pack(without_lock_settings(config), CONFIG_SOURCE)
 except ManifestError as err:
     raise WorkflowError(str(err)) from None
+# A measurement job stops when this process is gone, even SIGKILLed: its parent is a shell that
+# outlives Snakemake, so the job watches this process (capacity_pack.measure.lifeline).
+os.environ[lifeline.INVOKER_ENV] = lifeline.invoker_token()
 # The cache-reset names are the registered engines'.
 if PROBLEM := check_cache_reset(PACK.target):
     raise WorkflowError(f"{CONFIG_SOURCE}: invalid pack configuration: {PROBLEM}")

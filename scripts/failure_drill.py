@@ -10,4 +10,6 @@ with job_logging(snakemake.log[0]) as log:
         reports=list(snakemake.input.reports),
         drill=snakemake.output.drill,
         log=log,
+        # This invocation's target-lock settings (--config target_lock_wait=false ...).
+        lock=snakemake.config,
     )

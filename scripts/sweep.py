@@ -14,4 +14,6 @@ with job_logging(snakemake.log[0]) as log:
         records=o.records,
         summary=o.summary,
         log=log,
+        # This invocation's target-lock settings (--config target_lock_wait=false ...).
+        lock=snakemake.config,
     )

@@ -45,6 +45,33 @@ def _stage(name: str):
     return entry(name)
 
 
+def _lock_options(func):
+    """``--no-wait`` and ``--lock-timeout``: what a measurement does when its target is busy."""
+    from capacity_pack.measure.lock import DEFAULT_TIMEOUT_S
+
+    func = click.option(
+        "--lock-timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_TIMEOUT_S,
+        show_default=True,
+        help="Seconds to wait for another measurement of the same target to end.",
+    )(func)
+    return click.option(
+        "--no-wait",
+        is_flag=True,
+        help="Fail at once when another measurement holds the target, instead of waiting.",
+    )(func)
+
+
+def _lock_settings(no_wait: bool, lock_timeout: float):
+    from capacity_pack.measure.lock import LockSettings
+
+    try:
+        return LockSettings(wait=not no_wait, timeout_s=lock_timeout)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--lock-timeout") from None
+
+
 def _quiet_log():
     """The logger a stage entry point gets here: the command prints its own lines."""
     import logging
@@ -276,6 +303,7 @@ def schedule(
     default=None,
     help="Client processes for an open-loop point (default: the pack's client.shards).",
 )
+@_lock_options
 @_die_on_manifest_error
 def load(
     config: Path,
@@ -286,11 +314,18 @@ def load(
     output: Path,
     progress: bool,
     shards: int | None,
+    no_wait: bool,
+    lock_timeout: float,
 ) -> None:
-    """Measure one point of CONFIG against its target; record every attempted request."""
+    """Measure one point of CONFIG against its target; record every attempted request.
+
+    One measurement per target at a time: while another one (of any pipeline or command of
+    this user on this host) holds the target, this waits, or fails with --no-wait.
+    """
     import pandas as pd
 
     from capacity_pack.measure.inputs import SweepInputs
+    from capacity_pack.measure.lock import LockError, TargetBusy
     from capacity_pack.plan import schedule as sched
     from capacity_pack.plan.manifest import load_pack
     from capacity_pack.stages import STAGES
@@ -318,7 +353,10 @@ def load(
             summary=output / files["summary"],
             log=_quiet_log(),
             progress=progress,
+            lock=_lock_settings(no_wait, lock_timeout),
         )
+    except (TargetBusy, LockError) as err:
+        raise _Fail(str(err)) from None
     except Interrupted as stop:
         # Exit status 130 or 143 (SystemExit), no traceback; the partial results say so.
         where = f"; partial results in {output}" if stop.summary else ""
@@ -496,6 +534,7 @@ def import_export(
     required=True,
     help="Folder for the drill's records, scrapes, events, drill.json and drill-report.json.",
 )
+@_lock_options
 @_die_on_manifest_error
 def drill(
     config: Path,
@@ -503,11 +542,17 @@ def drill(
     capacity_path: Path | None,
     report_paths: tuple[Path, ...],
     output: Path,
+    no_wait: bool,
+    lock_timeout: float,
 ) -> None:
-    """Run one failure drill of CONFIG and write its failure-test fields (drill-report.json)."""
+    """Run one failure drill of CONFIG and write its failure-test fields (drill-report.json).
+
+    The drill holds its target as a measured point does (see ``load``: --no-wait).
+    """
     from capacity_pack.drills.analyze import DrillAnalysisSpec
     from capacity_pack.drills.plan import DrillError, DrillInputs
     from capacity_pack.drills.queries import DashboardError
+    from capacity_pack.measure.lock import LockError, TargetBusy
     from capacity_pack.plan.manifest import load_pack
     from capacity_pack.stages import STAGES
 
@@ -521,6 +566,7 @@ def drill(
             reports=report_paths,
             drill=drill_json,
             log=log,
+            lock=_lock_settings(no_wait, lock_timeout),
         )
         rules = output / "alert-rules.yaml"
         _stage("dashboard")(inputs=pack, rules=rules, log=log)
@@ -531,7 +577,7 @@ def drill(
             report=output / STAGES["failure_analyze"].outputs["report"],
             log=log,
         )
-    except (DrillError, DashboardError) as err:
+    except (DrillError, DashboardError, TargetBusy, LockError) as err:
         raise _Fail(str(err)) from None
     if report.get("skipped"):
         click.echo(f"{name}: skipped: {report['skipped']}")

@@ -1,16 +1,22 @@
 """Stage ``failure_drill``: run one failure drill at the capacity point (inject, scrape, record
-every request)."""
+every request).
+
+A runnable drill holds its target's lock (:mod:`capacity_pack.measure.lock`) while it runs, as
+a sweep point does; a skipped one sends nothing and takes no lock.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from capacity_pack.drills.plan import DrillInputs, plan_drill
 from capacity_pack.drills.run import run_drill
+from capacity_pack.measure.lock import LockSettings, hold_target
 
 
 def run(
@@ -20,9 +26,11 @@ def run(
     reports: Sequence[str | Path],
     drill: str | Path,
     log: logging.Logger,
+    lock: LockSettings | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Plan the drill from ``capacity`` (None: the pack's failure.rate_rps) and the capacity
-    point's SLO ``reports``, run it, and write its files beside ``drill``; return its facts."""
+    point's SLO ``reports``, run it, and write its files beside ``drill``; return its facts.
+    ``lock``: whether to wait for a busy target (as for stage ``sweep``)."""
     if isinstance(inputs, str):
         inputs = DrillInputs.model_validate_json(inputs)
     cap = json.loads(Path(capacity).read_text()) if capacity is not None else None
@@ -37,7 +45,19 @@ def run(
         plan.admission_max_outstanding,
         plan.admission_source,
     )
-    facts = run_drill(inputs, plan, Path(drill).parent)
+    held = (
+        hold_target(
+            inputs.sweep.target,
+            pack=inputs.sweep.schedule.pack.name,
+            stage="failure_drill",
+            what=plan.drill.name,
+            settings=lock,
+        )
+        if plan.runnable
+        else contextlib.nullcontext()
+    )
+    with held:
+        facts = run_drill(inputs, plan, Path(drill).parent)
     if facts.get("skipped"):
         log.warning("drill %s skipped: %s", plan.drill.name, facts["skipped"])
     else:

@@ -1,8 +1,14 @@
-"""Stage ``sweep``: measure one point against the target, recording every attempted request."""
+"""Stage ``sweep``: measure one point against the target, recording every attempted request.
+
+The point holds its target's lock (:mod:`capacity_pack.measure.lock`) from before the target
+starts until its last request ends: no other measurement of this user on this host, in this
+invocation or another, loads the same target meanwhile.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +17,7 @@ import pandas as pd
 from capacity_pack.io import write_json_atomic
 from capacity_pack.measure.inputs import SweepInputs
 from capacity_pack.measure.interrupt import Interrupted
+from capacity_pack.measure.lock import LockSettings, hold_target
 from capacity_pack.measure.sweep import measure_point
 from capacity_pack.plan.schedule import Point
 
@@ -26,17 +33,22 @@ def run(
     summary: str | Path,
     log: logging.Logger,
     progress: bool = False,
+    lock: LockSettings | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure ``point`` on ``schedule`` (a parquet path or the frame); the records and metrics
     go beside ``records``, the summary to ``summary``, which is returned. Interrupted (SIGINT,
     SIGTERM), it writes them all the same and raises
-    :class:`~capacity_pack.measure.interrupt.Interrupted` (exit status 130 or 143)."""
+    :class:`~capacity_pack.measure.interrupt.Interrupted` (exit status 130 or 143). ``lock``:
+    whether to wait for a busy target (:class:`~capacity_pack.measure.lock.LockSettings`, or a
+    Snakemake config holding its keys)."""
     pt = Point.parse(point, cache_state, int(repeat))
     if isinstance(inputs, str):
         inputs = SweepInputs.model_validate_json(inputs)
     frame = schedule if isinstance(schedule, pd.DataFrame) else pd.read_parquet(schedule)
+    pack = inputs.schedule.pack.name
     try:
-        doc = measure_point(inputs, pt, frame, Path(records).parent, progress=progress)
+        with hold_target(inputs.target, pack=pack, stage="sweep", what=pt.key, settings=lock):
+            doc = measure_point(inputs, pt, frame, Path(records).parent, progress=progress)
     except Interrupted as stop:
         # The partial measurement's summary says so (normalization refuses it); the job fails.
         if stop.summary:
