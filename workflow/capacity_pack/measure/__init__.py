@@ -7,5 +7,6 @@ The load generator, by role: ``settings`` (what a run needs), ``payload`` (the r
 receive stamps), ``sse`` (the event-stream reader), ``records`` (the per-request record and the
 latency definitions). ``inputs`` is the manifest content a measurement reads; ``sweep`` runs one
 point, ``shards`` splits one over K client processes; ``target``, ``managed`` and ``cluster``
-are the system under test.
+are the system under test. ``lock`` keeps one measurement per target at a time across
+invocations, and ``lifeline`` makes a measurement's processes die with what started them.
 """

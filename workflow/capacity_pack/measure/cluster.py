@@ -20,8 +20,10 @@ so the identity errs on the side of merging):
 - ``sim``: the embedded simulated engine, also started by each measurement inside the job: the
   pack name. Two packs' simulators never share a server.
 
-Snakemake resources are counted by one invocation's scheduler. Nothing here serializes two
-separate ``snakemake`` invocations against one target (see docs/cluster.md).
+Snakemake resources are counted by one invocation's scheduler. Two separate invocations against
+one target are serialized by the target lock (:mod:`capacity_pack.measure.lock`, one user on one
+host; see docs/cluster.md), whose key is finer for an endpoint (the URL's path counts) and
+coarser for local servers (every simulator and managed server of this host is one target).
 """
 
 from __future__ import annotations
