@@ -6,9 +6,11 @@ lock on this host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from capacity_pack.measure.lock import (
     LockSettings,
     TargetBusy,
     TargetLock,
+    hold_target,
     lock_dir,
     lock_key,
     lock_path,
@@ -39,10 +42,13 @@ from tests.paths import DEFAULT_CONFIG
 
 HOLDER = textwrap.dedent(
     """
-    import sys, time
+    import subprocess, sys, time
     from capacity_pack.measure.lock import TargetLock
     with TargetLock(sys.argv[1], pack="pack-one", stage="sweep", what="open-r8/cold/rep0"):
-        print("locked", flush=True)
+        # A child that outlives this process (as a simulator without PR_SET_PDEATHSIG would),
+        # given every inheritable descriptor.
+        child = subprocess.Popen(["sleep", "30"], start_new_session=True, close_fds=False)
+        print("locked", child.pid, flush=True)
         time.sleep(120)
     """
 )
@@ -58,21 +64,28 @@ def runtime(tmp_path, monkeypatch):
 
 @pytest.fixture
 def holder(runtime):
-    """Start a process holding ``key``'s lock; yield a function that starts one."""
-    procs: list[subprocess.Popen] = []
+    """A function that starts a process holding a key's lock (and a child of its own)."""
 
     def start(key: str) -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-c", HOLDER, key], stdout=subprocess.PIPE, text=True
         )
         procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        assert proc.stdout is not None
+        word, child = proc.stdout.readline().split()
+        assert word == "locked"
+        children.append(int(child))
         return proc
 
+    procs: list[subprocess.Popen] = []
+    children: list[int] = []
     yield start
     for proc in procs:
         proc.kill()
         proc.wait()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 # -- the key ------------------------------------------------------------------------------------
@@ -173,6 +186,29 @@ def test_a_second_holder_waits_and_gets_the_lock_when_the_first_is_sigkilled(
     assert f"PID {first.pid} (pack 'pack-one', sweep open-r8/cold/rep0, since " in waits[0]
     assert len(waits) >= 2 and waits[1].count("still waiting") == 1  # again, every REPORT_EVERY_S
     assert "is free after" in messages[-1]
+
+
+def test_a_killed_holder_frees_the_lock_at_once_whatever_its_children_do(holder):
+    first = holder("http://h:8000")
+    first.kill()
+    first.wait()
+    # Its child (started while it held the lock, sharing its descriptors) still runs; the lock
+    # file was close-on-exec, so the child never held the lock.
+    with TargetLock("http://h:8000", pack="p", stage="sweep", settings=LockSettings(wait=False)):
+        pass
+
+
+def test_a_nested_hold_of_one_target_is_one_measurement(runtime):
+    sim = SimpleNamespace(kind="sim")
+    with hold_target(sim, pack="p", stage="sweep", what="open-r1/cold/rep0") as outer:
+        assert outer is not None and outer.path == lock_path(LOCAL_KEY)
+        with hold_target(sim, pack="p", stage="sweep") as inner:
+            assert inner is None
+        # Still held: another lock on the key (another process's, in effect) is refused.
+        with pytest.raises(TargetBusy, match=rf"PID {os.getpid()} \(pack 'p', sweep open-r1"):
+            TargetLock(LOCAL_KEY, pack="q", stage="x", settings=LockSettings(wait=False)).acquire()
+    with hold_target(sim, pack="p", stage="sweep") as again:
+        assert again is not None
 
 
 def test_no_wait_fails_at_once_naming_the_holder(holder):

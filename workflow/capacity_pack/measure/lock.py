@@ -58,6 +58,7 @@ import re
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -80,8 +81,9 @@ CONFIG_KEYS = (CONFIG_WAIT, CONFIG_TIMEOUT)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
-# This process's held keys: a nested hold of one key is the same measurement, not a second one.
-_held: dict[str, int] = {}
+# The keys this thread holds: a nested hold of one key is the same measurement, not a second one
+# (another thread's hold of it is a second one, and waits).
+_local = threading.local()
 
 
 class TargetBusy(RuntimeError):
@@ -360,22 +362,19 @@ def hold_target(
 
     A pipeline job first starts following the Snakemake process that started it
     (:func:`capacity_pack.measure.lifeline.follow_invoker`), so that neither a waiting job nor a
-    measuring one outlives its invocation. A nested hold of the same key in one process holds
+    measuring one outlives its invocation. A nested hold of the same key in one thread holds
     nothing more (yields None).
     """
     follow_invoker()
     key = lock_key(target)
-    if _held.get(key):
-        _held[key] += 1
-        try:
-            yield None
-        finally:
-            _held[key] -= 1
+    held_here: set[str] = _local.__dict__.setdefault("keys", set())
+    if key in held_here:
+        yield None
         return
     lock = TargetLock(key, pack=pack, stage=stage, what=what, settings=LockSettings.of(settings))
     with lock as held:
-        _held[key] = 1
+        held_here.add(key)
         try:
             yield held
         finally:
-            del _held[key]
+            held_here.discard(key)
