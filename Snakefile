@@ -41,8 +41,8 @@ try:
     PACK = validate_pack(without_lock_settings(config), CONFIG_SOURCE)
 except ManifestError as err:
     raise WorkflowError(str(err)) from None
-# A measurement job stops when this process is gone, even SIGKILLed: its parent is a shell that
-# outlives Snakemake, so the job watches this process (capacity_pack.measure.lifeline).
+# A measurement job stops when this process is gone, even SIGKILLed: Snakemake gives its jobs no
+# parent-death signal, so the job watches this process (capacity_pack.measure.lifeline).
 os.environ[lifeline.INVOKER_ENV] = lifeline.invoker_token()
 # The cache-reset names are the registered engines'.
 if PROBLEM := check_cache_reset(PACK.target):

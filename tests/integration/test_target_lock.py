@@ -3,8 +3,8 @@
 Both invocations measure the embedded simulator (one target: this host's CPU,
 ``capacity_pack.measure.lock``) from two output folders. The tests point ``XDG_RUNTIME_DIR`` at
 their own folder, so they never meet another measurement's lock on this host. Processes are
-found by walking ``/proc`` from the Snakemake process: the job (the rule script), its simulator
-(``capacity_pack.sim``) and its shards (``capacity_pack shard``).
+found by walking ``/proc`` from the Snakemake (or ``capacity-pack load``) process: the job (the
+rule script), its simulator (``capacity_pack.sim``) and its shards (``capacity_pack shard``).
 """
 
 from __future__ import annotations
@@ -146,54 +146,100 @@ def window(workdir: Path, name: str) -> tuple[int, int]:
 # -- the tests --------------------------------------------------------------------------------
 
 
+def sweep_log(workdir: Path, name: str) -> Path:
+    return workdir / f"results/{name}/logs/sweep/open-r10/cold/rep0.log"
+
+
 def test_a_second_invocation_waits_for_the_first_and_never_overlaps_it(tmp_path, env):
-    a, b = tmp_path / "a", tmp_path / "b"
-    for workdir, name in ((a, "lock-a"), (b, "lock-b")):
-        workdir.mkdir()
-        write_pack(workdir, pack(name, requests=30))
-    # The schedules first (both at once), so that the measurements are what meets.
-    for proc in [snakemake(a, output("lock-a", "schedule", "schedule"), env),
-                 snakemake(b, output("lock-b", "schedule", "schedule"), env)]:  # fmt: skip
-        finish(proc)
-    first = snakemake(a, output("lock-a", "sweep", "summary"), env)
-    second = None
+    names = {"lock-a": tmp_path / "a", "lock-b": tmp_path / "b"}
+    procs = {}
     try:
-        # The first holds the target once its simulator starts; keep it there (stopped) until
-        # the second has reached the lock, so the meeting does not depend on this host's speed.
-        procs = wait_for(first.pid, lambda r: r["sim"] and r["job"])
-        holder = roles(procs)["job"][0]
+        for name, workdir in names.items():
+            workdir.mkdir()
+            write_pack(workdir, pack(name, requests=30))
+            procs[name] = snakemake(workdir, output(name, "sweep", "summary"), env)
+        # Whichever reaches the target first holds it once its simulator starts; keep it there
+        # (stopped) until the other has reached the lock, so that the meeting does not depend
+        # on this host's speed.
+        deadline = time.monotonic() + 120
+        while True:
+            found = {n: roles(descendants(p.pid)) for n, p in procs.items()}
+            first = next((n for n, r in found.items() if r["sim"] and r["job"]), None)
+            if first is not None:
+                break
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs.values())
+            time.sleep(0.05)
+        (second,) = set(names) - {first}
+        holder = found[first]["job"][0]
         os.kill(holder, signal.SIGSTOP)
         try:
-            second = snakemake(b, output("lock-b", "sweep", "summary"), env)
-            log = b / "results/lock-b/logs/sweep/open-r10/cold/rep0.log"
-            deadline = time.monotonic() + 60
+            log = sweep_log(names[second], second)
             while "waiting for target" not in (log.read_text() if log.exists() else ""):
-                assert not roles(descendants(second.pid))["sim"], "the second measured at once"
-                assert second.poll() is None and time.monotonic() < deadline, second.stdout
+                assert not roles(descendants(procs[second].pid))["sim"], "both measured at once"
+                assert procs[second].poll() is None and time.monotonic() < deadline
                 time.sleep(0.05)
         finally:
             os.kill(holder, signal.SIGCONT)
-        finish(first)
-        out = finish(second)
+        outputs = {n: finish(p) for n, p in procs.items()}
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
+        for proc in procs.values():
+            if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
     text = log.read_text()
-    assert "sweep open-r10/cold/rep0 of pack 'lock-b': waiting for target local@localhost" in text
-    assert f"being measured by PID {holder} (pack 'lock-a', sweep open-r10/cold/rep0" in text
+    assert (
+        f"sweep open-r10/cold/rep0 of pack '{second}': waiting for target local@localhost" in text
+    )
+    assert f"being measured by PID {holder} (pack '{first}', sweep open-r10/cold/rep0" in text
     assert "target local@localhost is free after" in text
-    assert f"PID {holder} (pack 'lock-a'" in out  # on the console too
-    start_a, end_a = window(a, "lock-a")
-    start_b, end_b = window(b, "lock-b")
-    assert start_a < end_a < start_b < end_b
+    assert f"PID {holder} (pack '{first}'" in outputs[second]  # on the console too
+    start_1, end_1 = window(names[first], first)
+    start_2, end_2 = window(names[second], second)
+    assert start_1 < end_1 < start_2 < end_2
 
 
-@pytest.mark.parametrize("victim", ["job", "snakemake"])
-def test_a_killed_measurement_leaves_no_process_loading_the_target(tmp_path, env, victim):
-    """SIGKILL the sweep job: its simulator and shards die with it. SIGKILL Snakemake: the job
-    (whose parent, a shell, survives) stops, and its children with it."""
+def wait_gone(watched: dict[int, str], timeout_s: float = 10) -> list[int]:
+    """The processes of ``watched`` (PID -> start time) still alive after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p, start in watched.items() if alive(p, start)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    return left
+
+
+def kill_all(watched: dict[int, str]) -> None:
+    for pid, start in watched.items():
+        if alive(pid, start):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sigkilled_measurement_leaves_no_simulator_or_shard_alive(tmp_path, env):
+    """The sweep stage's process (here `capacity-pack load`, as a pipeline job runs it) killed
+    mid-point: its simulator and its shards die with it."""
+    write_pack(tmp_path, pack("lock-kill", requests=300))
+    argv = [sys.executable, "-m", "capacity_pack", "load", str(tmp_path / "pack.yaml")]
+    argv += ["--point", "open-r10", "--cache-state", "cold", "--shards", "2", "--no-progress"]
+    proc = subprocess.Popen([*argv, "-o", str(tmp_path / "out")], env=env)
+    watched: dict[int, str] = {}
+    try:
+        procs = wait_for(proc.pid, lambda r: r["sim"] and len(r["shard"]) == 2)
+        found = roles(procs)
+        watched = {pid: procs[pid][1] for pid in [*found["sim"], *found["shard"]]}
+        proc.kill()
+        proc.wait()
+        left = wait_gone(watched)
+        assert not left, {p: procs[p][0] for p in left}
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_all(watched)
+
+
+def test_a_sigkilled_snakemake_leaves_no_job_simulator_or_shard_alive(tmp_path, env):
+    """Snakemake killed mid-point: its measurement job stops (nothing made it a child that dies
+    with its parent), and the job's simulator and shards with it."""
     write_pack(tmp_path, pack("lock-kill", requests=300, shards=2))
     proc = snakemake(tmp_path, output("lock-kill", "sweep", "summary"), env)
     watched: dict[int, str] = {}
@@ -201,16 +247,11 @@ def test_a_killed_measurement_leaves_no_process_loading_the_target(tmp_path, env
         procs = wait_for(proc.pid, lambda r: r["sim"] and len(r["shard"]) == 2 and r["job"])
         found = roles(procs)
         watched = {pid: procs[pid][1] for pid in [*found["job"], *found["sim"], *found["shard"]]}
-        os.kill(proc.pid if victim == "snakemake" else found["job"][0], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while (left := [p for p, start in watched.items() if alive(p, start)]) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
+        proc.kill()
+        left = wait_gone(watched)
         assert not left, {p: procs[p][0] for p in left}
     finally:
-        for pid in [proc.pid, *(p for p, start in watched.items() if alive(p, start))]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        kill_all(watched)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=30)

@@ -86,7 +86,8 @@ def test_a_job_under_a_shell_stops_when_its_invoker_is_sigkilled():
     job, followed = invoker.stdout.readline().split()
     try:
         assert int(followed) == invoker.pid
-        assert lifeline.ancestors(int(job))[1] == invoker.pid  # a shell in between
+        # Whether or not the shell execs the job (bash may, for a last command).
+        assert invoker.pid in lifeline.ancestors(int(job))[:2]
         invoker.kill()
         invoker.wait()
         assert wait_dead(int(job), 5.0), "the job outlived the process that started it"

@@ -16,15 +16,17 @@ both Linux-only (elsewhere they do nothing):
   direct child then, and it stops the remote shard on SIGTERM, while a SIGKILLed launcher
   leaves the shard running where it was launched.
 - :func:`follow_invoker` covers the measurement job itself. Snakemake runs a rule script as
-  ``bash -c 'set -euo pipefail; python script.py'``: the job's parent is that shell, which
-  survives a SIGKILLed Snakemake, so ``PR_SET_PDEATHSIG`` on the job would never fire. Instead
-  the Snakefile exports its own PID and start time (``CAPACITY_PACK_INVOKER``, from
-  :func:`invoker_token`); a measurement job whose ancestors include that process watches it
-  (a ``pidfd`` where the kernel has them, else a poll of ``/proc``) and, when it is gone,
-  sends itself SIGTERM, then SIGKILL after a grace period. Its children follow through the
-  first mechanism, and its target lock (:mod:`capacity_pack.measure.lock`) is released by the
-  kernel with its last file descriptor. A job not descended from the exported process (a
-  cluster executor's job on another node, a stale variable) follows nothing.
+  ``bash -c 'set -euo pipefail; python script.py'`` and gives it no parent-death signal, so a
+  SIGKILLed Snakemake leaves its running jobs behind; the job cannot set one on itself either,
+  since its parent may be that shell (bash execs a last command only sometimes), which survives
+  Snakemake. Instead the Snakefile exports its own PID and start time
+  (``CAPACITY_PACK_INVOKER``, from :func:`invoker_token`); a measurement job whose ancestors
+  include that process watches it (a ``pidfd`` where the kernel has them, else a poll of
+  ``/proc``) and, when it is gone, sends itself SIGTERM, then SIGKILL after a grace period.
+  Its children follow through the first mechanism, and its target lock
+  (:mod:`capacity_pack.measure.lock`) is released by the kernel with its last file descriptor.
+  A job not descended from the exported process (a cluster executor's job on another node, a
+  stale variable) follows nothing.
 
 The simulator's own copy of the first mechanism (``capacity_pack.sim.process.die_with_parent``,
 used for its replicas by ``capacity_pack.sim.cluster``) stays there: the simulated engine imports
