@@ -14,7 +14,8 @@ Modules:
 - :mod:`~capacity_pack.sim.scheduler`: the vLLM-V1-like scheduler;
 - :mod:`~capacity_pack.sim.virtual`: virtual-time runs for calibration and tests;
 - :mod:`~capacity_pack.sim.engine`: the wall-clock step loop, faults, metrics, ground truth;
-- :mod:`~capacity_pack.sim.server`: the HTTP API; :mod:`~capacity_pack.sim.cluster`: replicas
+- :mod:`~capacity_pack.sim.server`: the HTTP API; :mod:`~capacity_pack.sim.control`: who may
+  steer it (control token, ``Host`` check); :mod:`~capacity_pack.sim.cluster`: replicas
   behind a router; :mod:`~capacity_pack.sim.metrics`: Prometheus text format;
 - :mod:`~capacity_pack.sim.cli`: ``capacity-pack sim serve | cluster | profiles``.
 """

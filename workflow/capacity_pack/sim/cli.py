@@ -2,12 +2,17 @@
 
 Heavy imports (starlette, uvicorn, httpx) happen inside the commands so that ``--help`` is fast.
 ``--port 0`` binds a free port; ``--port-file`` receives it (written atomically once the server
-accepts requests), and the ``listening on`` line on standard output names it too.
+accepts requests), and the ``listening on`` line on standard output names it too. Both servers
+guard their control plane (:mod:`capacity_pack.sim.control`): a token in a 0600 file
+(``--token-file``, else next to ``--port-file``), JSON bodies, a ``Host`` check; binding an address
+other than loopback needs ``--allow-remote`` (else a one-line error and exit status 2).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -64,6 +69,85 @@ def _fault_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _control_options(func):
+    options = [
+        click.option(
+            "--token-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Write the control-plane token here (mode 0600) before the port file "
+            "(default: PORT_FILE.token next to --port-file, else a private temporary file "
+            "named on the 'listening on' line).",
+        ),
+        click.option(
+            "--allowed-host",
+            "allowed_hosts",
+            multiple=True,
+            metavar="NAME",
+            help="Another name the Host header may carry besides the bound address and "
+            "loopback (a DNS name clients reach this server by; repeatable).",
+        ),
+        click.option(
+            "--allow-remote",
+            is_flag=True,
+            default=False,
+            help="Allow a --host other than loopback (the server is then reachable from other "
+            "machines; a warning is printed).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _check_bind(host: str, allow_remote: bool) -> None:
+    """Refuse a non-loopback ``host`` without ``--allow-remote``: one line, exit status 2."""
+    from capacity_pack.sim.control import bind_problem
+
+    error, warning = bind_problem(host, allow_remote)
+    if error is not None:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(2)
+    if warning is not None:
+        click.echo(warning, err=True)
+
+
+def _serve(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    port_file: Path | None,
+    token_file: Path | None,
+    allowed_hosts: tuple[str, ...],
+    announce: str,
+    log_level: str,
+    graceful_s: float = 2.0,
+) -> None:
+    """Bind, write the token file, and serve ``app`` behind the control guard."""
+    from capacity_pack.sim import control
+    from capacity_pack.sim.server import bind_socket, run_app
+
+    try:
+        sock = bind_socket(host, port)
+    except OSError as err:
+        raise _Fail(f"cannot bind {host}:{port}: {err}") from None
+    token = control.new_token()
+    policy = control.HostPolicy.for_bind(host, sock.getsockname()[1], allowed_hosts)
+    shown = f"[{host}]" if ":" in host else host
+    with control.token_file(token, token_file, port_file) as path:
+        # run_app formats the line with the port: braces in the path stay literal.
+        where = str(path).replace("{", "{{").replace("}", "}}")
+        run_app(
+            control.ControlGuard(app, token=token, hosts=policy),
+            sock,
+            port_file=port_file,
+            announce=f"{announce} listening on http://{shown}:{{port}} (control token in {where})",
+            log_level=log_level,
+            graceful_s=graceful_s,
+        )
 
 
 def _faults(kwargs: dict) -> list[str]:
@@ -143,6 +227,7 @@ def profiles() -> None:
     default=None,
     help="Write the bound port here once the server accepts requests.",
 )
+@_control_options
 @click.option("--model-name", default=None, help="Served model name (default: the profile's).")
 @click.option(
     "--ground-truth",
@@ -209,6 +294,9 @@ def serve(
     host: str,
     port: int,
     port_file: Path | None,
+    token_file: Path | None,
+    allowed_hosts: tuple[str, ...],
+    allow_remote: bool,
     model_name: str | None,
     ground_truth: Path | None,
     seed: int,
@@ -227,11 +315,12 @@ def serve(
     import logging
     import time
 
+    _check_bind(host, allow_remote)
     # Nothing listens while a real engine loads weights: health checks are refused meanwhile.
     time.sleep(startup_delay_s)
 
     from capacity_pack.sim.engine import Engine, Faults
-    from capacity_pack.sim.server import SimServer, bind_socket, run_app
+    from capacity_pack.sim.server import SimServer
 
     loaded = _load(
         profile,
@@ -259,18 +348,14 @@ def serve(
         replica=replica_id,
         kill_after_s=kill_after_s,
     )
-    server = SimServer(engine)
-    app = server.app()
-    try:
-        sock = bind_socket(host, port)
-    except OSError as err:
-        raise _Fail(f"cannot bind {host}:{port}: {err}") from None
-    run_app(
-        app,
-        sock,
+    _serve(
+        SimServer(engine).app(),
+        host,
+        port,
         port_file=port_file,
-        announce=f"capacity-pack sim: {loaded.name} ({engine.model_name}) listening on "
-        f"http://{host}:{{port}}",
+        token_file=token_file,
+        allowed_hosts=allowed_hosts,
+        announce=f"capacity-pack sim: {loaded.name} ({engine.model_name})",
         log_level=log_level,
     )
 
@@ -305,6 +390,7 @@ def serve(
     default=None,
     help="Write the router's port here once every replica is up.",
 )
+@_control_options
 @click.option("--model-name", default=None, help="Served model name (default: the profile's).")
 @click.option(
     "--ground-truth",
@@ -387,6 +473,9 @@ def cluster(
     host: str,
     port: int,
     port_file: Path | None,
+    token_file: Path | None,
+    allowed_hosts: tuple[str, ...],
+    allow_remote: bool,
     model_name: str | None,
     ground_truth: Path | None,
     seed: int,
@@ -408,8 +497,8 @@ def cluster(
     import logging
 
     from capacity_pack.sim.cluster import Cluster, cluster_app, parse_schedule
-    from capacity_pack.sim.server import bind_socket, run_app
 
+    _check_bind(host, allow_remote)
     _load(profile)  # fail here, once, rather than in every replica
     try:
         actions = [("kill", i, t) for i, t in parse_schedule(kills, "kill", replicas)]
@@ -439,16 +528,14 @@ def cluster(
         add_at_s=adds,
         cold_start_s=cold_start_s,
     )
-    try:
-        sock = bind_socket(host, port)
-    except OSError as err:
-        raise _Fail(f"cannot bind {host}:{port}: {err}") from None
-    run_app(
+    _serve(
         cluster_app(the_cluster),
-        sock,
+        host,
+        port,
         port_file=port_file,
-        announce=f"capacity-pack sim cluster: {replicas} x {profile} ({policy}) listening on "
-        f"http://{host}:{{port}}",
+        token_file=token_file,
+        allowed_hosts=allowed_hosts,
+        announce=f"capacity-pack sim cluster: {replicas} x {profile} ({policy})",
         log_level=log_level,
         graceful_s=5.0,
     )

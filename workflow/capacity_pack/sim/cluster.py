@@ -46,8 +46,8 @@ serves the same OpenAI API in front of them:
   the next index, joins rotation once healthy; answers its index);
   ``POST /cluster/replicas/{i}/link`` with ``{"latency_ms", "bandwidth_bytes_per_s"}`` (0: no
   limit; both 0: a clean link) and the timing keys; ``POST /sim/faults?replica=i`` forwards
-  fault settings to one replica or, without ``replica``, to all; ``POST /reset_prefix_cache``
-  resets every replica;
+  fault settings to one replica or, without ``replica``, to all (``POST /sim/stall`` likewise);
+  ``POST /reset_prefix_cache`` resets every replica;
 - ``GET /cluster/events?since_ns=N``: the router's event log, ``{"unix_ns", "replica", "event",
   "detail"}`` with strictly increasing ``unix_ns`` (those after N): ``spawned``, ``ready``,
   ``removed`` (the detail starts with the reason: ``process dead``, ``health check failed``,
@@ -55,6 +55,13 @@ serves the same OpenAI API in front of them:
   ``restart_scheduled``, ``restarted``, ``added``, ``link_changed``,
   ``admission_shedding_started`` and ``admission_shedding_stopped`` (after 1 s with nothing
   shed).
+
+Control plane: every ``/sim/*`` and ``/cluster/*`` route (reads included) needs the router's
+``X-Sim-Control-Token``, bodies are JSON only, and every route needs a ``Host`` naming the bound
+address (:mod:`capacity_pack.sim.control`); ``/reset_prefix_cache`` needs no token, as vLLM's. Each
+replica has a token of its own, drawn by the router and given to its process through
+``CAPACITY_PACK_SIM_CONTROL_TOKEN``: the router sends it with every control call it forwards,
+and a page that finds a replica's port gets 401 there too.
 
 Replica processes die with the router (``PR_SET_PDEATHSIG`` on Linux) so that a killed router
 leaves no orphans behind.
@@ -69,6 +76,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -86,6 +95,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from capacity_pack.sim import metrics as m
+from capacity_pack.sim.control import TOKEN_ENV, control_headers
 from capacity_pack.sim.process import die_with_parent
 from capacity_pack.sim.server import InjectedDisconnect, error_response
 
@@ -174,6 +184,9 @@ class Replica:
         self.starts = 0
         self.last_change_ns = time.time_ns()
         self.link = Link()
+        # The replica's control token, handed to each of its processes through the environment
+        # (kept across restarts), so the router can forward control calls to it.
+        self.token = secrets.token_urlsafe(32)
         # Taken away on purpose (the cluster is stopping): the supervisor leaves it dead.
         self.removed = False
         self.restart_timer: asyncio.TimerHandle | None = None
@@ -417,6 +430,7 @@ class Cluster:
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            env={**os.environ, TOKEN_ENV: r.token},
             preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         r.starts += 1
@@ -1000,7 +1014,7 @@ def cluster_app(cluster: Cluster) -> Starlette:
                     request.method,
                     f"{r.url}{request.url.path}",
                     content=body,
-                    headers={"content-type": "application/json"},
+                    headers={"content-type": "application/json", **control_headers(r.token)},
                     timeout=5.0,
                 )
                 results.append(

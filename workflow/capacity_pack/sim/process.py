@@ -2,7 +2,9 @@
 
 For the pipeline and the tests: the child binds a free loopback port (``--port 0``), reports it
 through ``--port-file``, and is waited for until that file appears (the server then accepts
-requests). Stopping sends SIGTERM, then SIGKILL after a grace period. On Linux the child also
+requests); its control-plane token (:mod:`capacity_pack.sim.control`) is read from the
+``--token-file`` it wrote before the port file, for :attr:`SimProcess.control_headers`. Stopping
+sends SIGTERM, then SIGKILL after a grace period. On Linux the child also
 gets SIGKILL if this process dies, so an interrupted run leaves no server behind.
 """
 
@@ -18,6 +20,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from capacity_pack.sim.control import control_headers, read_token
+
 
 def die_with_parent() -> None:
     """In a child before exec: get SIGKILL when the parent dies (Linux; no-op elsewhere)."""
@@ -32,8 +36,10 @@ def die_with_parent() -> None:
 class SimProcess:
     """``python -m capacity_pack.sim COMMAND ARGS --port 0 --port-file ...`` as a context manager.
 
-    ``url`` is ``http://127.0.0.1:PORT`` once started; ``stderr_text()`` returns what the child
-    wrote to standard error (kept in a temporary file, so a chatty child never blocks).
+    ``url`` is ``http://127.0.0.1:PORT`` once started, ``token`` the control-plane token (its
+    file: ``token_file``) and ``control_headers`` the header that carries it; ``stderr_text()``
+    returns what the child wrote to standard error (kept in a temporary file, so a chatty child
+    never blocks).
     """
 
     def __init__(
@@ -49,6 +55,8 @@ class SimProcess:
         self.env = env
         self._tmp = tempfile.TemporaryDirectory(prefix="capacity-pack-sim-")
         self.port_file = Path(self._tmp.name) / "port"
+        self.token_file = Path(self._tmp.name) / "control.token"
+        self.token: str | None = None
         self._stderr_path = Path(self._tmp.name) / "stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
@@ -58,6 +66,13 @@ class SimProcess:
         if self.port is None:
             raise RuntimeError("the simulator is not started")
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def control_headers(self) -> dict[str, str]:
+        """The header a control-plane request (``/sim/*``, ``/cluster/*``) must carry."""
+        if self.token is None:
+            raise RuntimeError("the simulator is not started")
+        return control_headers(self.token)
 
     @property
     def pid(self) -> int:
@@ -80,6 +95,8 @@ class SimProcess:
             "0",
             "--port-file",
             str(self.port_file),
+            "--token-file",
+            str(self.token_file),
         ]
         env = {**os.environ, **(self.env or {})}
         with open(self._stderr_path, "wb") as err:
@@ -96,6 +113,7 @@ class SimProcess:
             if self.port_file.is_file():
                 text = self.port_file.read_text().strip()
                 if text:
+                    self.token = read_token(self.token_file)
                     self.port = int(text)
                     return self
             if self.proc.poll() is not None:

@@ -18,6 +18,14 @@ Endpoints:
 - Control: ``GET /sim/state``, ``GET|POST /sim/faults`` (partial update of the fault knobs),
   ``POST /sim/stall {"seconds"}``, ``POST /sim/kill {"after_s"}``.
 
+Access (:mod:`capacity_pack.sim.control`, in front of this app in ``sim serve``): a ``Host``
+other than the bound address gets 403 on every route (DNS rebinding); the data plane is otherwise
+as open as vLLM's. Control routes need ``X-Sim-Control-Token`` (the token file's, 401 without)
+and JSON bodies (415). ``/reset_prefix_cache`` needs no token, by choice: vLLM's needs none and
+the pack resets vLLM-compatible engines, this one included, with that call; it keeps the
+``Host``, ``Origin`` and JSON checks, so no web page reaches it, and a reset is refused while KV
+blocks are in use.
+
 Errors are ``{"error": {"message", "type", "param", "code"}}`` with vLLM's type names: 400
 ``BadRequestError`` (malformed body, context too long), 404 ``NotFoundError`` (unknown model or
 path), 429 ``RateLimitError`` (waiting queue full), 503 ``ServiceUnavailableError`` (engine down,
