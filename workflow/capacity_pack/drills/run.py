@@ -56,12 +56,22 @@ from capacity_pack.plan.manifest import OpenAITarget, SimTarget
 class _Recorder:
     """The drill's scraper and injector, on the load generator's loop and clock."""
 
-    def __init__(self, base_url: str, plan: DrillPlan, start_ns: int, interval_s: float, sim: bool):
+    def __init__(
+        self,
+        base_url: str,
+        plan: DrillPlan,
+        start_ns: int,
+        interval_s: float,
+        sim: bool,
+        control_headers: dict[str, str] | None = None,
+    ):
         self.base_url = base_url
         self.plan = plan
         self.start_ns = start_ns
         self.interval_s = interval_s
         self.sim = sim
+        # The simulated cluster's control-plane token, for the injector's calls only.
+        self.control_headers = dict(control_headers or {})
         self.scrapes: list[tuple[int, int, int, str | None]] = []
         self.actions: list[dict[str, Any]] = []
         self.t0_ns = 0
@@ -153,7 +163,9 @@ class _Recorder:
         else:
             return {"outcome": "client-side fault: the schedule's cancellations"}
         async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
-            resp = await client.request(method, f"{self.base_url}{path}", json=body)
+            resp = await client.request(
+                method, f"{self.base_url}{path}", json=body, headers=self.control_headers
+            )
         return {"request": f"{method} {path}", "body": body, "status": resp.status_code}
 
 
@@ -221,6 +233,7 @@ def run_drill(
     sim = isinstance(target, SimTarget)
     model = inputs.sweep.model.served_name or inputs.sweep.model.id
     proc = None
+    control: dict[str, str] = {}
     f = inputs.failure
     try:
         if sim:
@@ -242,12 +255,13 @@ def run_drill(
                 extra_args=extra,
             )
             base_url = proc.start()
+            control = proc.control_headers
         else:
             assert isinstance(target, OpenAITarget)
             base_url = target.base_url.rstrip("/")
             if not healthy(base_url, timeout_s=5.0):
                 raise DrillError(f"{base_url}/health does not answer 200: is the target up?")
-        recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, sim)
+        recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, sim, control)
         settings = load_settings(inputs.sweep, drill_point(plan), base_url, progress=progress)
         settings.token_counter = token_counter(inputs.sweep, base_url)
         settings.min_successful_per_class = None  # a drill runs its profile, never extends it
@@ -259,7 +273,9 @@ def run_drill(
             import httpx
 
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                events = httpx.get(f"{base_url}/cluster/events", timeout=5.0).json()["events"]
+                events = httpx.get(
+                    f"{base_url}/cluster/events", headers=control, timeout=5.0
+                ).json()["events"]
     finally:
         if proc is not None:
             proc.stop()

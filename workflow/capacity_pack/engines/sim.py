@@ -2,7 +2,9 @@
 
 It speaks vLLM's wire format (``/version``, ``/v1/models`` ``owned_by "vllm"``, vLLM's series
 and ``POST /reset_prefix_cache``) and adds its own ``sim:*`` series, which identify it: when they
-are on ``/metrics`` the simulator is the kind, not vLLM.
+are on ``/metrics`` the simulator is the kind, not vLLM. Its reset, like vLLM's, needs no
+credential; its own control routes (``/sim/*``, ``/cluster/*``) need the per-process token of
+:mod:`capacity_pack.sim.control`, which only the process that started it knows.
 
 Metrics: vLLM's map plus the prefix-cache eviction and engine-rejection counters, and the
 router's ``router:*`` series (a simulated cluster runs behind the capacity-pack router). Its

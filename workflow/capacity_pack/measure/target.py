@@ -61,6 +61,8 @@ class SimProcess:
 
     A thin adapter over :class:`capacity_pack.sim.process.SimProcess` (which also makes the
     child die with this process, so an interrupted measurement leaves no server behind).
+    ``control_headers`` carries the child's control-plane token (faults, stalls, kills; see
+    :mod:`capacity_pack.sim.control`); the OpenAI routes and ``/reset_prefix_cache`` need none.
     """
 
     def __init__(
@@ -109,6 +111,12 @@ class SimProcess:
                 raise TargetError(f"simulated engine not healthy within {self.startup_timeout_s} s")
             time.sleep(0.05)
         return self.base_url
+
+    @property
+    def control_headers(self) -> dict[str, str]:
+        if self._proc is None:
+            raise TargetError("the simulated engine is not started")
+        return self._proc.control_headers
 
     def stop(self) -> None:
         if self._proc is None:
