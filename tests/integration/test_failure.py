@@ -350,10 +350,13 @@ def test_real_target_drill_runs_the_configured_commands(tmp_path):
     from capacity_pack.sim.process import SimProcess
 
     with SimProcess("--replicas", "2", "--health-interval-s", "0.2", command="cluster") as sim:
+        # The command reads the router's control token from its 0600 file, as a user's would.
         kill = [
             sys.executable,
             "-c",
-            f"import httpx; print(httpx.post('{sim.url}/cluster/replicas/1/kill').status_code)",
+            f"import httpx; t = open({str(sim.token_file)!r}).read().strip(); "
+            f"print(httpx.post('{sim.url}/cluster/replicas/1/kill', "
+            "headers={'X-Sim-Control-Token': t}).status_code)",
         ]
 
         def real(d):

@@ -91,7 +91,9 @@ def test_open_loop_rate_holds_while_the_server_saturates(tmp_path):
         sched = constant_schedule(80, 40, output_tokens=8)
         out = tmp_path / "r.jsonl"
         stalled_ns = time.perf_counter_ns()  # CLOCK_MONOTONIC, the clock the records use
-        httpx.post(f"{s.base_url}/sim/stall", json={"seconds": 2.5}, timeout=10).raise_for_status()
+        httpx.post(
+            f"{s.base_url}/sim/stall", json={"seconds": 2.5}, headers=s.control_headers, timeout=10
+        ).raise_for_status()
         summary = run_point(sched, settings(s.base_url), out)
     recs = read_records(out)
     sent = np.sort([r["sent_ns"] - r["t0_ns"] for r in recs]) / 1e9

@@ -41,7 +41,9 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    with httpx.Client(base_url=cluster.url, timeout=30, trust_env=False) as c:
+    with httpx.Client(
+        base_url=cluster.url, headers=cluster.control_headers, timeout=30, trust_env=False
+    ) as c:
         yield c
 
 
@@ -325,7 +327,9 @@ def supervised():
     ]
     with (
         SimProcess(*args, command="cluster") as proc,
-        httpx.Client(base_url=proc.url, timeout=30, trust_env=False) as c,
+        httpx.Client(
+            base_url=proc.url, headers=proc.control_headers, timeout=30, trust_env=False
+        ) as c,
     ):
         yield c
 
@@ -430,7 +434,9 @@ def test_retry_on_a_dead_replica_the_health_loop_has_not_noticed():
     args = ["--replicas", "2", "--router", "round_robin", "--health-interval-s", "60"]
     with (
         SimProcess(*args, command="cluster") as proc,
-        httpx.Client(base_url=proc.url, timeout=30, trust_env=False) as c,
+        httpx.Client(
+            base_url=proc.url, headers=proc.control_headers, timeout=30, trust_env=False
+        ) as c,
     ):
         ports = [r["port"] for r in _replicas(c)]
         assert c.post("/cluster/replicas/0/kill", json={}).status_code == 202

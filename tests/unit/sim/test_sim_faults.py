@@ -33,7 +33,9 @@ def sim(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(sim):
-    with httpx.Client(base_url=sim.url, timeout=30, trust_env=False) as c:
+    with httpx.Client(
+        base_url=sim.url, headers=sim.control_headers, timeout=30, trust_env=False
+    ) as c:
         yield c
 
 
@@ -140,7 +142,10 @@ def test_kv_fraction_flag_causes_preemptions():
 
 
 def test_hard_kill_from_the_control_endpoint():
-    with SimProcess() as sim, httpx.Client(base_url=sim.url, trust_env=False) as c:
+    with (
+        SimProcess() as sim,
+        httpx.Client(base_url=sim.url, headers=sim.control_headers, trust_env=False) as c,
+    ):
         resp = c.post("/sim/kill", json={})
         assert resp.status_code == 202
         assert sim.proc.wait(timeout=20) == -signal.SIGKILL

@@ -34,7 +34,10 @@ def server(ground_truth):
 
 @pytest.fixture(scope="module")
 def client(server):
-    with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as c:
+    # The control-plane token rides along; the OpenAI routes ignore it.
+    with httpx.Client(
+        base_url=server.url, headers=server.control_headers, timeout=30, trust_env=False
+    ) as c:
         yield c
 
 
