@@ -1,4 +1,5 @@
-"""Start worker processes so that they begin their real work at the same moment.
+"""Start worker processes so that they begin their real work at the same moment, and stop a
+server's process group.
 
 Each worker writes its ready file once it has imported what it needs, then waits for the start
 file; races (a database created twice, two parent runs) only show when the contenders really
@@ -7,6 +8,9 @@ overlap, so the start is released only after every worker is ready.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,3 +31,15 @@ def start_together(
         time.sleep(0.01)
     start.touch()
     return procs
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM ``proc``'s process group (it was started with ``start_new_session``), then SIGKILL
+    it if it has not exited within ``timeout_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)

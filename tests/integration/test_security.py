@@ -22,6 +22,7 @@ from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
 from capacity_pack.track import tracking
 from tests.paths import DEFAULT, ROOT
+from tests.processes import stop_group
 from tests.unit.engines.test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
 from tests.unit.measure.test_loadgen import constant_schedule
 
@@ -138,8 +139,6 @@ TRACK_PACK = "redact-test"
 @pytest.fixture(scope="module")
 def sqlite_server(tmp_path_factory: pytest.TempPathFactory):
     """A real ``mlflow server`` on 127.0.0.1 over a SQLite store (outside the run directory)."""
-    import os
-    import signal
     import subprocess
     import sys
 
@@ -160,12 +159,7 @@ def sqlite_server(tmp_path_factory: pytest.TempPathFactory):
         wait_healthy(f"http://127.0.0.1:{port}", proc, log)
         yield port
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_group(proc)
 
 
 @pytest.mark.slow

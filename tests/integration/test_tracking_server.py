@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from capacity_pack.plan.manifest import freeze, load_pack, validate_pack
 from capacity_pack.track import tracking
 from tests.conftest import small_pack_data
 from tests.paths import ROOT
-from tests.processes import start_together
+from tests.processes import start_together, stop_group
 
 PACK = "server-test"
 PG_ROLE = "mlflow"
@@ -228,13 +227,7 @@ def server(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iter
         wait_healthy(uri, proc, log)
         yield Server(uri, artifacts, log)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_group(proc)
 
 
 def wait_healthy(uri: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
