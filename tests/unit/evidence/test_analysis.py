@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from capacity_pack.binomial import wilson_interval
 from capacity_pack.evidence.requests_csv import analyze_csv
 from capacity_pack.evidence.slo_report import AnalysisError
 from capacity_pack.evidence.statistics import (
@@ -20,7 +21,6 @@ from capacity_pack.evidence.statistics import (
     mann_kendall,
     nearest_rank,
     trend_of,
-    wilson_interval,
 )
 from tests.paths import ROOT
 

@@ -99,7 +99,10 @@ def test_attainment_gate_pass_marginal_fail_and_not_judged():
     assert a.check({**stats, "attainment_ci": [0.951, 0.98]}, gates) == g.PASS
     marginal = {**stats, "attainment_ci": [0.94, 0.98]}
     assert a.check(marginal, gates) == g.MARGINAL and a.passed(marginal, gates)
-    assert a.marginal(marginal, gates, "chat") == "chat: attainment CI lower bound 0.9400 < 0.95"
+    assert (
+        a.marginal(marginal, gates, "chat")
+        == "chat: attainment confidence-sequence lower bound 0.9400 < 0.95"
+    )
     assert a.failure(marginal, gates, "chat") is None
     # No interval (no successes) reads as a lower bound of 0.
     assert a.marginal({**stats, "attainment_ci": None}, gates, "chat").endswith("0.0000 < 0.95")
@@ -226,8 +229,8 @@ def test_pack_readme_names_every_active_gate(optional):
     if not optional:  # the default pack's words
         assert text == (
             "A rate passes when, in **every repeat**, every class has joint TTFT+TPOT attainment "
-            ">= 0.95 among successful requests (with its 95% CI lower bound above it too), at "
-            "least 2000 successful requests, the global error rate is <= 0.01, the queue trend "
-            "is flat (Mann-Kendall on queue depth and the client backlog), and the client kept "
-            "its schedule (dispatch lateness under its bound)."
+            ">= 0.95 among successful requests (with its confidence sequence's lower bound "
+            "above it too), at least 2000 successful requests, the global error rate is <= 0.01, "
+            "the queue trend is flat (Mann-Kendall on queue depth and the client backlog), and "
+            "the client kept its schedule (dispatch lateness under its bound)."
         )

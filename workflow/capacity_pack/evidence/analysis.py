@@ -6,7 +6,9 @@ so the drain is included. Over them, :func:`analyze_point` writes the report of
 :mod:`.slo_report` (per-class attainment, nearest-rank percentiles, goodput, error rate, the
 capacity gate) and adds, with the methods of :mod:`.statistics`:
 
-- per class: the Wilson score interval of attainment at the stated confidence (0.95); attempts,
+- per class: the confidence sequence of attainment at ``acceptance.attainment_confidence``
+  (:func:`capacity_pack.binomial.confidence_sequence`: valid however often the sweep looked at
+  it while deciding to stop or extend the point, unlike a fixed-sample interval); attempts,
   the class's error rate (attempted_c - successful_c) / attempted_c and its all-attempt
   attainment passing_c / attempted_c; nearest-rank ITL (gaps between observed chunks), TTFT and
   E2E from the scheduled arrival; and MLPerf LoadGen early stopping for P99 TTFT and TPOT (the
@@ -33,6 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
+from capacity_pack.binomial import confidence_sequence
 from capacity_pack.evidence.gates import Gates, cutoff_checks, pack_gates
 from capacity_pack.evidence.slo_report import (
     STATUSES,
@@ -47,7 +50,6 @@ from capacity_pack.evidence.statistics import (
     nearest_rank,
     percentiles,
     trend_of,
-    wilson_interval,
 )
 from capacity_pack.plan.manifest import Acceptance, WorkloadClass
 
@@ -92,9 +94,11 @@ def analyze_point(
     classes: list[ClassSpec],
     gates: Gates,
     *,
-    confidence: float = 0.95,
+    confidence: float | None = None,
 ) -> dict[str, Any]:
     """The SLO report of the point's measured requests, with the extensions and the verdict."""
+    if confidence is None:
+        confidence = gates["attainment_confidence"]
     m = requests[requests["phase"].isin(MEASURED_PHASES)].reset_index(drop=True)
     if m.empty:
         raise AnalysisError("the point has no measured requests")
@@ -171,9 +175,11 @@ def _extend_class(
     in_class = m["class"] == c.name
     okc = m[(m["status"] == "ok") & in_class]
     n_ok, passed = entry["successful_count"], entry["passing_count"]
-    ci = wilson_interval(passed, n_ok, confidence)
+    # The time-uniform bound: the sweep may have stopped or extended this point on it.
+    ci = confidence_sequence(passed, n_ok, confidence, gates["class_slo_attainment_min"])
     entry["attainment_ci"] = list(ci) if ci else None
     entry["attainment_ci_confidence"] = confidence
+    entry["attainment_ci_method"] = "confidence sequence (beta-binomial mixture, time-uniform)"
     attempted_c = int(in_class.sum())
     entry["attempted"] = attempted_c
     entry["error_rate"] = (attempted_c - n_ok) / attempted_c if attempted_c else None

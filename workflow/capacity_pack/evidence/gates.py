@@ -199,7 +199,8 @@ class Gate:
 
 _ATTAINMENT_ESTIMATE = (
     "passing_c / successful_c over the class's measured ok requests, a request passing when it "
-    "meets its class SLO; Wilson score interval at the analysis confidence (0.95)"
+    "meets its class SLO; a time-uniform confidence sequence at acceptance.attainment_confidence "
+    "(capacity_pack.binomial)"
 )
 GATES: tuple[Gate, ...] = (
     Gate(
@@ -209,13 +210,14 @@ GATES: tuple[Gate, ...] = (
         statistic=Statistic("attainment", "fraction of successful requests", _ATTAINMENT_ESTIMATE),
         op=">=",
         message="{cls}: attainment {value:.4f} < {threshold}",
-        phrase="joint TTFT+TPOT attainment >= {threshold} among successful requests (with its "
-        "95% CI lower bound above it too)",
+        phrase="joint TTFT+TPOT attainment >= {threshold} among successful requests (with "
+        "its confidence sequence's lower bound above it too)",
         default=0.95,
         passes_key="class_slo_pass",
         requires="sample_size",
         interval_key="attainment_ci",
-        marginal_message="{cls}: attainment CI lower bound {value:.4f} < {threshold}",
+        marginal_message="{cls}: attainment confidence-sequence lower bound {value:.4f} < "
+        "{threshold}",
     ),
     Gate(
         name="sample_size",
@@ -307,9 +309,12 @@ ERROR_RATE = GATE["error_rate"]
 NOT_GATES: dict[str, str] = {
     "p99_min_samples": "reporting: P99 is withheld below this many successful requests of a class",
     "target_utilization": "planning: the utilization the replica plan sizes for",
+    "attainment_confidence": "statistics: the confidence of the attainment bound (a confidence "
+    "sequence) behind class_attainment's marginal check and the sweep's in-run decisions",
 }
 ANALYSIS_DEFAULTS: dict[str, Any] = {g.field: g.default for g in GATES} | {
-    "p99_min_samples": 10_000
+    "p99_min_samples": 10_000,
+    "attainment_confidence": 0.95,
 }
 
 

@@ -3,10 +3,8 @@
 - **Nearest-rank percentile.** The p-quantile of n sorted values x_(1) <= ... <= x_(n) is
   x_(k) with k = max(1, ceil(p n)) (index max(0, ceil(p n) - 1) from 0): always an observed
   value, never interpolated.
-- **Wilson score interval** of a binomial proportion p = k / n at confidence c, with
-  z = Phi^-1(1/2 + c/2): centre = (p + z^2/2n) / (1 + z^2/n),
-  half-width = z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n); the interval is clipped to [0, 1].
-  It keeps its coverage near p = 0 or 1, where the normal (Wald) interval collapses.
+- Bounds on an attainment (Wilson's interval, the confidence sequence) are in
+  :mod:`capacity_pack.binomial`.
 - **Early stopping** (MLPerf LoadGen's rule for tail-latency percentiles): with h of n requests
   over the latency cutoff, the p-th percentile is proven at or under the cutoff with confidence c
   when BinomCDF(h; n, 1 - p) <= 1 - c; :func:`early_stopping_min_samples` gives the least such n.
@@ -60,20 +58,6 @@ def percentiles(values: np.ndarray, withhold_p99: bool) -> dict[str, float | Non
         "p99": None if withhold_p99 else nearest_rank(s, 0.99),
         "max": float(s[-1]) if s.size else None,
     }
-
-
-def wilson_interval(passed: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Wilson score interval of a binomial proportion (None without trials)."""
-    if n <= 0:
-        return None
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = passed / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # Rounded so the ends are exact: at p = 0 (or 1) centre and half are equal mathematically
-    # and differ by ~1e-17 in floating point.
-    return max(0.0, round(centre - half, 12)), min(1.0, round(centre + half, 12))
 
 
 def early_stopping_min_samples(

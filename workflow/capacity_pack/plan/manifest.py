@@ -570,6 +570,13 @@ class Acceptance(_Model):
     all_attempt_attainment_min: float | None = Field(
         default=None, gt=0, le=1, description="Optional attainment over all attempts."
     )
+    attainment_confidence: float = Field(
+        default=0.95,
+        ge=0.5,
+        le=0.999,
+        description="Confidence of the attainment bound (a confidence sequence) that decides "
+        "a class pass/fail, in the analysis and while a point runs.",
+    )
 
 
 class SimTarget(_Model):

@@ -1,0 +1,101 @@
+"""The attainment bounds: the confidence sequence's closed forms, its coverage under repeated
+looks (where a fixed-sample interval's is lost), and the least sample that can pass a gate."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.special import betaln
+
+from capacity_pack.binomial import (
+    PRIOR_WEIGHT,
+    confidence_sequence,
+    min_samples_to_pass,
+    sequential_outcome,
+    wilson_interval,
+)
+
+
+def log_mixture(k, n, p, gate):
+    a, b = gate * PRIOR_WEIGHT, (1 - gate) * PRIOR_WEIGHT
+    return betaln(a + k, b + n - k) - betaln(a, b) - k * math.log(p) - (n - k) * math.log1p(-p)
+
+
+@pytest.mark.parametrize(("k", "n"), [(12, 12), (470, 480), (80, 81), (3, 40), (0, 25)])
+def test_the_ends_are_where_the_mixture_ratio_reaches_one_over_alpha(k, n):
+    low, high = confidence_sequence(k, n, 0.95, 0.95)
+    level = math.log(20)
+    assert low <= k / n <= high
+    for end in (low, high):
+        if 0 < end < 1:
+            assert log_mixture(k, n, end, 0.95) == pytest.approx(level, abs=1e-3)
+    # Inside the interval the ratio is below 1/alpha, outside above it.
+    assert log_mixture(k, n, (low + high) / 2, 0.95) < level
+
+
+def test_all_successes_close_form():
+    # k = n: M_n(p) = B(a + n, b) / B(a, b) / p^n; the lower end solves M_n(low) = 1/alpha.
+    n, gate = 200, 0.95
+    a, b = gate * PRIOR_WEIGHT, (1 - gate) * PRIOR_WEIGHT
+    low = math.exp((betaln(a + n, b) - betaln(a, b) - math.log(20)) / n)
+    assert confidence_sequence(n, n, 0.95, gate)[0] == pytest.approx(low, abs=1e-8)
+    assert confidence_sequence(n, n, 0.95, gate)[1] == 1.0
+
+
+def test_it_is_wider_than_the_fixed_sample_interval():
+    for k, n in ((95, 100), (470, 480), (12, 12)):
+        cs, w = confidence_sequence(k, n, 0.95, 0.95), wilson_interval(k, n, 0.95)
+        assert cs[0] < w[0] and (cs[1] > w[1] or cs[1] == 1.0)
+
+
+def test_outcomes_and_the_least_sample_that_can_pass():
+    assert sequential_outcome(81, 81, 0.95) == "pass"
+    assert sequential_outcome(80, 80, 0.95) == "undecided"
+    assert sequential_outcome(80, 81, 0.95) == "undecided"
+    assert sequential_outcome(130, 150, 0.95) == "fail"
+    assert sequential_outcome(0, 0, 0.95) == "undecided"
+    assert min_samples_to_pass(0.95, 0.95) == 81
+    for gate, conf in ((0.95, 0.95), (0.9, 0.9), (0.99, 0.95), (0.5, 0.99)):
+        n = min_samples_to_pass(gate, conf)
+        assert sequential_outcome(n, n, gate, conf) == "pass"
+        assert sequential_outcome(n - 1, n - 1, gate, conf) != "pass"
+    assert min_samples_to_pass(1.0) is None
+
+
+def pass_thresholds(n_max, gate, conf, kind):
+    """Per n: the least k that passes (a k-count above it passes too; n + 1 if none)."""
+    out = np.full(n_max + 1, n_max + 2)
+    k = 0
+    for n in range(1, n_max + 1):
+        k = max(k - 1, 0)
+        while k <= n:
+            low = (
+                confidence_sequence(k, n, conf, gate)[0]
+                if kind == "cs"
+                else wilson_interval(k, n, conf)[0]
+            )
+            if low >= gate:
+                break
+            k += 1
+        out[n] = k
+    return out
+
+
+def test_a_false_pass_stays_under_alpha_however_often_one_looks():
+    # A class whose true attainment sits just under the gate, looked at after every request up
+    # to 1,500: the share of runs that ever pass is the false-pass rate of the whole run.
+    gate, conf, true_p, n_max, runs = 0.95, 0.95, 0.95 - 1e-9, 1500, 4000
+    rng = np.random.default_rng(20261201)
+    passed = rng.random((runs, n_max)) < true_p
+    k = np.cumsum(passed, axis=1)
+    n = np.arange(1, n_max + 1)
+    cs = pass_thresholds(n_max, gate, conf, "cs")[1:]
+    wilson = pass_thresholds(n_max, gate, conf, "wilson")[1:]
+    ever_cs = (k >= cs[None, :]).any(axis=1).mean()
+    ever_wilson = (k >= wilson[None, :]).any(axis=1).mean()
+    assert ever_cs <= 0.05
+    # The fixed-sample interval peeked at after every request loses its 2.5 % one-sided rate.
+    assert ever_wilson > 0.05
+    assert n.size == n_max
