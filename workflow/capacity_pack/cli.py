@@ -182,7 +182,7 @@ def lint(config: Path, as_json: bool) -> None:
     import json
 
     from capacity_pack.engines import check_cache_reset
-    from capacity_pack.plan.lint import is_pack_data, lint_data
+    from capacity_pack.plan.lint import is_pack_data, lint_data, lint_notes
     from capacity_pack.plan.manifest import load_yaml, unwrap_frozen, validate_pack
 
     data = unwrap_frozen(load_yaml(config))
@@ -192,6 +192,7 @@ def lint(config: Path, as_json: bool) -> None:
     if pack is not None and (problem := check_cache_reset(pack.target)):
         raise _Fail(f"{config}: invalid pack configuration: {problem}")
     findings = lint_data(data, str(config))
+    notes = lint_notes(pack) if pack is not None else []
     if as_json:
         click.echo(json.dumps([f.model_dump() for f in findings], indent=2))
     elif not findings:
@@ -200,6 +201,9 @@ def lint(config: Path, as_json: bool) -> None:
         for f in findings:
             mark = " (extra: not one of the six anti-patterns)" if f.extra else ""
             click.echo(f"{config}: {f.code}{mark}: {f.message}\n    why: {f.reason}")
+    if not as_json:
+        for note in notes:
+            click.echo(f"{config}: note: {note}")
     if findings:
         sys.exit(1)
 

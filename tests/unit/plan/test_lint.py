@@ -33,7 +33,7 @@ def test_seed_broken_config_yields_all_six_findings():
     assert len(findings) == 9
     assert all(f.reason and f.message for f in findings)
     assert set(lint.SIX) == SIX and set(lint.EXTRA) == EXTRA
-    assert set(lint.REASONS) == SIX | EXTRA
+    assert set(lint.REASONS) == SIX | EXTRA | set(lint.PACK_EXTRA)
 
 
 def test_the_broken_benchmark_lacks_operational_evidence():
@@ -88,6 +88,10 @@ def test_shipped_packs_are_clean(pack):
             "single-run",
         ),
         (lambda d: d["request"].__setitem__("include_usage", False), "unvalidated-token-counts"),
+        (
+            lambda d: d["acceptance"].__setitem__("class_slo_attainment_min", 0.999),
+            "undecidable-gate",
+        ),
     ],
 )
 def test_each_finding_on_a_pack(mutate, code):
@@ -95,7 +99,39 @@ def test_each_finding_on_a_pack(mutate, code):
     mutate(data)
     findings = lint_data(data, "pack.yaml")
     assert [f.code for f in findings] == [code]
-    assert findings[0].extra is (code in EXTRA)
+    assert findings[0].extra is (code in EXTRA or code in lint.PACK_EXTRA)
+
+
+def test_a_gate_no_sample_can_meet_is_refused_with_the_numbers():
+    # Like the real-engine pack as it was: 0.5 and 1 RPS, 24 requests, a small sample gate,
+    # 120 s at most: no class could ever collect the 81 successes that pass 0.95.
+    data = pack_data()
+    data["sweep"]["open_loop_rps"] = [0.5, 1]
+    data["client"].update(initial_scheduled_requests=24, maximum_duration_seconds=120)
+    data["client"].pop("class_schedule_counts")
+    data["acceptance"]["min_successful_samples_per_class"] = 4
+    findings = lint_data(data, "pack.yaml")
+    assert [f.code for f in findings] == ["undecidable-gate"]
+    message = findings[0].message
+    assert "lowest rate 0.5 RPS" in message and "at least 81 successful" in message
+    assert "'generation_heavy': 12" in message  # 0.5 x 0.2 x 120 s
+    # Long enough points, or a gate the sample can meet, clear it.
+    data["client"]["maximum_duration_seconds"] = 900
+    assert lint_data(data, "pack.yaml") == []
+    data["client"]["maximum_duration_seconds"] = 120
+    data["acceptance"].update(class_slo_attainment_min=0.5)
+    assert lint_data(data, "pack.yaml") == []
+
+
+def test_a_sample_gate_below_the_decision_sample_is_a_note():
+    from capacity_pack.plan.manifest import validate_pack
+
+    data = pack_data()
+    data["acceptance"]["min_successful_samples_per_class"] = 10
+    notes = lint.lint_notes(validate_pack(data, "pack.yaml"))
+    assert len(notes) == 1 and "10 is below 81" in notes[0]
+    data["acceptance"]["min_successful_samples_per_class"] = 81
+    assert lint.lint_notes(validate_pack(data, "pack.yaml")) == []
 
 
 def test_a_rehearsal_pack_may_run_once():

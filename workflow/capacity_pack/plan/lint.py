@@ -38,7 +38,17 @@ Extra findings (``extra: true``; not among the six, reported and refused the sam
 - ``single-run``: one run per point gives no variance between repeats (repeats; a pack: a
   full-size pack with sweep.repeats 1; a rehearsal pack makes no capacity claim);
 - ``unvalidated-token-counts``: token counts the server never confirms are the client's guess
-  (tokenizer_revision missing; a pack: request.include_usage false, so no usage chunk is read).
+  (tokenizer_revision missing; a pack: request.include_usage false, so no usage chunk is read);
+- ``undecidable-gate`` (a pack): no class can pass its attainment gate at the lowest open-loop
+  rate the pack measures. A class passes only when the lower end of its attainment's confidence
+  sequence reaches ``class_slo_attainment_min`` (:mod:`capacity_pack.binomial`), which takes at
+  least N = ``min_samples_to_pass(gate, attainment_confidence)`` successful requests even when
+  every one meets its SLO (81 at 0.95 and 95 %); a point sends at most
+  max(its initial quota, rate x mix x client.maximum_duration_seconds) requests of a class, so
+  when that is below N for some class at the lowest rate, no capacity can ever be selected.
+
+:func:`lint_notes` says what is worth knowing but refuses nothing: a sample gate below N (the
+points then extend past it until every class reaches N or its verdict is certain).
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capacity_pack.binomial import min_samples_to_pass
 from capacity_pack.plan.limits import is_mutable_revision
 from capacity_pack.plan.manifest import (
     SECTIONS,
@@ -83,6 +94,8 @@ SIX = (
     "mutable-versions",
 )
 EXTRA = ("no-warmup", "single-run", "unvalidated-token-counts")
+# Extras only a pack can trip (a plain description states no gate or confidence).
+PACK_EXTRA = ("undecidable-gate",)
 PACK_ONLY_SECTIONS = frozenset(SECTIONS) - {"prompts", "report"}
 
 REASONS = {
@@ -127,6 +140,11 @@ REASONS = {
         "TPOT per token are then unchecked; pin the tokenizer revision and read the server's "
         "usage"
     ),
+    "undecidable-gate": (
+        "a pack whose points can never collect the sample its confidence gate needs can only "
+        "ever report 'no SLO-compliant capacity': let the points run long enough (or start "
+        "the sweep at a higher rate), or state a gate and confidence the sample can meet"
+    ),
 }
 
 
@@ -142,7 +160,8 @@ class Finding(BaseModel):
 
 
 def _finding(code: str, message: str) -> Finding:
-    return Finding(code=code, message=message, reason=REASONS[code], extra=code in EXTRA)
+    extra = code in EXTRA or code in PACK_EXTRA
+    return Finding(code=code, message=message, reason=REASONS[code], extra=extra)
 
 
 class BenchmarkDescription(BaseModel):
@@ -340,6 +359,7 @@ def _pack_extras(pack: Pack) -> list[Finding]:
                 f"sweep.repeats {pack.sweep.repeats} in a full-size pack (pack.size 'full')",
             )
         )
+    findings += _undecidable_gate(pack)
     if not pack.request.include_usage:
         findings.append(
             _finding(
@@ -349,6 +369,63 @@ def _pack_extras(pack: Pack) -> list[Finding]:
             )
         )
     return findings
+
+
+def decision_sample(pack: Pack) -> int | None:
+    """N: the fewest successful requests of a class that can pass its attainment gate."""
+    a = pack.acceptance
+    return min_samples_to_pass(a.class_slo_attainment_min, a.attainment_confidence)
+
+
+def _lowest_rate(pack: Pack) -> float | None:
+    search = getattr(pack.sweep, "search", None)
+    initial = getattr(search, "initial", None) if search is not None else None
+    rates = initial if isinstance(initial, list) and initial else pack.sweep.open_loop_rps
+    return min(rates) if rates else None
+
+
+def class_reach(pack: Pack, rate: float) -> dict[str, int]:
+    """The most requests of each class one open-loop point at ``rate`` sends: its initial quota
+    or, extended, the rate x mix x ``client.maximum_duration_seconds``."""
+    initial = pack.class_counts(pack.client.initial_scheduled_requests)
+    span = pack.client.maximum_duration_seconds
+    return {c.name: max(initial[c.name], int(rate * c.mix * span)) for c in pack.workload}
+
+
+def _undecidable_gate(pack: Pack) -> list[Finding]:
+    need, rate = decision_sample(pack), _lowest_rate(pack)
+    if need is None or rate is None:
+        return []
+    short = {c: n for c, n in class_reach(pack, rate).items() if n < need}
+    if not short:
+        return []
+    a = pack.acceptance
+    return [
+        _finding(
+            "undecidable-gate",
+            f"at the lowest rate {rate:g} RPS a point sends at most {short} requests (class "
+            f"quota or rate x mix x client.maximum_duration_seconds "
+            f"{pack.client.maximum_duration_seconds:g}); a class needs at least {need} successful "
+            f"requests to pass acceptance.class_slo_attainment_min {a.class_slo_attainment_min:g} "
+            f"at acceptance.attainment_confidence {a.attainment_confidence:g}, even when every "
+            "request meets its SLO",
+        )
+    ]
+
+
+def lint_notes(pack: Pack) -> list[str]:
+    """What the pack's author should know that refuses nothing (module docstring)."""
+    need, gate = decision_sample(pack), pack.acceptance.min_successful_samples_per_class
+    if need is None or gate >= need:
+        return []
+    return [
+        f"acceptance.min_successful_samples_per_class {gate} is below {need}, the fewest "
+        f"successful requests at which a class can pass class_slo_attainment_min "
+        f"{pack.acceptance.class_slo_attainment_min:g} at attainment_confidence "
+        f"{pack.acceptance.attainment_confidence:g}: points extend past the sample gate until "
+        f"every class reaches {need} or its verdict is certain (up to "
+        f"client.maximum_duration_seconds)"
+    ]
 
 
 def is_pack_data(data: dict) -> bool:

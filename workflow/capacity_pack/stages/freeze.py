@@ -9,7 +9,7 @@ from pathlib import Path
 
 from capacity_pack.decide.capacity import preflight_fit
 from capacity_pack.io import write_json_atomic
-from capacity_pack.plan.lint import lint_data
+from capacity_pack.plan.lint import lint_data, lint_notes
 from capacity_pack.plan.manifest import freeze, validate_pack
 from capacity_pack.track import tracking
 
@@ -37,6 +37,10 @@ def run(
     if probe["checked"] and probe["verdict"] == "does-not-fit":
         raise SystemExit(f"fit probe: does-not-fit: {probe}")
     doc = freeze(pack, source)
+    # Outside the hashed manifest: what the pack's author should know, refusing nothing.
+    doc["lint_notes"] = lint_notes(pack)
+    for note in doc["lint_notes"]:
+        log.warning("%s: note: %s", source, note)
     write_json_atomic(fit, probe)
     write_json_atomic(frozen, doc)
     run_id = tracking.ensure_parent_run(doc, results_dir=results_root)
