@@ -13,8 +13,8 @@ from capacity_pack.decide.capacity import (
     mix_p95_context,
     rate_status,
     select_open_loop,
-    t_interval,
 )
+from capacity_pack.decide.repeats import t_interval
 from capacity_pack.plan.manifest import load_pack, validate_pack
 from tests.paths import DEFAULT, TUTORIAL
 
@@ -24,7 +24,10 @@ CLASSES = ["interactive", "long_context", "generation_heavy"]
 def report(rate, repeat, verdict, *, state="cold", attainment=0.99, mode="open", conc=None,
            reasons=(), goodput=None):  # fmt: skip
     point = f"open-r{rate:g}" if mode == "open" else f"closed-c{conc}"
+    per_class = 200
     return {
+        "attempted": per_class * len(CLASSES), "successful": per_class * len(CLASSES),
+        "measured_window_s": per_class * len(CLASSES) / (rate or conc),
         "mode": mode, "offered_rps": rate, "concurrency": conc, "cache_state": state,
         "repeat": repeat, "point": point, "key": f"{point}/{state}/rep{repeat}",
         "verdict": verdict, "verdict_reasons": list(reasons),
@@ -33,7 +36,9 @@ def report(rate, repeat, verdict, *, state="cold", attainment=0.99, mode="open",
         "request_throughput_rps": float(rate or conc),
         "error_rate": 0.0, "all_class_slos_pass": verdict == "pass",
         "classes": {c: {"attainment": attainment, "p95_ttft_ms": 100.0 + (rate or conc),
-                        "p95_tpot_ms": 20.0, "p95_e2e_ms": 900.0} for c in CLASSES},
+                        "p95_tpot_ms": 20.0, "p95_e2e_ms": 900.0,
+                        "successful_count": per_class,
+                        "passing_count": round(per_class * attainment)} for c in CLASSES},
     }  # fmt: skip
 
 
@@ -46,7 +51,12 @@ def test_seed_worked_example_selects_24_not_28():
     sel = select_open_loop(reports, CLASSES, replicas=4, gpus=8)["cold"]
     assert sel["capacity_rps"] == 24
     assert sel["capacity_per_replica_rps"] == 6  # the seed's 24 RPS / 4 replicas
-    assert sel["goodput_per_gpu_rps"] == 3
+    assert sel["capacity_per_gpu_nominal_rps"] == 3  # 24 RPS / 8 GPUs
+    # Goodput per GPU is the measured goodput at 24 RPS (24 x 0.99 in every repeat) / 8 GPUs.
+    assert sel["goodput_per_gpu_rps"] == pytest.approx(24 * 0.99 / 8)
+    b = sel["bracket"]
+    assert (b["pass_rps"], b["fail_rps"], b["width_rps"]) == (24, 28, 4)
+    assert b["fail_status"] == "fail" and b["resolution_rps"] is None and b["reached"] is None
     assert sel["next_rate_up"]["offered_rps"] == 28
     assert "queue trend growing" in sel["next_rate_up"]["limited_by"]
     assert "28 RPS" in sel["decision"] and "24 RPS" in sel["decision"]
@@ -75,9 +85,14 @@ def test_variation_is_disclosed_not_the_best_run():
     row = select_open_loop(reports, CLASSES, 1, 1)["cold"]["rates"][0]
     g = row["variation"]["observed_goodput_rps"]
     assert (g["mean"], g["min"], g["max"]) == pytest.approx((15.5, 15.0, 16.0))
-    # t(0.975, 2) = 4.3027; s = 0.5; half = 4.3027 x 0.5 / sqrt(3) = 1.2421
-    assert g["ci_low"] == pytest.approx(15.5 - 1.2421, abs=1e-3)
-    assert t_interval([1.0])["ci_low"] is None
+    assert g["interval"] is None and "range of 3 repeats" in g["interval_note"]
+    values = [15.0, 15.5, 16.0, 15.25, 15.75]
+    reports = [report(16, k, "pass", goodput=v) for k, v in enumerate(values)]
+    g = select_open_loop(reports, CLASSES, 1, 1)["cold"]["rates"][0]["variation"]
+    g = g["observed_goodput_rps"]
+    # t(0.975, 4) = 2.7764; s = 0.3953; half = 2.7764 x 0.3953 / sqrt(5) = 0.4909
+    assert g["interval"][0] == pytest.approx(15.5 - 0.4909, abs=1e-3)
+    assert t_interval([1.0])["interval"] is None
 
 
 def test_cold_and_warm_are_selected_separately():

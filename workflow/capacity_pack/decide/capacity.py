@@ -2,55 +2,60 @@
 
 Open-loop sweep, per cache state:
 
-- a rate *passes* when every repeat's report has verdict ``pass`` (all gates, attainment CIs
+- a rate *passes* when every repeat's report has verdict ``pass`` (all gates, attainment bounds
   above the threshold, enough samples, a flat queue, a valid client); a rate that passes only in
   some repeats is ``inconsistent``, one that passes only on point estimates ``marginal``, one with
   an under-sampled class, an undecided queue trend or a client-bound repeat ``inconclusive``;
 - the SLO-compliant capacity is the highest tested rate that passes with every lower tested rate
   passing too (a pass above a failure is reported as non-monotonic and not selected);
-- the next rate up and the gates that stopped it are named;
-- run-to-run variation across repeats: mean, min, max and a Student-t confidence interval of
-  goodput, every class's attainment and P95 TTFT/TPOT; never only the best run;
+- **the bracket**: ``pass_rps`` = that capacity (``capacity_rps`` keeps the same value),
+  ``fail_rps`` = the lowest tested rate above it (None when the highest rate tested passes: the
+  true capacity may be higher), ``width_rps`` = fail_rps - pass_rps, ``resolution_rps`` = the
+  pack's ``sweep.search`` resolution (``resolution_rps``, or ``resolution_rel`` x pass_rps; None
+  without a search), ``reached`` = width_rps <= resolution_rps, and ``confidence`` = the
+  confidence of the per-point attainment bounds the verdicts were taken on. With no passing
+  rate, pass_rps is None and the capacity lies below the lowest rate tested;
+- every rate that does not pass names, per repeat that did not pass, each class the report names
+  (its reasons in the gates' words) with the **binding metric**: of the class's successful
+  requests, whether more were over the TTFT cutoff or over the TPOT cutoff (the report's
+  per-cutoff counts; see :func:`binding_metric`), and the point-level reasons (error rate, queue
+  trend, client-bound). ``attribution`` (queueing, prefill, decode...) is None: the SLO report
+  carries none; the request autopsy attributes each miss (``autopsy.json``);
+- **offered and achieved**, per repeat, over the report's measured window T (first measured
+  send to last measured terminal event, the drain included): ``nominal_rps`` = the rate the
+  schedule was drawn at; ``offered_measured_rps`` = attempted / T, the rate the schedule's
+  measured requests actually arrived at (a seeded Poisson schedule realises a rate near, not at,
+  the nominal one; since T includes the drain, it reads low by about the drain's share of T);
+  ``achieved_rps`` = successful / T (the report's request throughput); ``goodput_rps`` =
+  requests meeting their SLO / T (the observed goodput);
+- run-to-run variation across repeats (:mod:`capacity_pack.decide.repeats`): n, mean, min, max
+  of every quantity, a pooled binomial interval for bounded ones (attainment, error rate) and a
+  Student-t interval for unbounded ones only from five repeats on; never only the best run;
 - per-replica capacity = capacity / replicas under test (valid only for the same workload, cache
-  state, placement and engine configuration), and goodput per GPU = capacity / GPUs under test,
-  in DistServe's sense (Zhong et al., OSDI 2024: the highest request rate per provisioned GPU
-  that meets the SLO attainment goal), not the per-window observed goodput of a report.
+  state, placement and engine configuration); it is what the replica plan sizes with;
+- goodput per GPU = the measured goodput at the capacity rate, the least over its repeats (the
+  capacity must hold in every repeat), / GPUs under test: DistServe's per-GPU goodput (Zhong et
+  al., OSDI 2024: the highest request rate per provisioned GPU meeting the SLO attainment goal)
+  as measured, not as scheduled; ``capacity_per_gpu_nominal_rps`` = capacity / GPUs is the
+  nominal figure.
 
 Closed-loop sweep: the latency-throughput curve (output tokens/s against P95 TTFT/TPOT per
 concurrency) and the operating point = the highest throughput whose point still passes the
-latency gates; concurrency 1 (the single-user regime) is reported on its own.
+latency gates (every class's attainment), with its status (a point can meet the latency gates
+yet be ``inconclusive``, e.g. under-sampled) and whether it is the largest concurrency tested
+(then the frontier may lie beyond it); concurrency 1 (the single-user regime) is reported on
+its own.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
+from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
-
-
-def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float | None]:
-    """Mean, min, max and a Student-t interval of the mean over repeats."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if x.size == 0:
-        return {"n": 0, "mean": None, "min": None, "max": None, "ci_low": None, "ci_high": None}
-    out: dict[str, float | None] = {
-        "n": int(x.size),
-        "mean": float(x.mean()),
-        "min": float(x.min()),
-        "max": float(x.max()),
-        "ci_low": None,
-        "ci_high": None,
-    }
-    if x.size >= 2:
-        from scipy.stats import t
-
-        half = float(t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-        out["ci_low"], out["ci_high"] = out["mean"] - half, out["mean"] + half
-    return out
 
 
 def rate_status(reports: list[dict[str, Any]]) -> str:
@@ -68,46 +73,224 @@ def rate_status(reports: list[dict[str, Any]]) -> str:
     return "fail"
 
 
-def variation(reports: list[dict[str, Any]], classes: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "observed_goodput_rps": t_interval([r["observed_goodput_rps"] for r in reports]),
-        "request_throughput_rps": t_interval([r["request_throughput_rps"] for r in reports]),
-        "output_throughput_tps": t_interval([r["output_throughput_tps"] for r in reports]),
-        "error_rate": t_interval([r["error_rate"] for r in reports]),
-        "classes": {},
+# ---------------------------------------------------------------------------------------------
+# One repeat of a rate: offered and achieved, and what failed
+# ---------------------------------------------------------------------------------------------
+
+
+def _per_second(count: Any, window_s: Any) -> float | None:
+    if count is None or not window_s:
+        return None
+    return float(count) / float(window_s)
+
+
+def repeat_rates(report: dict[str, Any]) -> dict[str, Any]:
+    """The nominal, offered and achieved rates of one repeat (see the module docstring)."""
+    window = report.get("measured_window_s")
+    return {
+        "repeat": report["repeat"],
+        "verdict": report["verdict"],
+        "nominal_rps": float(report["offered_rps"]),
+        "offered_measured_rps": _per_second(report.get("attempted"), window),
+        "achieved_rps": report.get("request_throughput_rps"),
+        "goodput_rps": report.get("observed_goodput_rps"),
+        "measured_window_s": window,
+        "attempted": report.get("attempted"),
+        "successful": report.get("successful"),
     }
-    for c in classes:
-        rows = [r["classes"][c] for r in reports]
-        out["classes"][c] = {
-            key: t_interval([row[key] for row in rows])
-            for key in ("attainment", "p95_ttft_ms", "p95_tpot_ms", "p95_e2e_ms")
+
+
+def binding_metric(entry: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """Which cutoff excluded more of a class's successful requests: ``ttft``, ``tpot``,
+    ``ttft+tpot`` (as many) or None (no request over either), and the evidence.
+
+    From the counts over each cutoff when the report has them (``p99_*_early_stopping.
+    over_cutoff``: ok requests over the TTFT, resp. TPOT cutoff; a request over both counts in
+    both); else from P95 / cutoff of each metric, the larger ratio binding (``basis`` says
+    which)."""
+    ttft = (entry.get("p99_ttft_early_stopping") or {}).get("over_cutoff")
+    tpot = (entry.get("p99_tpot_early_stopping") or {}).get("over_cutoff")
+    if ttft is not None and tpot is not None:
+        evidence = {"basis": "requests over each cutoff", "over_ttft_cutoff": ttft,
+                    "over_tpot_cutoff": tpot}  # fmt: skip
+        a, b = float(ttft), float(tpot)
+    else:
+        ratios = []
+        for metric in ("ttft", "tpot"):
+            p95, cut = entry.get(f"p95_{metric}_ms"), entry.get(f"request_{metric}_cutoff_ms")
+            ratios.append(p95 / cut if p95 is not None and cut else None)
+        evidence = {
+            "basis": "P95 / cutoff (no per-cutoff counts in the report)",
+            "p95_ttft_over_cutoff": ratios[0],
+            "p95_tpot_over_cutoff": ratios[1],
         }
-    return out
+        if None in ratios:
+            return None, evidence
+        a, b = ratios[0], ratios[1]
+        if max(a, b) <= 1.0:  # both P95s inside their cutoffs: the misses sit above P95
+            evidence["note"] = "both P95s within their cutoffs"
+    if a == b:
+        return ("ttft+tpot" if a > 0 else None), evidence
+    return ("ttft" if a > b else "tpot"), evidence
+
+
+def repeat_failures(report: dict[str, Any], classes: list[str]) -> dict[str, Any]:
+    """What stopped one repeat from passing: each class it names with its reasons and binding
+    metric, and the point-level reasons (error rate, queue trend, client-bound...)."""
+    reasons = list(report.get("verdict_reasons", []))
+    under = set(report.get("under_sampled_classes") or [])
+    named: list[dict[str, Any]] = []
+    for c in classes:
+        own = [r for r in reasons if r.startswith(f"{c}: ")]
+        entry = report["classes"][c]
+        if c in under and not own:
+            own = [f"{c}: under-sampled"]
+        if not own and entry.get(CLASS_ATTAINMENT.passes_key) is not False:
+            continue
+        metric, evidence = binding_metric(entry) if _about_attainment(own, entry) else (None, {})
+        named.append(
+            {
+                "class": c,
+                "reasons": own or [f"{c}: class SLO gate not passed"],
+                "attainment": entry.get("attainment"),
+                "binding_metric": metric,
+                "binding_evidence": evidence,
+                # The per-request miss attribution (queueing, prefill, decode...) is the request
+                # autopsy's (autopsy.json, requests.points[key]); the SLO report carries none.
+                "attribution": entry.get("attribution"),
+            }
+        )
+    prefixes = tuple(f"{c}: " for c in classes)
+    point = [r for r in reasons if not r.startswith(prefixes) and not r.startswith("under-sampled")]
+    return {"repeat": report["repeat"], "verdict": report["verdict"], "key": report.get("key"),
+            "classes": named, "point_reasons": point}  # fmt: skip
+
+
+def _about_attainment(reasons: list[str], entry: dict[str, Any]) -> bool:
+    """The class missed on latency (an attainment reason), not only on samples or errors."""
+    if any("attainment" in r for r in reasons):
+        return True
+    return not reasons and entry.get(CLASS_ATTAINMENT.passes_key) is False
+
+
+def failure_summary(failures: list[dict[str, Any]]) -> str:
+    """'interactive TTFT (repeat 0); error rate 0.0200 > 0.01 (repeat 1)': each failing class
+    with its binding metric, or its reason, and the repeats it failed in."""
+    seen: dict[str, list[int]] = {}
+    for f in failures:
+        for c in f["classes"]:
+            metric = c["binding_metric"]
+            text = f"{c['class']} {metric.upper()}" if metric else "; ".join(c["reasons"])
+            seen.setdefault(text, []).append(f["repeat"])
+        for r in f["point_reasons"]:
+            seen.setdefault(r, []).append(f["repeat"])
+    parts = []
+    for text, reps in seen.items():
+        word = "repeat" if len(reps) == 1 else "repeats"
+        parts.append(f"{text} ({word} {', '.join(str(k) for k in sorted(set(reps)))})")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The open loop: rates, the bracket and the decision
+# ---------------------------------------------------------------------------------------------
+
+
+def _rate_row(rate: float, reps: list[dict[str, Any]], classes: list[str], confidence: float):
+    status = rate_status(reps)
+    failures = (
+        [repeat_failures(r, classes) for r in reps if r["verdict"] != "pass"]
+        if status != "pass"
+        else []
+    )
+    return {
+        "offered_rps": rate,
+        "status": status,
+        "repeats": len(reps),
+        "verdicts": [r["verdict"] for r in reps],
+        "reasons": sorted({reason for r in reps for reason in r["verdict_reasons"]}),
+        "per_repeat": [repeat_rates(r) for r in reps],
+        "failures": failures,
+        "failure_summary": failure_summary(failures) if failures else None,
+        "variation": variation(reps, classes, confidence),
+    }
+
+
+def search_resolution(search: Any, pass_rps: float | None) -> float | None:
+    """The pack's ``sweep.search`` resolution in RPS: ``resolution_rps``, else
+    ``resolution_rel`` x the passing rate; None without a search (a model or a mapping)."""
+    if search is None:
+        return None
+
+    def get(name: str) -> Any:
+        return search.get(name) if isinstance(search, dict) else getattr(search, name, None)
+
+    if get("resolution_rps") is not None:
+        return float(get("resolution_rps"))
+    if get("resolution_rel") is not None and pass_rps is not None:
+        return float(get("resolution_rel")) * pass_rps
+    return None
+
+
+def bracket(
+    rows: list[dict[str, Any]], capacity: float | None, resolution: float | None,
+    confidence: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The capacity as a bracket: the highest passing rate (every lower one passing), the
+    lowest tested rate above it, the width between them and whether the resolution is met."""
+    fail = next((r for r in rows if capacity is None or r["offered_rps"] > capacity), None)
+    fail_rps = fail["offered_rps"] if fail is not None else None
+    width = fail_rps - capacity if capacity is not None and fail_rps is not None else None
+    if capacity is None:
+        note = (
+            f"no tested rate passes: the capacity is below {fail_rps:g} RPS"
+            if fail_rps is not None else "no open-loop points"
+        )  # fmt: skip
+    elif fail_rps is None:
+        note = "the highest rate tested passes: the true capacity may be higher"
+    else:
+        note = f"the capacity lies in [{capacity:g}, {fail_rps:g}) RPS"
+    return {
+        "pass_rps": capacity,
+        "fail_rps": fail_rps,
+        "fail_status": fail["status"] if fail is not None else None,
+        "fail_summary": fail["failure_summary"] if fail is not None else None,
+        "width_rps": width,
+        "resolution_rps": resolution,
+        "reached": (
+            width <= resolution + 1e-9 if width is not None and resolution is not None else None
+        ),
+        "confidence": confidence,
+        "note": note,
+    }
+
+
+def _confidence(reports: list[dict[str, Any]]) -> float:
+    """The confidence of the reports' attainment bounds (0.95 when they do not say)."""
+    for r in reports:
+        for c in r.get("classes", {}).values():
+            if c.get("attainment_ci_confidence") is not None:
+                return float(c["attainment_ci_confidence"])
+    return 0.95
 
 
 def select_open_loop(
-    reports: list[dict[str, Any]], classes: list[str], replicas: int, gpus: int
-) -> dict[str, Any]:
-    """Capacity per cache state from the open-loop reports (see the module docstring)."""
+    reports: list[dict[str, Any]], classes: list[str], replicas: int, gpus: int,
+    search: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Capacity per cache state from the open-loop reports (see the module docstring);
+    ``search`` is the pack's ``sweep.search`` (its resolution), None without one."""
     by_state: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in reports:
         if r.get("mode") == "open":
             by_state[r["cache_state"]][float(r["offered_rps"])].append(r)
+    confidence = _confidence(reports)
     result: dict[str, Any] = {}
     for state, rates in sorted(by_state.items()):
-        rows = []
-        for rate in sorted(rates):
-            reps = sorted(rates[rate], key=lambda r: r["repeat"])
-            rows.append(
-                {
-                    "offered_rps": rate,
-                    "status": rate_status(reps),
-                    "repeats": len(reps),
-                    "verdicts": [r["verdict"] for r in reps],
-                    "reasons": sorted({reason for r in reps for reason in r["verdict_reasons"]}),
-                    "variation": variation(reps, classes),
-                }
-            )
+        rows = [
+            _rate_row(rate, sorted(rates[rate], key=lambda r: r["repeat"]), classes, confidence)
+            for rate in sorted(rates)
+        ]
         capacity = None
         for row in rows:
             if row["status"] != "pass":
@@ -121,17 +304,26 @@ def select_open_loop(
         next_up = next(
             (row for row in rows if capacity is None or row["offered_rps"] > capacity), None
         )
+        at = next((row for row in rows if row["offered_rps"] == capacity), None)
+        goodputs = [p["goodput_rps"] for p in (at["per_repeat"] if at else [])
+                    if p["goodput_rps"] is not None]  # fmt: skip
+        # The least goodput over the repeats: the capacity must hold in every one of them.
+        goodput = min(goodputs) if goodputs else None
         result[state] = {
             "rates": rows,
             "capacity_rps": capacity,
+            "bracket": bracket(rows, capacity, search_resolution(search, capacity), confidence),
             "capacity_per_replica_rps": capacity / replicas if capacity is not None else None,
-            "goodput_per_gpu_rps": capacity / gpus if capacity is not None else None,
+            "capacity_per_gpu_nominal_rps": capacity / gpus if capacity is not None else None,
+            "goodput_at_capacity_rps": goodput,
+            "goodput_per_gpu_rps": goodput / gpus if goodput is not None else None,
             "non_monotonic_passes_rps": passing_above,
             "next_rate_up": (
                 {
                     "offered_rps": next_up["offered_rps"],
                     "status": next_up["status"],
                     "limited_by": next_up["reasons"],
+                    "failure_summary": next_up["failure_summary"],
                 }
                 if next_up is not None
                 else None
@@ -141,6 +333,10 @@ def select_open_loop(
     return result
 
 
+def _why(row: dict[str, Any]) -> str:
+    return row["failure_summary"] or "; ".join(row["reasons"]) or "see its reports"
+
+
 def _decision(capacity, rows, next_up, state) -> str:
     if not rows:
         return f"{state}: no open-loop points"
@@ -148,7 +344,7 @@ def _decision(capacity, rows, next_up, state) -> str:
         first = rows[0]
         return (
             f"{state}: no tested rate passes; the lowest ({first['offered_rps']:g} RPS) is "
-            f"{first['status']}: {'; '.join(first['reasons']) or 'see its reports'}"
+            f"{first['status']}: {_why(first)}"
         )
     text = (
         f"{state}: {capacity:g} RPS is the highest tested rate passing every gate in every repeat"
@@ -156,7 +352,7 @@ def _decision(capacity, rows, next_up, state) -> str:
     if next_up is not None:
         text += (
             f"; the next rate up ({next_up['offered_rps']:g} RPS) is {next_up['status']}: "
-            f"{'; '.join(next_up['reasons']) or 'see its reports'}"
+            f"{_why(next_up)}"
         )
     else:
         text += "; it is the highest rate tested, so the true capacity may be higher"
@@ -189,6 +385,7 @@ def closed_loop_curve(
                     "p95_tpot_ms": {c: var["classes"][c]["p95_tpot_ms"]["mean"] for c in classes},
                     "attainment": {c: var["classes"][c]["attainment"]["mean"] for c in classes},
                     "meets_latency_gates": all(_latency_pass(r, attainment_min) for r in reps),
+                    "reasons": sorted({x for r in reps for x in r.get("verdict_reasons", [])}),
                 }
             )
         inside = [p for p in curve if p["meets_latency_gates"]]
@@ -197,10 +394,29 @@ def closed_loop_curve(
         out[state] = {
             "curve": curve,
             "operating_point": best,
+            "operating_point_status": best["status"] if best else None,
+            "operating_point_is_largest_tested": (
+                best is not None and best["concurrency"] == max(levels)
+            ),
+            "operating_point_note": _operating_note(best, max(levels)),
             "single_user": single,
             "saturation_tps": max((p["output_throughput_tps"] or 0.0 for p in curve), default=None),
         }
     return out
+
+
+def _operating_note(best: dict[str, Any] | None, largest: int) -> str:
+    """The operating point's status in words: passed, or met only the latency gates."""
+    if best is None:
+        return "no concurrency level met the latency gates"
+    if best["status"] == "pass":
+        text = "it passes every gate in every repeat"
+    else:
+        why = "; ".join(best["reasons"][:3]) or "see its reports"
+        text = f"it meets the latency gates but its status is {best['status']} ({why})"
+    if best["concurrency"] == largest:
+        text += "; it is the largest concurrency tested, so the frontier may lie beyond it"
+    return text
 
 
 def _latency_pass(report: dict[str, Any], attainment_min: float) -> bool:
@@ -402,6 +618,13 @@ def decision_metrics(capacity: dict[str, Any], plan: dict[str, Any]) -> dict[str
         out[f"{state}.capacity_rps"] = sel["capacity_rps"]
         out[f"{state}.capacity_per_replica_rps"] = sel["capacity_per_replica_rps"]
         out[f"{state}.goodput_per_gpu_rps"] = sel["goodput_per_gpu_rps"]
+        out[f"{state}.capacity_per_gpu_nominal_rps"] = sel["capacity_per_gpu_nominal_rps"]
+        b = sel["bracket"]
+        out[f"{state}.bracket_pass_rps"] = b["pass_rps"]
+        out[f"{state}.bracket_fail_rps"] = b["fail_rps"]
+        out[f"{state}.bracket_width_rps"] = b["width_rps"]
+        out[f"{state}.bracket_resolution_rps"] = b["resolution_rps"]
+        out[f"{state}.bracket_reached"] = None if b["reached"] is None else float(b["reached"])
         at = next((r for r in sel["rates"] if r["offered_rps"] == sel["capacity_rps"]), None)
         if at is None:
             continue
