@@ -205,3 +205,134 @@ def test_attainment_plot_draws_a_zero_attainment_whose_interval_rounds_above_it(
     path = tmp_path / "attainment.png"
     plot_attainment([report], ["chat"], 0.95, path)
     assert path.stat().st_size > 0
+
+
+class _Search:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+@pytest.mark.parametrize(
+    ("search", "resolution", "reached"),
+    [
+        (None, None, None),
+        (_Search(resolution_rps=2.0, resolution_rel=None), 2.0, True),
+        (_Search(resolution_rps=1.0), 1.0, False),
+        (_Search(resolution_rps=None, resolution_rel=0.05), 0.05 * 34, False),
+        ({"resolution_rel": 0.1}, 3.4, True),
+    ],
+)
+def test_the_capacity_is_a_bracket_with_the_search_resolution(search, resolution, reached):
+    reports = [report(r, 0, "pass") for r in (20, 30, 34)]
+    reports += [report(36, 0, "fail", reasons=["interactive: attainment 0.9100 < 0.95"])]
+    reports += [report(40, 0, "fail")]
+    sel = select_open_loop(reports, CLASSES, 1, 1, search=search)["cold"]
+    b = sel["bracket"]
+    assert sel["capacity_rps"] == b["pass_rps"] == 34
+    assert b["fail_rps"] == 36 and b["width_rps"] == 2 and b["confidence"] == 0.95
+    if resolution is None:
+        assert b["resolution_rps"] is None
+    else:
+        assert b["resolution_rps"] == pytest.approx(resolution)
+    assert b["reached"] is reached
+    assert "[34, 36)" in b["note"]
+
+
+def test_the_bracket_without_an_upper_or_a_lower_end():
+    top = select_open_loop([report(20, 0, "pass")], CLASSES, 1, 1)["cold"]["bracket"]
+    assert top["fail_rps"] is None and top["width_rps"] is None
+    assert "may be higher" in top["note"]
+    low = select_open_loop([report(20, 0, "fail")], CLASSES, 1, 1)["cold"]["bracket"]
+    assert low["pass_rps"] is None and low["fail_rps"] == 20 and "below 20 RPS" in low["note"]
+
+
+def test_each_repeat_lists_its_offered_and_achieved_rate():
+    r = report(30, 0, "pass", goodput=28.3)
+    r.update(attempted=480, successful=470, measured_window_s=16.0, request_throughput_rps=29.375)
+    row = select_open_loop([r], CLASSES, 1, 2)["cold"]["rates"][0]
+    (rep,) = row["per_repeat"]
+    assert rep["nominal_rps"] == 30.0
+    assert rep["offered_measured_rps"] == pytest.approx(480 / 16.0)  # attempted / T
+    assert rep["achieved_rps"] == pytest.approx(470 / 16.0)  # successful / T
+    assert rep["goodput_rps"] == 28.3
+
+
+def test_goodput_per_gpu_is_the_least_measured_goodput_at_the_capacity_rate():
+    reports = [report(30, k, "pass", goodput=g) for k, g in enumerate([29.4, 28.8])]
+    sel = select_open_loop(reports, CLASSES, replicas=1, gpus=2)["cold"]
+    assert sel["goodput_at_capacity_rps"] == 28.8
+    assert sel["goodput_per_gpu_rps"] == pytest.approx(14.4)
+    assert sel["capacity_per_gpu_nominal_rps"] == 15.0
+    assert sel["capacity_per_replica_rps"] == 30.0  # the plan still sizes on the capacity
+
+
+def test_a_failing_rate_names_the_class_the_repeat_and_the_binding_metric():
+    bad = report(36, 1, "fail", reasons=["interactive: attainment 0.9100 < 0.95",
+                                         "error rate 0.0200 > 0.01"])  # fmt: skip
+    bad["classes"]["interactive"].update(
+        attainment=0.91,
+        class_slo_pass=False,
+        p99_ttft_early_stopping={"over_cutoff": 40},
+        p99_tpot_early_stopping={"over_cutoff": 3},
+    )
+    marginal = report(36, 2, "marginal", reasons=["long_context: attainment CI lower bound "
+                                                  "0.9400 < 0.95"])  # fmt: skip
+    marginal["classes"]["long_context"].update(
+        request_ttft_cutoff_ms=600.0, request_tpot_cutoff_ms=30.0, p95_ttft_ms=300.0,
+        p95_tpot_ms=31.0,
+    )  # fmt: skip
+    reports = [report(34, k, "pass") for k in range(3)] + [report(36, 0, "pass"), bad, marginal]
+    sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
+    row = sel["rates"][1]
+    assert [f["repeat"] for f in row["failures"]] == [1, 2]  # repeat 0 passed
+    first, second = row["failures"]
+    (cls,) = first["classes"]
+    assert cls["class"] == "interactive" and cls["binding_metric"] == "ttft"
+    assert cls["binding_evidence"] == {"basis": "requests over each cutoff",
+                                       "over_ttft_cutoff": 40, "over_tpot_cutoff": 3}  # fmt: skip
+    assert cls["attribution"] is None
+    assert first["point_reasons"] == ["error rate 0.0200 > 0.01"]
+    (cls,) = second["classes"]
+    # No per-cutoff counts: P95 / cutoff, 300/600 for TTFT against 31/30 for TPOT.
+    assert cls["binding_metric"] == "tpot" and cls["binding_evidence"]["basis"].startswith("P95")
+    assert row["failure_summary"] == (
+        "interactive TTFT (repeat 1); error rate 0.0200 > 0.01 (repeat 1); "
+        "long_context TPOT (repeat 2)"
+    )
+    assert sel["bracket"]["fail_summary"] == row["failure_summary"]
+    assert "interactive TTFT (repeat 1)" in sel["decision"]
+
+
+def test_an_under_sampled_class_is_named_without_a_binding_metric():
+    r = report(36, 0, "inconclusive", reasons=["under-sampled: ['interactive']",
+                                               "interactive: 5 successful < 80"])  # fmt: skip
+    r["under_sampled_classes"] = ["interactive"]
+    r["classes"]["interactive"]["p99_ttft_early_stopping"] = {"over_cutoff": 1}
+    r["classes"]["interactive"]["p99_tpot_early_stopping"] = {"over_cutoff": 0}
+    (f,) = select_open_loop([r], CLASSES, 1, 1)["cold"]["rates"][0]["failures"]
+    (cls,) = f["classes"]
+    assert cls["reasons"] == ["interactive: 5 successful < 80"] and cls["binding_metric"] is None
+    assert f["point_reasons"] == []
+
+
+def test_the_closed_loop_operating_point_states_its_status():
+    reports = [report(None, 0, "inconclusive", mode="closed", conc=c, attainment=1.0,
+                      reasons=["under-sampled: ['interactive']"]) for c in (1, 8, 32)]  # fmt: skip
+    for r, tps in zip(reports, (100.0, 700.0, 2000.0), strict=True):
+        r["output_throughput_tps"] = tps
+    cur = closed_loop_curve(reports, CLASSES, 0.95)["cold"]
+    assert cur["operating_point"]["concurrency"] == 32
+    assert cur["operating_point_status"] == "inconclusive"
+    assert cur["operating_point_is_largest_tested"] is True
+    assert "status is inconclusive" in cur["operating_point_note"]
+    assert "largest concurrency tested" in cur["operating_point_note"]
+
+
+def test_decision_metrics_carry_the_bracket_in_rps():
+    pack = load_pack(TUTORIAL)
+    reports = [report(r, 0, "pass") for r in (16, 20, 24)] + [report(28, 0, "fail")]
+    capacity = build_capacity(reports, pack)
+    metrics = decision_metrics(capacity, build_plan(capacity, reports, pack))
+    assert metrics["cold.bracket_pass_rps"] == 24 and metrics["cold.bracket_fail_rps"] == 28
+    assert metrics["cold.bracket_width_rps"] == 4
+    assert metrics["cold.capacity_per_gpu_nominal_rps"] == 3  # 24 RPS / 8 GPUs under test

@@ -6,13 +6,13 @@ what the quantity is:
 - **Unbounded** (goodput, throughput, P95 latencies): the Student-t interval of the mean,
   mean +- t(1/2 + c/2, n - 1) s / sqrt(n) with s the sample standard deviation (ddof = 1), only
   from :data:`MIN_REPEATS_FOR_T_INTERVAL` (5) repeats on. Below that the interval is ``None``
-  and ``interval_note`` says so ("range of 2 repeats; no interval below 5"): with 1 to 3 degrees
-  of freedom the t quantile (12.71, 4.30, 3.18 at 95 %) multiplies a standard deviation that is
-  itself estimated from two to four values, so the "interval" is mostly the noise of s (at
-  n = 2 it is 12.7 / sqrt(2) = 9 times half the range either side of the mean) and the
-  normality it assumes cannot be checked; the range says what was seen without claiming more.
-  Latencies and rates are non-negative, so their interval is intersected with [0, inf): the
-  true mean lies there, so the intersection keeps the interval's coverage.
+  and ``interval_note`` says so ("range of 2 repeats; no interval below 5 repeats"): with 1 to
+  3 degrees of freedom the t quantile (12.71, 4.30, 3.18 at 95 %) multiplies a standard
+  deviation itself estimated from two to four values, so the "interval" is mostly the noise of
+  s (at n = 2, s / sqrt(2) is half the range, so it reaches 12.7 half-ranges either side of the
+  mean) and the normality it assumes cannot be checked; the range says what was seen without
+  claiming more. Latencies and rates are non-negative, so their interval is intersected with
+  [0, inf): the true mean lies there, so the intersection keeps the interval's coverage.
 - **Bounded in [0, 1]** (attainment, error rate): a binomial interval of the counts pooled over
   the repeats, never a t-interval. Attainment: k = sum of passing_c, n = sum of successful_c;
   error rate: k = sum of failed, n = sum of attempted; Wilson's score interval of k / n at the
@@ -100,7 +100,7 @@ def pooled_proportion(
         return out
     out = _summary(_finite(values), confidence)
     k, n = int(sum(successes)), int(sum(trials))
-    out["pooled"] = {"successes": k, "trials": n, "value": k / n if n else None}
+    out["pooled"] = {"count": k, "trials": n, "value": k / n if n else None}
     ci = wilson_interval(k, n, confidence)
     if ci is None:
         out["interval_note"] = f"no trials pooled over {len(trials)} repeat(s)"

@@ -7,7 +7,9 @@ and ``slo-report.json`` of the selected point, ``capacity.json`` (selection, var
 
 Plots (matplotlib, PNG, cold and warm side by side):
 
-- ``throughput.png``: offered RPS against raw request throughput and observed goodput;
+- ``throughput.png``: nominal offered RPS against the achieved request throughput and the
+  observed goodput (mean, min-max over repeats), with the capacity bracket of each cache state
+  shaded from its highest passing rate (solid line) to the lowest rate above it (dashed line);
 - ``attainment.png``: per-class joint attainment with its confidence interval, and the gate;
 - ``latency.png``: P95 TTFT and P95 TPOT per class against their cutoffs;
 - ``closed_loop.png``: the latency-throughput curve with the chosen operating point;
@@ -54,18 +56,30 @@ def plot_throughput(selection: dict[str, Any], path: Path) -> None:
         rates = [r["offered_rps"] for r in sel["rates"]]
         thr = [r["variation"]["observed_goodput_rps"] for r in sel["rates"]]
         raw = [r["variation"]["request_throughput_rps"]["mean"] for r in sel["rates"]]
-        ax.plot(rates, raw, color=color, marker=marker, ls="--", label=f"{state}: raw throughput")
+        ax.plot(rates, raw, color=color, marker=marker, ls="--", label=f"{state}: achieved RPS")
         _errorline(ax, rates, thr, color, marker, f"{state}: observed goodput")
-        if sel["capacity_rps"] is not None:
-            ax.axvline(sel["capacity_rps"], color=color, lw=1, alpha=0.5)
+        _bracket(ax, sel.get("bracket") or {"pass_rps": sel["capacity_rps"]}, color, state)
         top = max([top, *rates])
     ax.plot([0, top], [0, top], color="gray", lw=0.8, ls=":", label="offered = served")
-    ax.set_xlabel("offered load (RPS)")
+    ax.set_xlabel("offered load, nominal (RPS)")
     ax.set_ylabel("requests per second")
-    ax.set_title("Throughput and goodput by offered rate (vertical line: selected capacity)")
+    ax.set_title("Throughput and goodput by offered rate; shaded: the capacity bracket")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     _save(fig, path)
+
+
+def _bracket(ax, b: dict[str, Any], color: str, state: str) -> None:
+    """The bracket: a solid line at the passing rate, a dashed one at the failing rate, and the
+    span between them shaded (no shade when either end is missing)."""
+    lo, hi = b.get("pass_rps"), b.get("fail_rps")
+    if lo is not None:
+        ax.axvline(lo, color=color, lw=1.2, alpha=0.7, label=f"{state}: passes ({lo:g})")
+    if hi is not None:
+        ax.axvline(hi, color=color, lw=1.2, ls="--", alpha=0.7,
+                   label=f"{state}: {b.get('fail_status') or 'fails'} ({hi:g})")  # fmt: skip
+    if lo is not None and hi is not None:
+        ax.axvspan(lo, hi, color=color, alpha=0.12)
 
 
 def _errorline(ax, x, stats, color, marker, label) -> None:
@@ -311,19 +325,53 @@ def _readme_title(pack: dict[str, Any]) -> list[str]:
     return lines
 
 
+def bracket_sentence(sel: dict[str, Any]) -> str:
+    """The capacity as a bracket in words: 'between 34 RPS (passes) and 36 RPS (fails:
+    interactive TTFT (repeat 0)); resolution 2 RPS reached; verdicts at 95 % confidence'."""
+    b = sel["bracket"]
+    lo, hi = b["pass_rps"], b["fail_rps"]
+    if hi is not None:
+        word = "fails" if b["fail_status"] == "fail" else b["fail_status"]
+        upper = f"{hi:g} RPS ({word}: {b['fail_summary'] or 'see its reports'})"
+    if lo is None:
+        return f"below {upper}" if hi is not None else "no open-loop points"
+    if hi is None:
+        text = f"at least {lo:g} RPS (passes; the highest rate tested, so the true capacity "
+        text += "may be higher)"
+    else:
+        text = f"between {lo:g} RPS (passes) and {upper}"
+    res = b["resolution_rps"]
+    if res is None:
+        text += "; no search resolution declared (no `sweep.search`)" + (
+            f": the width, {b['width_rps']:g} RPS, is the tested grid's step"
+            if b["width_rps"] is not None else ""
+        )  # fmt: skip
+    elif b["reached"]:
+        text += f"; resolution {res:g} RPS reached"
+    elif b["reached"] is False:
+        text += f"; resolution {res:g} RPS **not reached** (width {b['width_rps']:g} RPS)"
+    else:
+        text += f"; resolution {res:g} RPS (no upper end to measure the width against)"
+    return text + f"; verdicts at {b['confidence'] * 100:g} % confidence"
+
+
 def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
     primary = capacity["primary_cache_state"]
     sel = capacity["open_loop"].get(primary, {})
     cap = sel.get("capacity_rps")
     lines = ["## Decision", ""]
     if cap is None:
-        lines.append(f"**No SLO-compliant capacity** among the tested rates ({primary} cache).")
+        lines.append(f"**No SLO-compliant capacity** among the tested rates ({primary} cache)" +
+                     (f": {bracket_sentence(sel)}." if sel.get("bracket") else "."))  # fmt: skip
     else:
+        goodput = sel["goodput_at_capacity_rps"]
         lines.append(
-            f"**SLO-compliant capacity ({primary} cache): {cap:g} RPS** for "
-            f"{m['engine']['placement']['replicas']} replica(s), i.e. "
-            f"**{sel['capacity_per_replica_rps']:g} RPS per replica** and "
-            f"{sel['goodput_per_gpu_rps']:g} RPS per GPU (goodput per GPU, DistServe's sense)."
+            f"**SLO-compliant capacity ({primary} cache): {bracket_sentence(sel)}.** "
+            f"The pack takes {cap:g} RPS for {m['engine']['placement']['replicas']} replica(s), "
+            f"i.e. **{sel['capacity_per_replica_rps']:g} RPS per replica** (the plan's figure). "
+            f"Measured goodput at {cap:g} RPS: {_fmt(goodput)} RPS (the least over its repeats), "
+            f"i.e. {_fmt(sel['goodput_per_gpu_rps'])} RPS per GPU (goodput per GPU, DistServe's "
+            f"sense, as measured; nominally {_fmt(sel['capacity_per_gpu_nominal_rps'])})."
         )
     lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
     return lines
@@ -381,27 +429,44 @@ def _readme_gates(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def _per_repeat(row: dict[str, Any], key: str) -> str:
+    return " / ".join(_fmt(p[key]) for p in row.get("per_repeat", [])) or "n/a"
+
+
 def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
-    lines = ["## Evidence", ""]
+    lines = [
+        "## Evidence",
+        "",
+        "Per repeat (separated by /): the offered rate the schedule's measured requests arrived "
+        "at (attempted / T) and the achieved rate (successful / T), T being the measured window "
+        "(first measured send to last terminal event, the drain included). Ranges are min-max "
+        "over the repeats.",
+        "",
+    ]
     for state, s in capacity["open_loop"].items():
         lines += [f"### Open loop, {state} cache", "",
-                  "| offered RPS | status | verdicts | goodput RPS (mean, min-max) | limited by |",
-                  "|---:|---|---|---|---|"]  # fmt: skip
+                  "| nominal RPS | offered RPS | achieved RPS | status | verdicts | "
+                  "goodput RPS (mean, min-max) | limited by |",
+                  "|---:|---|---|---|---|---|---|"]  # fmt: skip
         for r in s["rates"]:
             g = r["variation"]["observed_goodput_rps"]
+            why = r.get("failure_summary") or "; ".join(r["reasons"][:3]) or "-"
             lines.append(
-                f"| {r['offered_rps']:g} | {r['status']} | {', '.join(r['verdicts'])} | "
-                f"{_fmt(g['mean'])} ({_fmt(g['min'])}-{_fmt(g['max'])}) | "
-                f"{'; '.join(r['reasons'][:3]) or '-'} |"
+                f"| {r['offered_rps']:g} | {_per_repeat(r, 'offered_measured_rps')} | "
+                f"{_per_repeat(r, 'achieved_rps')} | {r['status']} | {', '.join(r['verdicts'])} | "
+                f"{_fmt(g['mean'])} ({_fmt(g['min'])}-{_fmt(g['max'])}) | {why} |"
             )
         lines.append("")
     for state, cur in capacity["closed_loop"].items():
         op = cur["operating_point"]
         single = cur["single_user"]
         lines += [f"### Closed loop, {state} cache", ""]
+        note = cur.get("operating_point_note")
         lines.append(
             f"Operating point: concurrency {op['concurrency']} at "
-            f"{_fmt(op['output_throughput_tps'])} output tokens/s." if op else
+            f"{_fmt(op['output_throughput_tps'])} output tokens/s, the highest throughput "
+            "meeting every class's attainment gate"
+            + (f": {note}." if note else ".") if op else
             "No concurrency level met the latency gates."
         )  # fmt: skip
         if single:
