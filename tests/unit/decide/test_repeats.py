@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from capacity_pack.binomial import wilson_interval
 from capacity_pack.decide.repeats import (
     MIN_REPEATS_FOR_T_INTERVAL,
     pooled_proportion,
     t_interval,
     variation,
 )
-from capacity_pack.evidence.statistics import wilson_interval
 
 
 def report(attainment, passing, successful, *, goodput, p95_e2e, attempted=None, failed=0):

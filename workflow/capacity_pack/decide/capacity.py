@@ -276,15 +276,16 @@ def _confidence(reports: list[dict[str, Any]]) -> float:
 
 def select_open_loop(
     reports: list[dict[str, Any]], classes: list[str], replicas: int, gpus: int,
-    search: Any = None,
+    search: Any = None, confidence: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Capacity per cache state from the open-loop reports (see the module docstring);
-    ``search`` is the pack's ``sweep.search`` (its resolution), None without one."""
+    ``search`` is the pack's ``sweep.search`` (its resolution), None without one;
+    ``confidence`` the pack's attainment confidence (None: the one the reports state)."""
     by_state: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in reports:
         if r.get("mode") == "open":
             by_state[r["cache_state"]][float(r["offered_rps"])].append(r)
-    confidence = _confidence(reports)
+    confidence = confidence if confidence is not None else _confidence(reports)
     result: dict[str, Any] = {}
     for state, rates in sorted(by_state.items()):
         rows = [
@@ -440,7 +441,11 @@ def primary_cache_state(states: list[str]) -> str:
 def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
     classes = pack.class_names
     placement = pack.engine.placement
-    open_loop = select_open_loop(reports, classes, placement.replicas, placement.gpus)
+    open_loop = select_open_loop(
+        reports, classes, placement.replicas, placement.gpus,
+        search=getattr(pack.sweep, "search", None),
+        confidence=pack.acceptance.attainment_confidence,
+    )  # fmt: skip
     closed = closed_loop_curve(reports, classes, pack.acceptance.class_slo_attainment_min)
     states = sorted({r["cache_state"] for r in reports}) or list(pack.sweep.cache_states)
     primary = primary_cache_state([s for s in pack.sweep.cache_states if s in states] or states)

@@ -19,7 +19,9 @@ what the quantity is:
   confidence c, which lies inside [0, 1] by construction (Wilson, JASA 1927; Brown, Cai and
   DasGupta, Statist. Sci. 2001, for its coverage). Pooling treats the repeats as one sample with
   one true proportion; the per-repeat min and max show whether they agree. It describes the
-  pooled evidence: each repeat's verdict is taken on its own report's bound, not on this one.
+  pooled evidence and decides nothing: each repeat's verdict is taken on its own report's
+  bound (a confidence sequence, valid under the sweep's early stopping and extension, which a
+  fixed-sample Wilson interval of counts so gathered is not).
   Without the counts (a report that lacks them) the mean of the per-repeat values is given with
   a t-interval clipped to [0, 1] under the same repeat rule.
 """
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from capacity_pack.evidence.statistics import wilson_interval
+from capacity_pack.binomial import wilson_interval
 
 #: The fewest repeats from which a Student-t interval of a mean is reported.
 MIN_REPEATS_FOR_T_INTERVAL = 5
