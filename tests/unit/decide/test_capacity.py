@@ -309,10 +309,15 @@ def test_an_under_sampled_class_is_named_without_a_binding_metric():
     r["under_sampled_classes"] = ["interactive"]
     r["classes"]["interactive"]["p99_ttft_early_stopping"] = {"over_cutoff": 1}
     r["classes"]["interactive"]["p99_tpot_early_stopping"] = {"over_cutoff": 0}
-    (f,) = select_open_loop([r], CLASSES, 1, 1)["cold"]["rates"][0]["failures"]
+    r["verdict_reasons"] += ["queue trend inconclusive"] * 2  # a label and a failed gate
+    row = select_open_loop([r], CLASSES, 1, 1)["cold"]["rates"][0]
+    (f,) = row["failures"]
     (cls,) = f["classes"]
     assert cls["reasons"] == ["interactive: 5 successful < 80"] and cls["binding_metric"] is None
-    assert f["point_reasons"] == []
+    assert f["point_reasons"] == ["queue trend inconclusive"]
+    assert row["failure_summary"] == (
+        "interactive: 5 successful < 80 (repeat 0); queue trend inconclusive (repeat 0)"
+    )
 
 
 def test_the_closed_loop_operating_point_states_its_status():

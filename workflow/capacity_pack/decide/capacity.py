@@ -161,7 +161,10 @@ def repeat_failures(report: dict[str, Any], classes: list[str]) -> dict[str, Any
             }
         )
     prefixes = tuple(f"{c}: " for c in classes)
-    point = [r for r in reasons if not r.startswith(prefixes) and not r.startswith("under-sampled")]
+    # dict.fromkeys: a reason can be both a label and a failed gate ("queue trend inconclusive").
+    point = list(dict.fromkeys(
+        r for r in reasons if not r.startswith(prefixes) and not r.startswith("under-sampled")
+    ))  # fmt: skip
     return {"repeat": report["repeat"], "verdict": report["verdict"], "key": report.get("key"),
             "classes": named, "point_reasons": point}  # fmt: skip
 
@@ -186,8 +189,9 @@ def failure_summary(failures: list[dict[str, Any]]) -> str:
             seen.setdefault(r, []).append(f["repeat"])
     parts = []
     for text, reps in seen.items():
-        word = "repeat" if len(reps) == 1 else "repeats"
-        parts.append(f"{text} ({word} {', '.join(str(k) for k in sorted(set(reps)))})")
+        distinct = sorted(set(reps))
+        word = "repeat" if len(distinct) == 1 else "repeats"
+        parts.append(f"{text} ({word} {', '.join(str(k) for k in distinct)})")
     return "; ".join(parts)
 
 
