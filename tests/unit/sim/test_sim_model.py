@@ -358,3 +358,29 @@ def test_small_fast_passes_the_default_pack_at_20_rps_and_fails_by_50():
     high = _attainment(simulate(prof, poisson_arrivals(50, 60, PACK_CLASSES, seed=11)))
     assert min(low.values()) >= 0.99
     assert min(high.values()) < 0.95
+
+
+def test_the_models_own_slo_boundary_is_a_bracket_that_moves_with_the_cutoff():
+    from capacity_pack.sim.virtual import VirtualClass, attainment_at, slo_boundary
+
+    profile = load_profile("small-fast")
+
+    def classes(ttft_cutoff_s: float) -> list[VirtualClass]:
+        # The default pack's classes, with the interactive TTFT cutoff given.
+        out = []
+        for mix, inp, outp, name in PACK_CLASSES:
+            ttft, tpot = PACK_CUTOFFS[name]
+            ttft = ttft_cutoff_s if name == "interactive" else ttft
+            out.append(VirtualClass(name, mix, inp, outp, ttft, tpot))
+        return out
+
+    low, high = slo_boundary(profile, classes(0.25), 0.95, 20, 60, 4, duration_s=30, seeds=(0,))
+    assert high - low <= 4
+    at_low = attainment_at(profile, classes(0.25), low, 30, seeds=(0,))
+    at_high = attainment_at(profile, classes(0.25), high, 30, seeds=(0,))
+    assert min(at_low.values()) >= 0.95 > min(at_high.values())
+    # A looser TTFT cutoff can only move the boundary up.
+    looser = slo_boundary(profile, classes(0.5), 0.95, low, 80, 4, duration_s=30, seeds=(0,))
+    assert looser[0] >= low
+    with pytest.raises(ValueError, match="not inside"):
+        slo_boundary(profile, classes(0.25), 0.95, high + 20, high + 30, 4, 30, seeds=(0,))

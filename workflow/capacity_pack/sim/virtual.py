@@ -131,3 +131,70 @@ def poisson_arrivals(
         out.append(VirtualRequest(t, inp, outp, label))
         t += rng.expovariate(rate_rps)
     return out
+
+
+@dataclass(frozen=True)
+class VirtualClass:
+    """A workload class for :func:`attainment_at`: its share, lengths and SLO cutoffs."""
+
+    label: str
+    mix: float
+    input_tokens: int
+    output_tokens: int
+    ttft_cutoff_s: float
+    tpot_cutoff_s: float
+
+
+def attainment_at(
+    profile: Profile,
+    classes: list[VirtualClass],
+    rate_rps: float,
+    duration_s: float,
+    seeds: tuple[int, ...] = (0, 1, 2, 3),
+    warmup_s: float = 2.0,
+) -> dict[str, float]:
+    """Mean SLO attainment per class at ``rate_rps`` over ``len(seeds)`` Poisson runs.
+
+    A request meets its SLO when TTFT <= its class's TTFT cutoff and TPOT <= its TPOT cutoff
+    (the pack's joint predicate, on the engine's own times); arrivals in the first
+    ``warmup_s`` are left out, as a point's warm-up is."""
+    mixes = [(c.mix, c.input_tokens, c.output_tokens, c.label) for c in classes]
+    shares: dict[str, list[float]] = {c.label: [] for c in classes}
+    for seed in seeds:
+        run = simulate(profile, poisson_arrivals(rate_rps, duration_s, mixes, seed=seed), seed)
+        for c in classes:
+            rs = [r for r in run.results if r.label == c.label and r.arrival_s >= warmup_s]
+            met = sum(r.ttft_s <= c.ttft_cutoff_s and r.tpot_s <= c.tpot_cutoff_s for r in rs)
+            shares[c.label].append(met / len(rs) if rs else 0.0)
+    return {label: sum(v) / len(v) for label, v in shares.items()}
+
+
+def slo_boundary(
+    profile: Profile,
+    classes: list[VirtualClass],
+    gate: float,
+    low_rps: float,
+    high_rps: float,
+    resolution_rps: float,
+    duration_s: float = 300.0,
+    seeds: tuple[int, ...] = (0, 1, 2, 3),
+) -> tuple[float, float]:
+    """The rate at which the engine model's worst class attainment crosses ``gate``, as a
+    bracket (highest rate meeting it, lowest missing it) no wider than ``resolution_rps``,
+    by bisection between ``low_rps`` (must meet it) and ``high_rps`` (must miss it).
+
+    This is the model's own boundary on point estimates from long runs (no confidence bound,
+    no client): the truth a capacity search over the same workload and gates should find."""
+
+    def meets(rate: float) -> bool:
+        return min(attainment_at(profile, classes, rate, duration_s, seeds).values()) >= gate
+
+    if not meets(low_rps) or meets(high_rps):
+        raise ValueError(f"the boundary is not inside [{low_rps:g}, {high_rps:g}] RPS")
+    while high_rps - low_rps > resolution_rps:
+        mid = (low_rps + high_rps) / 2
+        if meets(mid):
+            low_rps = mid
+        else:
+            high_rps = mid
+    return low_rps, high_rps
