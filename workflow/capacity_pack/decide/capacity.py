@@ -23,9 +23,10 @@ Open-loop sweep, per cache state:
   carries none; the request autopsy attributes each miss (``autopsy.json``);
 - **offered and achieved**, per repeat, over the report's measured window T (first measured
   send to last measured terminal event, the drain included): ``nominal_rps`` = the rate the
-  schedule was drawn at; ``offered_measured_rps`` = attempted / T, the rate the schedule's
-  measured requests actually arrived at (a seeded Poisson schedule realises a rate near, not at,
-  the nominal one; since T includes the drain, it reads low by about the drain's share of T);
+  schedule was drawn at; ``offered_measured_rps`` = the rate the schedule's measured requests
+  actually arrived at, (n - 1) / (last - first measured scheduled arrival), from the report's
+  ``offered_rate_rps`` (a seeded Poisson schedule realises a rate near, not at, the nominal
+  one); for a report without it, attempted / T, which reads low by the drain's share of T;
   ``achieved_rps`` = successful / T (the report's request throughput); ``goodput_rps`` =
   requests meeting their SLO / T (the observed goodput);
 - run-to-run variation across repeats (:mod:`capacity_pack.decide.repeats`): n, mean, min, max
@@ -91,7 +92,9 @@ def repeat_rates(report: dict[str, Any]) -> dict[str, Any]:
         "repeat": report["repeat"],
         "verdict": report["verdict"],
         "nominal_rps": float(report["offered_rps"]),
-        "offered_measured_rps": _per_second(report.get("attempted"), window),
+        # The analysis's own figure when it has one (no drain in it), else attempted / T.
+        "offered_measured_rps": report.get("offered_rate_rps")
+        or _per_second(report.get("attempted"), window),
         "achieved_rps": report.get("request_throughput_rps"),
         "goodput_rps": report.get("observed_goodput_rps"),
         "measured_window_s": window,

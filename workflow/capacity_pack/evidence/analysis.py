@@ -18,6 +18,8 @@ capacity gate) and adds, with the methods of :mod:`.statistics`:
   ``growing`` if either grows, ``flat`` if every series with samples is flat, else
   ``inconclusive``;
 - Little's Law over every terminal request of the steady window, flagged above a 10% gap;
+- the offered rate the schedule realised: (n - 1) / (last - first measured scheduled arrival),
+  n measured requests (``offered_rate_rps``; T includes the drain, this span does not);
 - the optional gates of :mod:`.gates` (per-class error rate, all-attempt attainment) when set.
 
 Verdict: ``inconclusive`` when the point cannot be judged as a server result (the client was the
@@ -128,6 +130,14 @@ def analyze_point(
     status_counts = m["status"].value_counts().to_dict()
     report.update(
         measured_window_s=duration_s,
+        # The schedule's own rate, as it arrived: (n - 1) gaps between the first and the last
+        # measured scheduled arrival (no drain, unlike T).
+        scheduled_window_s=(steady_end - steady_start) / 1e9,
+        offered_rate_rps=(
+            (len(m) - 1) / ((steady_end - steady_start) / 1e9)
+            if steady_end > steady_start
+            else None
+        ),
         window_start_offset_ns=start_ns,
         window_end_offset_ns=end_ns,
         errors_by_status={s: int(status_counts.get(s, 0)) for s in STATUSES},
