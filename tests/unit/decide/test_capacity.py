@@ -301,6 +301,12 @@ def test_a_failing_rate_names_the_class_the_repeat_and_the_binding_metric():
     )
     assert sel["bracket"]["fail_summary"] == row["failure_summary"]
     assert "interactive TTFT (repeat 1)" in sel["decision"]
+    # With the analysis's attribution of the misses, the summary names their main cause.
+    bad["classes"]["interactive"]["attribution"] = {
+        "primary_cause": "queueing", "cause_share": {"queueing": 0.8, "prefill": 0.2},
+    }  # fmt: skip
+    row = select_open_loop(reports, CLASSES, 1, 1)["cold"]["rates"][1]
+    assert row["failure_summary"].startswith("interactive TTFT (queueing 80% of misses) (repeat 1)")
 
 
 def test_an_under_sampled_class_is_named_without_a_binding_metric():

@@ -19,8 +19,9 @@ Open-loop sweep, per cache state:
   (its reasons in the gates' words) with the **binding metric**: of the class's successful
   requests, whether more were over the TTFT cutoff or over the TPOT cutoff (the report's
   per-cutoff counts; see :func:`binding_metric`), and the point-level reasons (error rate, queue
-  trend, client-bound). ``attribution`` (queueing, prefill, decode...) is None: the SLO report
-  carries none; the request autopsy attributes each miss (``autopsy.json``);
+  trend, client-bound), with each class's ``attribution``: the causes of its misses (queueing,
+  prefill, decode, preemption, client scheduling) as the analyze stage estimated them from the
+  scraped series (the request autopsy's ``server_series`` method), None without misses;
 - **offered and achieved**, per repeat, over the report's measured window T (first measured
   send to last measured terminal event, the drain included): ``nominal_rps`` = the rate the
   schedule was drawn at; ``offered_measured_rps`` = the rate the schedule's measured requests
@@ -158,8 +159,7 @@ def repeat_failures(report: dict[str, Any], classes: list[str]) -> dict[str, Any
                 "attainment": entry.get("attainment"),
                 "binding_metric": metric,
                 "binding_evidence": evidence,
-                # The per-request miss attribution (queueing, prefill, decode...) is the request
-                # autopsy's (autopsy.json, requests.points[key]); the SLO report carries none.
+                # What the class's misses were made of (the analyze stage's autopsy estimate).
                 "attribution": entry.get("attribution"),
             }
         )
@@ -187,6 +187,10 @@ def failure_summary(failures: list[dict[str, Any]]) -> str:
         for c in f["classes"]:
             metric = c["binding_metric"]
             text = f"{c['class']} {metric.upper()}" if metric else "; ".join(c["reasons"])
+            cause = (c.get("attribution") or {}).get("primary_cause")
+            if metric and cause:
+                share = c["attribution"]["cause_share"][cause]
+                text += f" ({cause} {share:.0%} of misses)"
             seen.setdefault(text, []).append(f["repeat"])
         for r in f["point_reasons"]:
             seen.setdefault(r, []).append(f["repeat"])

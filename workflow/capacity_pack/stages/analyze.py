@@ -1,4 +1,8 @@
-"""Stage ``analyze``: one point's per-class SLO report (gates, CIs, trend, Little's Law)."""
+"""Stage ``analyze``: one point's per-class SLO report (gates, CIs, trend, Little's Law), with
+each class's SLO misses attributed to their causes (queueing, prefill, decode, preemption, the
+client) by the request autopsy's ``server_series`` method (:mod:`capacity_pack.autopsy.requests`:
+estimated from the scraped queue and preemption series, as the analysis has no ground truth), so
+a failing rate can say what made it fail."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from capacity_pack.autopsy.requests import attribute_misses, miss_shares
 from capacity_pack.evidence.analysis import AnalysisSpec, analyze_point
 from capacity_pack.io import write_json_atomic
 from capacity_pack.plan.schedule import Point
@@ -31,14 +36,16 @@ def run(
     pt = Point.parse(point, cache_state, int(repeat))
     if isinstance(spec, str):
         spec = AnalysisSpec.model_validate_json(spec)
+    table, series = pd.read_parquet(requests), pd.read_parquet(metrics)
     doc = analyze_point(
-        pd.read_parquet(requests),
+        table,
         pd.read_parquet(chunks),
-        pd.read_parquet(metrics),
+        series,
         json.loads(Path(sweep).read_text()),
         spec.classes(),
         spec.gates(),
     )
+    attribute(doc, table, series, spec)
     doc.update(
         point=pt.point_id,
         key=pt.key,
@@ -52,3 +59,21 @@ def run(
     write_json_atomic(report, doc)
     log.info("%s: %s (%s)", pt.key, doc["verdict"], "; ".join(doc["verdict_reasons"]))
     return doc
+
+
+def attribute(doc: dict[str, Any], table: pd.DataFrame, series: pd.DataFrame, spec) -> None:
+    """Each class entry of ``doc`` gets ``attribution``: its misses' causes, or None without."""
+    shares = miss_shares(attribute_misses(table, spec.workload, None, series), table)["classes"]
+    for name, entry in doc["classes"].items():
+        s = shares.get(name)
+        if not s or not s["missed"]:
+            entry["attribution"] = None
+            continue
+        share = {c: v for c, v in s["cause_share"].items() if v > 0}
+        entry["attribution"] = {
+            "method": "server_series (estimated from the scraped queue and preemption series)",
+            "missed": s["missed"],
+            "primary_cause": max(share, key=share.get),
+            "cause_share": share,
+            "mean_excess_ms": {c: s["mean_excess_ms"][c] for c in share},
+        }
