@@ -145,6 +145,35 @@ class VirtualClass:
     tpot_cutoff_s: float
 
 
+@dataclass(frozen=True)
+class SharedPrefixes:
+    """Warm-cache prompts: each request starts with one of ``count`` shared prefixes of
+    ``tokens`` tokens, prefix k drawn with probability ~ 1 / (k + 1)^``zipf_exponent`` (0:
+    uniform); a prompt keeps at least one token of its own."""
+
+    count: int
+    tokens: int
+    zipf_exponent: float = 0.0
+
+
+def with_shared_prefixes(
+    requests: list[VirtualRequest], prefixes: SharedPrefixes, seed: int = 0
+) -> list[VirtualRequest]:
+    """``requests`` with explicit prompts: a shared prefix, then tokens of their own."""
+    rng = random.Random(seed ^ 0x5EED)
+    heads = [
+        tuple(rng.getrandbits(32) for _ in range(prefixes.tokens)) for _ in range(prefixes.count)
+    ]
+    weights = [1.0 / (k + 1) ** prefixes.zipf_exponent for k in range(prefixes.count)]
+    out = []
+    for r in requests:
+        n = r.prompt if isinstance(r.prompt, int) else len(r.prompt)
+        head = rng.choices(heads, weights=weights)[0][: max(0, n - 1)]
+        own = tuple(rng.getrandbits(32) for _ in range(n - len(head)))
+        out.append(VirtualRequest(r.arrival_s, head + own, r.output_tokens, r.label))
+    return out
+
+
 def attainment_at(
     profile: Profile,
     classes: list[VirtualClass],
@@ -152,8 +181,10 @@ def attainment_at(
     duration_s: float,
     seeds: tuple[int, ...] = (0, 1, 2, 3),
     warmup_s: float = 2.0,
+    prefixes: SharedPrefixes | None = None,
 ) -> dict[str, float]:
-    """Mean SLO attainment per class at ``rate_rps`` over ``len(seeds)`` Poisson runs.
+    """Mean SLO attainment per class at ``rate_rps`` over ``len(seeds)`` Poisson runs, with
+    unique prompts (a cold cache) or ``prefixes`` (a warm one).
 
     A request meets its SLO when TTFT <= its class's TTFT cutoff and TPOT <= its TPOT cutoff
     (the pack's joint predicate, on the engine's own times); arrivals in the first
@@ -161,7 +192,10 @@ def attainment_at(
     mixes = [(c.mix, c.input_tokens, c.output_tokens, c.label) for c in classes]
     shares: dict[str, list[float]] = {c.label: [] for c in classes}
     for seed in seeds:
-        run = simulate(profile, poisson_arrivals(rate_rps, duration_s, mixes, seed=seed), seed)
+        arrivals = poisson_arrivals(rate_rps, duration_s, mixes, seed=seed)
+        if prefixes is not None:
+            arrivals = with_shared_prefixes(arrivals, prefixes, seed)
+        run = simulate(profile, arrivals, seed)
         for c in classes:
             rs = [r for r in run.results if r.label == c.label and r.arrival_s >= warmup_s]
             met = sum(r.ttft_s <= c.ttft_cutoff_s and r.tpot_s <= c.tpot_cutoff_s for r in rs)
@@ -178,6 +212,7 @@ def slo_boundary(
     resolution_rps: float,
     duration_s: float = 300.0,
     seeds: tuple[int, ...] = (0, 1, 2, 3),
+    prefixes: SharedPrefixes | None = None,
 ) -> tuple[float, float]:
     """The rate at which the engine model's worst class attainment crosses ``gate``, as a
     bracket (highest rate meeting it, lowest missing it) no wider than ``resolution_rps``,
@@ -187,7 +222,8 @@ def slo_boundary(
     no client): the truth a capacity search over the same workload and gates should find."""
 
     def meets(rate: float) -> bool:
-        return min(attainment_at(profile, classes, rate, duration_s, seeds).values()) >= gate
+        att = attainment_at(profile, classes, rate, duration_s, seeds, prefixes=prefixes)
+        return min(att.values()) >= gate
 
     if not meets(low_rps) or meets(high_rps):
         raise ValueError(f"the boundary is not inside [{low_rps:g}, {high_rps:g}] RPS")
