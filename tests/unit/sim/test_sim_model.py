@@ -406,6 +406,6 @@ def test_shared_prefixes_raise_the_models_boundary():
     heads = {r.prompt[:96] for r in reqs if len(r.prompt) > 96}
     assert 1 < len(heads) <= 8 and all(len(r.prompt) in (256, 1024, 128) for r in reqs)
     profile = load_profile("small-fast")
-    cold = attainment_at(profile, classes, 40, 40, seeds=(0,))
-    hot = attainment_at(profile, classes, 40, 40, seeds=(0,), prefixes=warm)
+    cold = attainment_at(profile, classes, 40, 20, seeds=(0,))
+    hot = attainment_at(profile, classes, 40, 20, seeds=(0,), prefixes=warm)
     assert min(hot.values()) > min(cold.values())
