@@ -3,7 +3,7 @@ rule autopsy:
     input:
         # Last of all: every other output of the pack, so the autopsy sees the whole run.
         done=all_targets(),
-        requests=point_targets("normalize", "requests"),
+        requests=lambda w: point_targets("normalize", "requests"),
     output:
         markdown=report(AUTOPSY_MD, category="Autopsy", caption="../report/autopsy.rst"),
         json=stage_output("autopsy", "json"),

@@ -1,7 +1,9 @@
 rule capacity:
     """Capacity per cache state across repeats, the closed-loop operating point, the plan."""
     input:
-        reports=report_targets(),
+        # Functions: with sweep.search, the searched points are known only round by round.
+        reports=lambda w: report_targets(),
+        search=search_targets(),
     output:
         **stage_outputs("capacity"),
     params:
@@ -23,9 +25,9 @@ rule report:
     input:
         **stage_outputs("freeze"),
         **stage_outputs("capacity"),
-        reports=report_targets(),
-        tables=point_targets("normalize", "csv"),
-        metrics=point_targets("normalize", "metrics"),
+        reports=lambda w: report_targets(),
+        tables=lambda w: point_targets("normalize", "csv"),
+        metrics=lambda w: point_targets("normalize", "metrics"),
     output:
         readme=report(
             stage_output("report", "readme"), category="Decision", caption="../report/readme.rst"

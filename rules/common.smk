@@ -10,7 +10,10 @@
 # inputs) skips the job's own params check entirely. The MLflow child runs of a stage are logged
 # by a cheap `track_<stage>` job that does depend on the frozen manifest, so every new parent run
 # gets a child per job while the measurements themselves are reused.
+import json
+
 from capacity_pack import codehash
+from capacity_pack.decide import search as search_lib
 from capacity_pack.evidence import analysis as analysis_lib
 from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
@@ -43,7 +46,11 @@ def point_output(name, key, point):
 
 FROZEN = stage_output("freeze", "frozen")
 MANIFEST_JSON = canonical_json(PACK.model_dump(mode="json"))
+# The points the manifest fixes. With sweep.search, the searched points are decided round by
+# round (rules/search.smk): every target list below is then a function of the search's
+# checkpoints, to be called from an input function only.
 POINTS = schedule_lib.points(PACK)
+SEARCH = PACK.sweep.search
 ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
 # The decision reads gates, workload, placement, plan and target: it is cheap, so it takes the
 # whole validated pack (a script never reads the config itself) except the failure drills,
@@ -61,6 +68,7 @@ wildcard_constraints:
     point=r"open-r[0-9.]+|closed-c[0-9]+|exp-[a-z][a-z0-9_]*",
     cache=r"cold|warm",
     repeat=r"[0-9]+",
+    round=r"[1-9][0-9]*",
     stage=r"[a-z_]+",
     drill=r"[a-z][a-z0-9_]*",
 
@@ -109,21 +117,14 @@ def sweep_threads(wildcards):
     return PACK.client.shards if wildcard_point(wildcards).mode != "closed" else 1
 
 
+def all_points():
+    """The fixed points, then every searched point (call from an input function only)."""
+    return POINTS + searched_points() if SEARCH is not None else POINTS
+
+
 def point_targets(name, key, points=None):
     """Output `key` of stage `name` for every point (or each of `points`)."""
-    return [point_output(name, key, p) for p in (POINTS if points is None else points)]
-
-
-def schedule_targets():
-    return point_targets("schedule", "summary")
-
-
-def sweep_targets():
-    return point_targets("sweep", "summary")
-
-
-def table_targets():
-    return point_targets("normalize", "summary")
+    return [point_output(name, key, p) for p in (all_points() if points is None else points)]
 
 
 def report_targets():
@@ -131,7 +132,7 @@ def report_targets():
 
 
 def open_report_targets():
-    return point_targets("analyze", "report", [p for p in POINTS if p.mode == "open"])
+    return point_targets("analyze", "report", [p for p in all_points() if p.mode == "open"])
 
 
 # Failure drills: their names, what each reads, and what analysing them reads.
@@ -159,8 +160,15 @@ def tracked_targets(tracked):
     return point_targets(stage.name, stage.summary)
 
 
+def has_tracked_jobs(tracked):
+    """Whether the stage tracked as `tracked` has jobs in this pack (known before any job)."""
+    if "{drill}" in stages_lib.TRACKED[tracked].folder:
+        return bool(DRILLS)
+    return bool(POINTS) or SEARCH is not None
+
+
 # Stages whose jobs get MLflow child runs (those with jobs in this pack), by track job name.
-TRACKED_STAGES = [t for t in stages_lib.TRACKED if tracked_targets(t)]
+TRACKED_STAGES = [t for t in stages_lib.TRACKED if has_tracked_jobs(t)]
 
 
 def tracked_record_module(tracked):
@@ -168,15 +176,86 @@ def tracked_record_module(tracked):
     return stages_lib.TRACKED[tracked].record_module
 
 
+def search_targets():
+    """The summary of each cache state's search (it needs every round, so every point)."""
+    if SEARCH is None:
+        return []
+    return [stage_output("search", "summary", cache=c) for c in PACK.sweep.cache_states]
+
+
 def all_targets():
+    """Every output of the pack but the autopsy. Known before any job: a searched point is an
+    input of its cache state's search summary, so each cache state's rounds are discovered by a
+    job of their own, cold and warm alongside."""
     return [
         FROZEN,
-        *schedule_targets(),
-        *sweep_targets(),
-        *table_targets(),
-        *report_targets(),
+        *point_targets("schedule", "summary", POINTS),
+        *point_targets("sweep", "summary", POINTS),
+        *point_targets("normalize", "summary", POINTS),
+        *point_targets("analyze", "report", POINTS),
+        *search_targets(),
         *(stage_output("track", "runs", stage=stage) for stage in TRACKED_STAGES),
         stage_output("report", "readme"),
         *([stage_output("failure_test", "markdown")] if DRILLS else []),
         stage_output("dashboard", "dashboard"),
+    ]
+
+
+# The SLO-boundary search (rules/search.smk): its settings and the walk over its rounds.
+SEARCH_INPUTS = search_lib.SearchInputs.of(PACK) if SEARCH is not None else None
+SEARCH_INPUTS_JSON = SEARCH_INPUTS.canonical_json() if SEARCH is not None else ""
+MAX_ROUNDS = SEARCH.max_rounds if SEARCH is not None else 0
+
+
+def search_round_file(cache, k):
+    """Round k's file of `cache`, once its checkpoint has run (else Snakemake schedules it)."""
+    return checkpoints.search_round.get(cache=cache, round=k).output.round
+
+
+def search_plans(cache, rounds=None):
+    """The plans of `cache`'s rounds, walking round files 1, 2, ... until the search is done
+    (or only the first `rounds` files: then the plans of rounds 1..rounds+1 at most)."""
+    docs = []
+    while True:
+        plans = search_lib.plan_rounds(docs, SEARCH_INPUTS, MAX_ROUNDS, cache)
+        if len(plans) == len(docs) or (rounds is not None and len(docs) == rounds):
+            return plans
+        docs.append(json.loads(Path(search_round_file(cache, len(docs) + 1)).read_text()))
+
+
+def searched_points():
+    """Every point of every round of both cache states' searches."""
+    return [
+        p for cache in PACK.sweep.cache_states
+        for p in search_lib.searched_points(search_plans(cache))
+    ]  # fmt: skip
+
+
+def search_round_files(wildcards):
+    """Every round file of `wildcards.cache`'s search, in round order."""
+    return [
+        stage_output("search_round", "round", cache=wildcards.cache, round=plan["round"])
+        for plan in search_plans(wildcards.cache)
+    ]
+
+
+def search_round_reports(wildcards):
+    """The reports round `wildcards.round` decides on: rounds 1..k's points, declared closed-loop
+    points of the cache state."""
+    k = int(wildcards.round)
+    plans = search_plans(wildcards.cache, rounds=k - 1)
+    if len(plans) < k:
+        raise WorkflowError(
+            f"search of the {wildcards.cache} cache state: it ended at round {len(plans)}, "
+            f"there is no round {k}"
+        )
+    fixed = [p for p in POINTS if p.mode == "closed" and p.cache_state == wildcards.cache]
+    return point_targets("analyze", "report", fixed + search_lib.searched_points(plans[:k]))
+
+
+def earlier_round_files(wildcards):
+    """Round files 1..k-1: a rerun of one reruns the rounds after it."""
+    return [
+        stage_output("search_round", "round", cache=wildcards.cache, round=j)
+        for j in range(1, int(wildcards.round))
     ]

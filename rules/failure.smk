@@ -20,7 +20,7 @@ rule failure_drill:
     """Run one failure drill at the capacity point: inject, scrape, record every request."""
     input:
         capacity=stage_output("capacity", "capacity"),
-        reports=open_report_targets(),
+        reports=lambda w: open_report_targets(),
     output:
         **stage_outputs("failure_drill"),
     params:

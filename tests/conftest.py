@@ -37,7 +37,8 @@ def small_pack_data(
 ) -> dict[str, Any]:
     """The default pack, shrunk: ``requests`` scheduled per point, ``min_samples`` per class for
     the sample gate, an attainment gate of 0.6, short warm-up and duration, no load-shape
-    experiments; ``sweep`` and ``client`` override the sweep and client sections."""
+    experiments, no boundary search (the declared rates only); ``sweep`` and ``client`` override
+    the sweep and client sections."""
     data = pack_data()
     data["pack"]["name"] = name
     data["client"].update(
@@ -52,6 +53,8 @@ def small_pack_data(
     # A gate a few seconds of load can decide: a class passes 0.95 at 95 % only after 81
     # successes (capacity_pack.binomial), 0.6 after 15; lint refuses a pack that cannot get there.
     data["acceptance"]["class_slo_attainment_min"] = 0.6
+    # A fixed sweep (the rates given, no boundary search) unless `sweep` gives a search.
+    data["sweep"].pop("search", None)
     data["sweep"].update(
         repeats=1, closed_loop_min_requests=10, closed_loop_requests_per_worker=2, **(sweep or {})
     )

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from capacity_pack import stages
 from tests.paths import DEFAULT_CONFIG, ROOT
 
-RULE = re.compile(r"^rule (\w+):", re.MULTILINE)
+RULE = re.compile(r"^(?:rule|checkpoint) (\w+):", re.MULTILINE)
 
 
 def smk_rules() -> list[str]:

@@ -250,13 +250,7 @@ def schedule(
         return
     if point_id is None or output is None:
         raise _Fail("give --point and --output (or --list to see the points)")
-    matches = [
-        p
-        for p in points
-        if p.point_id == point_id
-        and (cache_state is None or p.cache_state == cache_state)
-        and p.repeat == repeat
-    ]
+    matches = sched.match_points(pack, point_id, cache_state, repeat)
     if not matches:
         raise _Fail(
             f"{config}: no point {point_id!r} (cache {cache_state}, repeat {repeat}); "

@@ -59,6 +59,7 @@ def test_shipped_packs_are_clean(pack):
         (
             lambda d: (
                 d["sweep"].__setitem__("open_loop_rps", []),
+                d["sweep"].pop("search"),  # no searched rates either
                 d.__setitem__("experiments", []),
             ),
             "concurrency-only-load",

@@ -31,12 +31,18 @@ def measured(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_points_cover_sweep_and_experiments():
-    pack = load_pack(DEFAULT)
+    fixed = data()
+    fixed["sweep"].pop("search")  # the declared rates only: every one a point
+    pack = validate_pack(fixed)
     keys = [p.key for p in S.points(pack)]
     assert len(keys) == len(set(keys)) == (3 + 3) * 2 * 2 + 1
     assert "open-r20/warm/rep1" in keys and "closed-c1/cold/rep0" in keys
     assert "exp-spike_smoke/warm/rep0" in keys
     assert S.Point.parse("open-r2.5", "cold", 0).rate_rps == 2.5
+    # The default pack searches its sweep: only the experiment is fixed; the rest is found.
+    default = load_pack(DEFAULT)
+    assert [p.key for p in S.points(default)] == ["exp-spike_smoke/warm/rep0"]
+    assert S.find_point(default, "open-r20", "warm", 1).key == "open-r20/warm/rep1"
 
 
 def test_tutorial_schedule_has_exact_class_counts():

@@ -276,7 +276,7 @@ def _description_extras(d: BenchmarkDescription) -> list[Finding]:
 
 def lint_pack(pack: Pack) -> list[Finding]:
     findings: list[Finding] = []
-    open_rates = bool(pack.sweep.open_loop_rps) or bool(pack.experiments)
+    open_rates = pack.sweep.has_open_loop or bool(pack.experiments)
     if not open_rates:
         findings.append(
             _finding(
@@ -351,7 +351,7 @@ def _pack_extras(pack: Pack) -> list[Finding]:
     findings: list[Finding] = []
     if pack.client.warmup_seconds <= 0:
         findings.append(_finding("no-warmup", "client.warmup_seconds is 0"))
-    has_points = bool(pack.sweep.open_loop_rps or pack.sweep.closed_loop_concurrency)
+    has_points = pack.sweep.has_open_loop or bool(pack.sweep.closed_loop_concurrency)
     if pack.pack.size == "full" and has_points and pack.sweep.repeats < 2:
         findings.append(
             _finding(

@@ -706,6 +706,96 @@ class OpenAITarget(_Model):
         return self
 
 
+#: The most rounds a boundary search may run (each a Snakemake checkpoint).
+MAX_SEARCH_ROUNDS = 50
+
+
+class ConcurrencySearch(_Model):
+    """The closed-loop search: ``sweep.closed_loop_concurrency`` is its first round."""
+
+    resolution: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="Stop when the highest level meeting every class's SLO and the lowest "
+        "level above it that does not differ by at most this many workers.",
+    )
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="Bound of the upward search (default 4 x the highest declared level).",
+    )
+
+
+class RateSearch(_Model):
+    """The open-loop boundary search (capacity_pack.decide.search): round 1 is ``initial``,
+    each later round bisects the bracket [highest passing rate, lowest failing rate above it]
+    until it is within the resolution, or ``max_rounds`` search rounds ran."""
+
+    initial: list[Annotated[float, Field(ge=MIN_OPEN_LOOP_RPS)]] | Literal["auto"] | None = Field(
+        default=None,
+        description="Round 1's rates; 'auto': 0.5, 0.75 and 1 x the closed-loop saturation "
+        "request throughput; omitted: sweep.open_loop_rps.",
+    )
+    resolution_rps: float | None = Field(
+        default=None, gt=0, description="Stop when the bracket is at most this wide (RPS)."
+    )
+    resolution_rel: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Stop when the bracket is at most this fraction of its passing rate wide.",
+    )
+    max_rounds: int = Field(
+        default=6,
+        ge=1,
+        le=MAX_SEARCH_ROUNDS,
+        description="Search rounds at most (round 1 included; confirmation rounds are not).",
+    )
+    min_rps: float | None = Field(
+        default=None,
+        ge=MIN_OPEN_LOOP_RPS,
+        description="Bound of the downward search (default round 1's lowest rate / 8).",
+    )
+    max_rps: float | None = Field(
+        default=None,
+        ge=MIN_OPEN_LOOP_RPS,
+        description="Bound of the upward search (default 4 x round 1's highest rate).",
+    )
+    concurrency: ConcurrencySearch | None = Field(
+        default=None, description="Search the closed loop too (its operating point)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RateSearch:
+        if (self.resolution_rps is None) == (self.resolution_rel is None):
+            raise ValueError("give exactly one of resolution_rps and resolution_rel")
+        if isinstance(self.initial, list):
+            if not self.initial:
+                raise ValueError("initial: give at least one rate, or 'auto'")
+            ids = [f"{r:.6f}".rstrip("0").rstrip(".") for r in self.initial]
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"initial has rates equal to 6 decimals: {self.initial}")
+        if self.min_rps is not None and self.max_rps is not None and self.min_rps >= self.max_rps:
+            raise ValueError(f"min_rps ({self.min_rps:g}) must be below max_rps ({self.max_rps:g})")
+        return self
+
+    def rate_bounds(self, first_round: Sequence[float]) -> tuple[float, float]:
+        """The lowest and highest rate the search may measure, given round 1's rates."""
+        return search_rate_bounds(self.min_rps, self.max_rps, first_round)
+
+
+def search_rate_bounds(
+    min_rps: float | None, max_rps: float | None, first_round: Sequence[float]
+) -> tuple[float, float]:
+    """A rate search's bounds: ``min_rps`` (default round 1's lowest rate / 8, at least
+    MIN_OPEN_LOOP_RPS) and ``max_rps`` (default 4 x round 1's highest), widened to round 1."""
+    low = min_rps if min_rps is not None else max(MIN_OPEN_LOOP_RPS, min(first_round) / 8)
+    high = max_rps if max_rps is not None else 4 * max(first_round)
+    return min(low, min(first_round)), max(high, max(first_round))
+
+
 class Sweep(_Model):
     open_loop_rps: list[Annotated[float, Field(ge=MIN_OPEN_LOOP_RPS)]] = Field(
         default_factory=list, description="Offered rates of the open-loop sweep."
@@ -721,6 +811,11 @@ class Sweep(_Model):
         min_length=1, description="Cache-state families; never mixed in one point."
     )
     repeats: int = Field(default=1, ge=1, description="Repeats of every point (variance).")
+    search: RateSearch | None = Field(
+        default=None,
+        description="Search the SLO boundary round by round instead of measuring only the "
+        "declared rates (each round's points run repeat 0; the final bracket's, every repeat).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Sweep:
@@ -737,7 +832,68 @@ class Sweep(_Model):
             raise ValueError(
                 "closed_loop_concurrency must include 1: the single-user regime is always measured"
             )
+        if self.search is not None:
+            self._check_search(self.search)
         return self
+
+    def _check_search(self, search: RateSearch) -> None:
+        if isinstance(search.initial, list) and self.open_loop_rps:
+            raise ValueError(
+                "search.initial and open_loop_rps both name round 1's rates: give one of them"
+            )
+        if search.initial is None and not self.open_loop_rps:
+            raise ValueError(
+                "search: round 1 is sweep.open_loop_rps, which is empty; give it, or "
+                "search.initial (rates or 'auto')"
+            )
+        if search.initial == "auto" and not self.closed_loop_concurrency:
+            raise ValueError(
+                "search.initial 'auto' derives round 1 from the closed-loop throughput: "
+                "closed_loop_concurrency is empty"
+            )
+        if search.concurrency is not None and not self.closed_loop_concurrency:
+            raise ValueError(
+                "search.concurrency: round 1 of the closed-loop search is "
+                "closed_loop_concurrency, which is empty"
+            )
+        first = self.search_initial_rps
+        if first is not None:
+            if search.min_rps is not None and search.min_rps > min(first):
+                raise ValueError(
+                    f"search.min_rps ({search.min_rps:g}) is above round 1's lowest rate "
+                    f"({min(first):g})"
+                )
+            if search.max_rps is not None and search.max_rps < max(first):
+                raise ValueError(
+                    f"search.max_rps ({search.max_rps:g}) is below round 1's highest rate "
+                    f"({max(first):g})"
+                )
+        limit = search.concurrency.max_concurrency if search.concurrency else None
+        if limit is not None and limit < max(self.closed_loop_concurrency):
+            raise ValueError(
+                f"search.concurrency.max_concurrency ({limit}) is below the highest level of "
+                f"closed_loop_concurrency ({max(self.closed_loop_concurrency)})"
+            )
+
+    @property
+    def search_initial_rps(self) -> list[float] | None:
+        """Round 1's rates of the search (None: derived at run time, 'auto'; or no search)."""
+        if self.search is None or self.search.initial == "auto":
+            return None
+        return list(self.search.initial or self.open_loop_rps)
+
+    @property
+    def has_open_loop(self) -> bool:
+        """Whether the pack measures open-loop rates (declared or searched)."""
+        return bool(self.open_loop_rps) or self.search is not None
+
+    @property
+    def concurrency_bound(self) -> int | None:
+        """The highest level the closed-loop search may measure (None: no closed search)."""
+        if self.search is None or self.search.concurrency is None:
+            return None
+        limit = self.search.concurrency.max_concurrency
+        return limit or min(MAX_CONCURRENCY, 4 * max(self.closed_loop_concurrency))
 
 
 class Segment(_Model):
@@ -1073,7 +1229,7 @@ class Pack(_Model):
         exp_names = [e.name for e in self.experiments]
         if len(set(exp_names)) != len(exp_names):
             raise ValueError(f"experiment names must be unique: {exp_names}")
-        if not (self.sweep.open_loop_rps or self.sweep.closed_loop_concurrency or self.experiments):
+        if not (self.sweep.has_open_loop or self.sweep.closed_loop_concurrency or self.experiments):
             raise ValueError("nothing to measure: the sweep and experiments are all empty")
         placement = self.engine.placement
         if self.plan.gpus_per_replica * placement.replicas != placement.gpus:
@@ -1127,18 +1283,31 @@ class Pack(_Model):
         MAX_DURATION_S (the formulas of plan.schedule's block sizes, as upper bounds)."""
         c, s = self.client, self.sweep
         sizes: list[tuple[str, float]] = []
-        for r in s.open_loop_rps:
+        rates = list(s.open_loop_rps)
+        if s.search is not None and (first := s.search_initial_rps) is not None:
+            # The search measures between its bounds; the schedule grows with the rate.
+            rates += sorted({*first, *s.search.rate_bounds(first)} - set(rates))
+        elif s.search is not None and s.search.max_rps is not None:
+            rates = [s.search.max_rps]
+        for r in rates:
+            where = "sweep.open_loop_rps" if r in s.open_loop_rps else "sweep.search's rate"
             measured = max(c.initial_scheduled_requests, r * c.minimum_duration_seconds)
-            sizes.append((f"sweep.open_loop_rps {r:g}", measured + r * c.warmup_seconds))
+            sizes.append((f"{where} {r:g}", measured + r * c.warmup_seconds))
             if c.initial_scheduled_requests / r > MAX_DURATION_S:
                 raise ValueError(
-                    f"sweep.open_loop_rps {r:g}: client.initial_scheduled_requests "
+                    f"{where} {r:g}: client.initial_scheduled_requests "
                     f"({c.initial_scheduled_requests}) take {c.initial_scheduled_requests / r:.4g}"
                     f" s to arrive, above the bound of {MAX_DURATION_S:,} seconds (30 days)"
                 )
-        for k in s.closed_loop_concurrency:
+        levels = [*s.closed_loop_concurrency, *filter(None, [s.concurrency_bound])]
+        for k in levels:
             measured = max(s.closed_loop_min_requests, s.closed_loop_requests_per_worker * k)
-            sizes.append((f"sweep.closed_loop_concurrency {k}", measured + k))
+            where = (
+                "sweep.closed_loop_concurrency"
+                if k in s.closed_loop_concurrency
+                else ("sweep.search.concurrency's bound")
+            )
+            sizes.append((f"{where} {k}", measured + k))
         for e in self.experiments:
             sizes.append(
                 (f"experiment {e.name!r}", e.expected_requests + e.peak_rps * c.warmup_seconds)

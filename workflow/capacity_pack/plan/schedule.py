@@ -54,6 +54,7 @@ from capacity_pack.io import (
     sha256_of_obj,
     write_json_atomic,
 )
+from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import (
     Client,
     Experiment,
@@ -218,18 +219,24 @@ def format_level(value: float | None) -> str:
 
 
 def points(pack: Pack) -> list[Point]:
-    """Every point of the pack, in a stable order."""
+    """Every point the manifest fixes, in a stable order.
+
+    A searched sweep (``sweep.search``) decides its points round by round from the measurements
+    (:mod:`capacity_pack.decide.search`): its open-loop rates, and its closed-loop levels when
+    ``search.concurrency`` is set, are not here (:func:`searchable_point` says which may be).
+    """
     out: list[Point] = []
     sweep = pack.sweep
+    search = sweep.search
+    rates = sweep.open_loop_rps if search is None else []
+    levels = sweep.closed_loop_concurrency
+    if search is not None and search.concurrency is not None:
+        levels = []
     for cache in sweep.cache_states:
         for rep in range(sweep.repeats):
+            out += [Point(mode="open", rate_rps=r, cache_state=cache, repeat=rep) for r in rates]
             out += [
-                Point(mode="open", rate_rps=r, cache_state=cache, repeat=rep)
-                for r in sweep.open_loop_rps
-            ]
-            out += [
-                Point(mode="closed", concurrency=c, cache_state=cache, repeat=rep)
-                for c in sweep.closed_loop_concurrency
+                Point(mode="closed", concurrency=c, cache_state=cache, repeat=rep) for c in levels
             ]
     for exp in pack.experiments:
         for cache in exp.cache_states:
@@ -240,11 +247,50 @@ def points(pack: Pack) -> list[Point]:
     return out
 
 
+def searchable_point(pack: Pack, point: Point) -> bool:
+    """Whether the pack's search may measure ``point``: a searched mode, a cache state and a
+    repeat of the sweep, a rate within the search's bounds (any rate with ``initial: auto``
+    below an explicit ``max_rps``) or a level up to the closed-loop search's bound."""
+    sweep, search = pack.sweep, pack.sweep.search
+    if search is None or point.cache_state not in sweep.cache_states:
+        return False
+    if not 0 <= point.repeat < sweep.repeats:
+        return False
+    if point.mode == "open":
+        assert point.rate_rps is not None
+        first = sweep.search_initial_rps
+        low, high = search.rate_bounds(first) if first else (MIN_OPEN_LOOP_RPS, search.max_rps)
+        return low <= point.rate_rps and (high is None or point.rate_rps <= high)
+    bound = sweep.concurrency_bound
+    return point.mode == "closed" and bound is not None and point.concurrency <= bound
+
+
 def find_point(pack: Pack, point_id: str, cache_state: str, repeat: int) -> Point:
     for p in points(pack):
         if p.point_id == point_id and p.cache_state == cache_state and p.repeat == repeat:
             return p
+    if point_id.startswith(("open-r", "closed-c")):
+        try:
+            candidate = Point.parse(point_id, cache_state, repeat)
+        except ValueError:
+            candidate = None
+        if candidate is not None and searchable_point(pack, candidate):
+            return candidate
     raise ManifestError(f"the pack has no point {point_id}/{cache_state}/rep{repeat}")
+
+
+def match_points(pack: Pack, point_id: str, cache_state: str | None, repeat: int) -> list[Point]:
+    """The points of ``point_id`` and ``repeat`` (in ``cache_state``, or in any): the fixed
+    ones, else those the pack's search may measure."""
+    caches = [cache_state] if cache_state is not None else list(pack.sweep.cache_states)
+    caches += sorted(pack.all_cache_states() - set(caches)) if cache_state is None else []
+    out = []
+    for cache in caches:
+        try:
+            out.append(find_point(pack, point_id, cache, repeat))
+        except ManifestError:
+            continue
+    return out
 
 
 def point_entropy(inputs: ScheduleInputs, point: Point) -> list[int]:

@@ -12,7 +12,8 @@ the ``capacity-pack`` command runs for the same work. Its row names:
   of the manifest does not rerun it);
 - ``folder`` and ``outputs``: where the stage writes, relative to the pack's results folder
   (``results/<pack name>``), with the rule's wildcards (``{point}/{cache}/rep{repeat}`` for a
-  point, ``{drill}``, ``{stage}``); the rules read every file name from here;
+  point, ``{cache}/round{round}`` for a search round, ``{drill}``, ``{stage}``); the rules read
+  every file name from here;
 - ``record`` and ``tracked_as``: for a stage whose jobs get MLflow child runs, the function that
   maps one job's summary (its output named by ``summary``) to the keyword arguments of
   ``track.tracking.log_child_run``, and the name of its ``track`` job (``tracking/<name>.json``).
@@ -142,6 +143,22 @@ _STAGES = [
         doc="Per-class SLO report of one point.",
     ),
     Stage(
+        "search_round",
+        entry="capacity_pack.stages.search:run_round",
+        inputs="capacity_pack.decide.search:SearchInputs",
+        folder="search/{cache}",
+        outputs={"round": "round{round}.json"},
+        doc="One round of a cache state's SLO-boundary search: the bracket, the next round.",
+    ),
+    Stage(
+        "search",
+        entry="capacity_pack.stages.search:run",
+        inputs="capacity_pack.decide.search:SearchInputs",
+        folder="search/{cache}",
+        outputs={"summary": "search.json"},
+        doc="A cache state's finished search: each round's points, why it stopped, the bracket.",
+    ),
+    Stage(
         "capacity",
         entry="capacity_pack.stages.capacity:run",
         inputs="capacity_pack.plan.manifest:Pack",
@@ -227,7 +244,7 @@ REPORT_PLOTS = {
     "attainment.png": None,
     "latency.png": None,
     "closed_loop.png": "closed_loop_concurrency",
-    "timeseries.png": "open_loop_rps",
+    "timeseries.png": "has_open_loop",
 }
 
 

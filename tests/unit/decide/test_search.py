@@ -1,0 +1,411 @@
+"""The SLO-boundary search as pure logic: tidy rates, brackets, steps, rounds, confirmations."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import yaml
+
+from capacity_pack.decide import search as S
+from capacity_pack.plan import schedule as sched
+from capacity_pack.plan.manifest import ManifestError, validate_pack
+from tests.paths import DEFAULT_CONFIG
+
+
+def inputs(**over) -> S.SearchInputs:
+    base = {
+        "initial_rps": [20.0, 30.0, 40.0],
+        "resolution_rps": 2.0,
+        "resolution_rel": None,
+        "min_rps": None,
+        "max_rps": None,
+        "closed_levels": [1, 8, 32],
+        "concurrency": None,
+        "max_concurrency": None,
+        "repeats": 1,
+        "attainment_min": 0.95,
+    }
+    return S.SearchInputs(**{**base, **over})
+
+
+def report(point: sched.Point, passes: bool, **extra) -> dict:
+    doc = {
+        "point": point.point_id,
+        "mode": point.mode,
+        "cache_state": point.cache_state,
+        "repeat": point.repeat,
+        "verdict": "pass" if passes else "fail",
+        "classes": {"chat": {"attainment": 1.0 if passes else 0.5}},
+    }
+    if point.mode == "open":
+        doc["offered_rps"] = point.rate_rps
+    else:
+        doc["concurrency"] = point.concurrency
+    return doc | extra
+
+
+Oracle = Callable[[sched.Point], dict]
+
+
+def knee(rate_rps: float | None = None, level: int | None = None, tps=None) -> Oracle:
+    """Reports of a target passing below `rate_rps` and meeting the SLO up to `level`."""
+
+    def oracle(p: sched.Point) -> dict:
+        if p.mode == "open":
+            return report(p, p.rate_rps < rate_rps)
+        c = p.concurrency
+        extra = {
+            "output_throughput_tps": tps(c) if tps else 100.0 * min(c, 16),
+            "request_throughput_rps": (tps(c) if tps else 100.0 * min(c, 16)) / 50,
+        }
+        return report(p, c <= level, **extra)
+
+    return oracle
+
+
+def run(inp: S.SearchInputs, oracle: Oracle, max_rounds: int = 6, cache: str = "cold"):
+    """The rounds as the pipeline runs them: measure a round's points, decide its file."""
+    docs, measured, order = [], {}, []
+    while True:
+        plans = S.plan_rounds(docs, inp, max_rounds, cache)
+        if len(plans) == len(docs):
+            return docs, plans, order
+        for p in plans[-1]["points"]:
+            assert p.key not in measured, f"{p.key} measured twice"
+            measured[p.key] = oracle(p)
+            order.append(p.key)
+        docs.append(S.decide_round(list(measured.values()), inp, cache, len(docs) + 1))
+
+
+def rates_of(plan: dict) -> list[float]:
+    return [p.rate_rps for p in plan["points"] if p.mode == "open"]
+
+
+# -- tidy values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expected"),
+    [
+        (30, 40, 35),
+        (30, 35, 32),
+        (32, 35, 34),
+        (35, 40, 38),
+        (36, 38, 37),
+        (0.5, 1, 0.8),
+        (10, 11, 10.5),
+        (1, 1.000002, 1.000001),
+        (1, 1.000001, None),
+    ],
+)
+def test_tidy_between_is_inside_and_near_the_midpoint(low, high, expected):
+    got = S.tidy_between(low, high)
+    assert got == expected
+    if got is not None:
+        assert low < got < high and abs(got - (low + high) / 2) <= (high - low) / 4
+        # A point id prints it as it is (6 decimals at most).
+        assert sched.Point(mode="open", rate_rps=got, cache_state="cold", repeat=0).point_id == (
+            f"open-r{sched.format_level(got)}"
+        )
+        assert float(sched.format_level(got)) == got
+
+
+def test_integer_between():
+    assert S.integer_between(1, 4) == 2
+    assert S.integer_between(2, 4) == 3
+    assert S.integer_between(8, 32) == 20
+    assert S.integer_between(2, 3) is None
+
+
+def test_tidy_keeps_two_significant_digits():
+    assert S.tidy(15.0) == 15 and S.tidy(3.75) == 3.8 and S.tidy(80.0) == 80
+    assert S.tidy(123.4) == 120 and S.tidy(0.01234) == 0.012
+
+
+# -- brackets and steps -----------------------------------------------------------------------
+
+
+def test_bracket_is_the_highest_pass_with_every_lower_passing():
+    rows = [
+        {"offered_rps": 20.0, "status": "pass"},
+        {"offered_rps": 30.0, "status": "marginal"},
+        {"offered_rps": 40.0, "status": "pass"},
+    ]
+    assert S.bracket(rows, "offered_rps") == (20.0, 30.0)
+    assert S.bracket(rows[:1], "offered_rps") == (20.0, None)
+    assert S.bracket(rows[1:2], "offered_rps") == (None, 30.0)
+
+
+def test_only_pass_passes():
+    """Marginal, inconclusive, inconsistent: not shown to pass, so the search stays below."""
+    inp = inputs(initial_rps=[20.0, 30.0])
+    for verdicts in (["marginal"], ["inconclusive"], ["pass", "fail"]):
+        reps = [
+            {**report(sched.Point(mode="open", rate_rps=30, cache_state="cold", repeat=k), True),
+             "verdict": v}
+            for k, v in enumerate(verdicts)
+        ]  # fmt: skip
+        low = report(sched.Point(mode="open", rate_rps=20, cache_state="cold", repeat=0), True)
+        doc = S.decide_round([low, *reps], inp.model_copy(update={"repeats": 2}), "cold", 1)
+        assert doc["open"]["bracket"]["pass_rps"] == 20 and doc["open"]["bracket"]["fail_rps"] == 30
+        assert doc["open"]["search"]["rates"] == [25]
+
+
+def test_default_pack_example_converges_within_two_rps_in_four_rounds():
+    """20/30/40 with the boundary at 36.5: 35 passes, 38 fails, 36 passes: [36, 38)."""
+    docs, plans, _ = run(inputs(), knee(36.5))
+    assert [rates_of(p) for p in plans] == [[20, 30, 40], [35], [38], [36]]
+    final = docs[-1]["open"]["bracket"]
+    assert (final["pass_rps"], final["fail_rps"]) == (36, 38) and final["within_resolution"]
+    assert docs[-1]["open"]["search"]["rates"] == []
+    assert "within the resolution" in docs[-1]["open"]["search"]["why"]
+
+
+@pytest.mark.parametrize("boundary", [0.7, 3.3, 12.0, 21.5, 29.9, 33.3, 39.1, 44.0, 97.0, 170.0])
+def test_search_brackets_the_boundary_within_the_resolution(boundary):
+    docs, plans, order = run(inputs(max_rps=150), knee(boundary), max_rounds=12)
+    b = docs[-1]["open"]["bracket"]
+    assert len(order) == len(set(order))
+    if boundary > 150:  # above the bound: every rate passes, the search says so
+        assert b["pass_rps"] == 150 and b["fail_rps"] is None
+        assert "highest allowed rate" in docs[-1]["open"]["search"]["why"]
+        return
+    if boundary <= 2.5:  # below the lower bound (20 / 8)
+        assert b["pass_rps"] is None and b["fail_rps"] == 2.5
+        assert "lowest allowed rate" in docs[-1]["open"]["search"]["why"]
+        return
+    assert b["pass_rps"] < boundary <= b["fail_rps"]
+    assert b["fail_rps"] - b["pass_rps"] <= 2
+    # Each bisection at least quarters off the bracket: never more than log_{4/3}(width/2) + 2.
+    assert len(plans) <= 12
+
+
+def test_downward_and_upward_steps_halve_and_double():
+    docs, plans, _ = run(inputs(), knee(7.0))
+    assert [rates_of(p) for p in plans][:3] == [[20, 30, 40], [10], [5]]
+    docs, plans, _ = run(inputs(), knee(100.0))
+    assert [rates_of(p) for p in plans][:3] == [[20, 30, 40], [80], [160]]
+    assert docs[1]["open"]["search"]["direction"] == "up"
+
+
+def test_relative_resolution():
+    docs, _, _ = run(inputs(resolution_rps=None, resolution_rel=0.05), knee(36.5))
+    b = docs[-1]["open"]["bracket"]
+    assert b["fail_rps"] - b["pass_rps"] <= 0.05 * b["pass_rps"] + 1e-9
+    assert b["pass_rps"] < 36.5 <= b["fail_rps"]
+
+
+def test_a_pass_above_a_failure_never_moves_the_bracket():
+    def oracle(p):
+        return report(p, p.rate_rps != 30)  # 30 fails, 40 passes
+
+    docs, _, _ = run(inputs(), oracle)
+    b = docs[-1]["open"]["bracket"]
+    assert b["pass_rps"] < 30 <= b["fail_rps"] == 30
+
+
+# -- rounds and max_rounds ----------------------------------------------------------------------
+
+
+def test_max_rounds_stops_the_search_and_raising_it_only_adds_rounds():
+    docs3, plans3, order3 = run(inputs(), knee(36.5), max_rounds=3)
+    assert len(plans3) == 3 and rates_of(plans3[-1]) == [38]
+    assert docs3[-1]["open"]["search"]["rates"] == [36]  # proposed, not taken
+    docs4, plans4, order4 = run(inputs(), knee(36.5), max_rounds=4)
+    # Every round file of the shorter search is the same file in the longer one.
+    assert docs4[: len(docs3)] == docs3
+    assert order4[: len(order3)] == order3 and order4[len(order3) :] == ["open-r36/cold/rep0"]
+    summary = S.summarize(docs3, inputs(), 3, "cold")
+    assert "max_rounds (3)" in summary["open"]["stopped"]
+    assert summary["open"]["search_rounds"] == 3
+
+
+def test_round_files_do_not_depend_on_max_rounds():
+    """decide_round takes no max_rounds, and the round rule's params hold none."""
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    a = S.SearchInputs.of(validate_pack(copy.deepcopy(data), "a"))
+    data["sweep"]["search"]["max_rounds"] = 7
+    b = S.SearchInputs.of(validate_pack(data, "b"))
+    assert a.canonical_json() == b.canonical_json()
+    assert "max_rounds" not in a.canonical_json()
+
+
+def test_confirmation_spends_the_repeats_on_the_bracket():
+    docs, plans, order = run(inputs(repeats=3), knee(36.5))
+    assert plans[-1]["kinds"]["open"] == "confirm"
+    assert sorted(order[-4:]) == sorted(f"open-r{r}/cold/rep{k}" for r in (36, 38) for k in (1, 2))
+    assert all(k.endswith("rep0") for k in order[:-4])
+    assert docs[-1]["open"]["confirm"] == []
+
+
+def test_a_confirmation_that_fails_the_pass_rate_continues_the_search_below():
+    def oracle(p):  # 36 passes once, then fails: the boundary is really below 36
+        if p.rate_rps == 36:
+            return report(p, p.repeat == 0)
+        return report(p, p.rate_rps < 35.5)
+
+    docs, plans, order = run(inputs(repeats=2), oracle)
+    kinds = [p["kinds"]["open"] for p in plans]
+    assert kinds == ["search", "search", "search", "search", "confirm", "confirm"]
+    b = docs[-1]["open"]["bracket"]
+    assert (b["pass_rps"], b["fail_rps"]) == (35, 36)
+    assert {"open-r35/cold/rep1", "open-r36/cold/rep1"} <= set(order)
+    # Finer: the confirmation moves the bracket to [35, 36), wider than 0.5, so the search goes
+    # on below 36 (within max_rounds) and confirms the new bracket in its turn.
+    docs, plans, order = run(inputs(repeats=2, resolution_rps=0.5), oracle, max_rounds=8)
+    kinds = [p["kinds"]["open"] for p in plans]
+    assert kinds == ["search"] * 6 + ["confirm", "search", "confirm"]
+    assert order[-5:] == [
+        "open-r36/cold/rep1", "open-r36.5/cold/rep1", "open-r35.5/cold/rep0",
+        "open-r35/cold/rep1", "open-r35.5/cold/rep1",
+    ]  # fmt: skip
+    b = docs[-1]["open"]["bracket"]
+    assert (b["pass_rps"], b["fail_rps"]) == (35, 35.5) and b["within_resolution"]
+
+
+def test_cold_and_warm_are_searched_independently():
+    def oracle(p):
+        return report(p, p.rate_rps < (36.5 if p.cache_state == "cold" else 31.0))
+
+    cold, _, _ = run(inputs(), oracle, cache="cold")
+    warm, _, order = run(inputs(), oracle, cache="warm")
+    assert cold[-1]["open"]["bracket"]["pass_rps"] == 36
+    warm_bracket = warm[-1]["open"]["bracket"]
+    assert 29 <= warm_bracket["pass_rps"] < 31 <= warm_bracket["fail_rps"]
+    assert all("/warm/" in k for k in order)
+
+
+# -- the closed loop ----------------------------------------------------------------------------
+
+
+def closed_inputs(**over):
+    from capacity_pack.plan.manifest import ConcurrencySearch
+
+    return inputs(concurrency=ConcurrencySearch(resolution=1), max_concurrency=64, **over)
+
+
+def test_closed_loop_search_finds_the_largest_level_meeting_the_slo():
+    docs, plans, _ = run(closed_inputs(), knee(36.5, level=13))
+    levels = [[p.concurrency for p in plan["points"] if p.mode == "closed"] for plan in plans]
+    assert levels[0] == [1, 8, 32]
+    assert levels[1:] == [[20], [14], [11], [12], [13]]
+    b = docs[-1]["closed"]["bracket"]
+    assert (b["pass_concurrency"], b["fail_concurrency"]) == (13, 14) and b["within_resolution"]
+    # Both loops run in the same rounds and stop on their own.
+    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36
+
+
+def test_closed_loop_doubles_up_to_its_bound_and_stops_when_one_fails():
+    docs, plans, _ = run(closed_inputs(), knee(36.5, level=1000))
+    assert docs[-1]["closed"]["bracket"]["pass_concurrency"] == 64
+    assert "highest allowed level (64)" in docs[-1]["closed"]["search"]["why"]
+    docs, _, _ = run(closed_inputs(), knee(36.5, level=0))
+    assert docs[-1]["closed"]["bracket"]["fail_concurrency"] == 1
+    assert "lowest tested level (1)" in docs[-1]["closed"]["search"]["why"]
+
+
+def test_saturation_is_the_last_doubling_raising_throughput_under_ten_percent():
+    rows = [
+        {"concurrency": 1, "output_throughput_tps": 100.0},
+        {"concurrency": 8, "output_throughput_tps": 700.0},
+        {"concurrency": 16, "output_throughput_tps": 760.0},
+        {"concurrency": 24, "output_throughput_tps": 800.0},
+    ]
+    sat = S.saturation(rows)
+    assert sat["saturated"] is False  # 800 vs 700 at 8 (<= 24 / 2): +14 %
+    assert sat["from"]["concurrency"] == 8 and sat["gain"] == pytest.approx(800 / 700 - 1)
+    rows[-1]["output_throughput_tps"] = 760.0
+    assert S.saturation(rows)["saturated"] is True
+    assert S.saturation(rows[:1])["saturated"] is None
+
+
+def test_saturation_is_recorded_without_a_closed_loop_search():
+    pts = [sched.Point(mode="closed", concurrency=c, cache_state="cold", repeat=0) for c in (1, 8)]
+    oracle = knee(36.5, level=8, tps=lambda c: 100.0 * c)
+    doc = S.decide_round([oracle(p) for p in pts], inputs(), "cold", 1)
+    assert doc["closed"]["saturation"]["saturated"] is False
+    assert "search" not in doc["closed"]
+
+
+def test_auto_derives_round_one_from_the_closed_loop_throughput():
+    inp = inputs(initial_rps=None)
+    oracle = knee(36.5, level=8, tps=lambda c: 250.0 * min(c, 8))  # 40 RPS at saturation
+    docs = []
+    measured = [
+        oracle(sched.Point(mode="closed", concurrency=c, cache_state="cold", repeat=0))
+        for c in (1, 8, 32)
+    ]
+    plans = S.plan_rounds(docs, inp, 6, "cold")
+    assert plans[0]["points"] == []  # round 1: the declared closed loop only
+    docs.append(S.decide_round(measured, inp, "cold", 1))
+    assert docs[0]["open"]["search"]["direction"] == "auto"
+    plans = S.plan_rounds(docs, inp, 6, "cold")
+    assert rates_of(plans[1]) == [20, 30, 40]
+    assert plans[1]["kinds"]["open"] == "search"
+
+
+# -- the pack's schema and points -------------------------------------------------------------
+
+
+def pack_with_search(**search):
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    data["sweep"]["search"] = search
+    return data
+
+
+@pytest.mark.parametrize(
+    ("search", "sweep", "message"),
+    [
+        ({}, {}, "exactly one of resolution_rps and resolution_rel"),
+        ({"resolution_rps": 1, "resolution_rel": 0.1}, {}, "exactly one"),
+        ({"resolution_rps": 1, "initial": [5, 10]}, {}, "both name round 1's rates"),
+        ({"resolution_rps": 1}, {"open_loop_rps": []}, "round 1 is sweep.open_loop_rps"),
+        (
+            {"resolution_rps": 1, "initial": "auto"},
+            {"open_loop_rps": [], "closed_loop_concurrency": []},
+            "closed_loop_concurrency is empty",
+        ),
+        ({"resolution_rps": 1, "min_rps": 25}, {}, "above round 1's lowest rate"),
+        ({"resolution_rps": 1, "max_rps": 35}, {}, "below round 1's highest rate"),
+        ({"resolution_rps": 1, "max_rounds": 0}, {}, "max_rounds"),
+        (
+            {"resolution_rps": 1, "concurrency": {"max_concurrency": 16}},
+            {},
+            "below the highest level",
+        ),
+    ],
+)
+def test_invalid_searches_name_the_field(search, sweep, message):
+    data = pack_with_search(**search)
+    data["sweep"].update(sweep)
+    with pytest.raises(ManifestError, match=message):
+        validate_pack(data, "pack.yaml")
+
+
+def test_searched_points_are_not_fixed_but_are_found():
+    pack = validate_pack(pack_with_search(resolution_rps=2), "pack.yaml")
+    ids = {p.point_id for p in sched.points(pack)}
+    assert ids == {"closed-c1", "closed-c8", "closed-c32", "exp-spike_smoke"}
+    assert sched.find_point(pack, "open-r35", "cold", 1).rate_rps == 35
+    assert sched.find_point(pack, "open-r2.5", "warm", 0).rate_rps == 2.5
+    for point_id, repeat in (("open-r161", 0), ("open-r2.4", 0), ("open-r35", 2)):
+        with pytest.raises(ManifestError, match="no point"):
+            sched.find_point(pack, point_id, "cold", repeat)
+    searched = validate_pack(
+        pack_with_search(resolution_rps=2, concurrency={"resolution": 2}), "pack.yaml"
+    )
+    assert {p.point_id for p in sched.points(searched)} == {"exp-spike_smoke"}
+    assert sched.find_point(searched, "closed-c100", "cold", 0).concurrency == 100
+    with pytest.raises(ManifestError):
+        sched.find_point(searched, "closed-c129", "cold", 0)
+
+
+def test_the_default_pack_searches_from_its_declared_rates():
+    pack = validate_pack(yaml.safe_load(DEFAULT_CONFIG.read_text()), "default")
+    inp = S.SearchInputs.of(pack)
+    assert inp.initial_rps == [20, 30, 40] and inp.resolution_rps <= 2
+    assert [p.point_id for p in S.first_round(inp, "cold")] == [
+        "open-r20", "open-r30", "open-r40", "closed-c1", "closed-c8", "closed-c32",
+    ]  # fmt: skip

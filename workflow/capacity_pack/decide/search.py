@@ -1,0 +1,607 @@
+"""The SLO-boundary search: from the reports of the points measured so far to the next round.
+
+A pack with ``sweep.search`` does not measure a fixed list of rates: it searches, per cache state
+(cold and warm independently), for the boundary between the rates it can defend and those it
+cannot, round by round. Each round is a set of ordinary points (``open-r35/cold/rep0``); the
+pipeline runs each round as a Snakemake checkpoint (``rules/search.smk``), so every point is a
+cached sweep/normalize/analyze job and a rerun measures only points it has not measured.
+
+**Open loop.** A tested rate's status is :func:`capacity_pack.decide.capacity.rate_status` of
+the reports of its measured repeats; only ``pass`` passes (``fail``, ``marginal``,
+``inconclusive`` and ``inconsistent`` are "not shown to pass"). The bracket is
+
+    pass_rps = the highest tested rate that passes with every lower tested rate passing,
+    fail_rps = the lowest tested rate above pass_rps (it does not pass),
+
+the same selection rule as the capacity decision, so a pass above a failure never moves it. No
+tested rate lies strictly inside the bracket. The next rate of the search:
+
+- *bisect* when both ends exist and the width fail_rps - pass_rps exceeds the resolution
+  (``resolution_rps``, or ``resolution_rel`` x pass_rps): the tidiest rate within a quarter of
+  the width of the midpoint (:func:`tidy_between`: the coarsest step of the 1-2-5 ladder whose
+  multiple nearest the midpoint lies strictly inside), so ids stay readable (``open-r36``, not
+  ``open-r36.25``) and each round still shrinks the bracket to at most 3/4 of its width;
+- *down* when the lowest tested rate does not pass: half of it (2 significant digits), not below
+  the search's lower bound (``min_rps``, default round 1's lowest rate / 8);
+- *up* when every tested rate passes: twice the highest (2 significant digits), not above the
+  upper bound (``max_rps``, default 4 x round 1's highest rate) - an exponential search
+  (Bentley and Yao, "An almost optimal algorithm for unbounded searching", 1976);
+- none when the bracket is within the resolution, a bound is reached, or no new rate fits.
+
+With ``initial: auto`` round 1 measures only the closed loop and round 2's rates are 0.5, 0.75
+and 1 x its saturation request throughput (the highest ``request_throughput_rps`` among the
+closed-loop points of the cache state), each to 2 significant digits.
+
+**Repeats where they decide.** Search points run repeat 0. When the search has converged (or has
+run ``max_rounds`` search rounds), a *confirmation* round measures repeats 1..R-1
+(``sweep.repeats`` = R) of the bracket's two rates. A confirmation that changes a status moves
+the bracket (a pass rate failing in repeat 1 is no longer passing), and the search continues
+from the new bracket, again within ``max_rounds``.
+
+**Closed loop** (``search.concurrency``). A level *meets* the SLO when every class's attainment
+meets ``acceptance.class_slo_attainment_min`` in every measured repeat (the latency constraint of
+:func:`capacity_pack.decide.capacity.closed_loop_curve`). The bracket is the highest level
+meeting it with every lower level meeting it, and the lowest level above that does not; the next
+level bisects it (the integer midpoint floor((low + high) / 2), when the bracket is wider than
+``resolution`` workers), doubles the highest level when all meet (up to ``max_concurrency``,
+default 4 x the highest declared level), and stops when concurrency 1 fails. The same
+confirmation rule spends the repeats on the bracket's two levels. Its round 1 is
+``sweep.closed_loop_concurrency``.
+
+**Saturation check** (recorded, with or without a closed-loop search): the curve is *saturated*
+when the last doubling of concurrency raised the output throughput by less than 10 %:
+T(c_max) < 1.10 x T(c'), c_max the highest tested level, c' the highest tested level at most
+c_max / 2, T the mean output tokens/s over its repeats.
+
+**Rounds.** :func:`decide_round` maps the reports of rounds 1..k to round k's file: the tested
+table, the bracket, the search step and the confirmation it proposes, per loop. It does not read
+``max_rounds``: :func:`plan_rounds` applies it to the files in order (round k+1 takes a loop's
+search step while that loop has run fewer than ``max_rounds`` search rounds, else its
+confirmation; the search is done when no loop has either), so raising ``max_rounds`` leaves every
+written round file as it is and only adds rounds. :func:`summarize` is the whole search of a
+cache state (``search/<cache>/search.json``): each round's points and kind, why each loop
+stopped, its final bracket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.decide.capacity import rate_status
+from capacity_pack.evidence.gates import CLASS_ATTAINMENT
+from capacity_pack.io import canonical_json
+from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
+from capacity_pack.plan.manifest import ConcurrencySearch, Pack, search_rate_bounds
+from capacity_pack.plan.schedule import Point
+
+#: Saturation: the last doubling of concurrency raised output throughput by less than this.
+SATURATION_GAIN = 0.10
+#: ``initial: auto``: round 1's rates as fractions of the closed-loop saturation throughput.
+AUTO_FRACTIONS = (0.5, 0.75, 1.0)
+#: Digits of a rate the search derives by halving, doubling or from a throughput.
+SIGNIFICANT_DIGITS = 2
+#: A safety stop: confirmation rounds never outnumber search rounds by more than this.
+MAX_EXTRA_ROUNDS = 8
+FORMAT = "capacity-pack/search-round/v1"
+SUMMARY_FORMAT = "capacity-pack/search/v1"
+
+Loop = Literal["open", "closed"]
+
+
+class SearchInputs(BaseModel):
+    """Exactly what a round's decision reads: the search settings except ``max_rounds`` (which
+    only :func:`plan_rounds` reads), the repeats, the closed-loop attainment gate and the
+    declared closed-loop levels. Its canonical JSON is the round rule's ``inputs`` param."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    initial_rps: list[float] | None = Field(description="Round 1's rates; None: 'auto'.")
+    resolution_rps: float | None
+    resolution_rel: float | None
+    min_rps: float | None
+    max_rps: float | None
+    closed_levels: list[int] = Field(description="sweep.closed_loop_concurrency.")
+    concurrency: ConcurrencySearch | None = Field(description="The closed-loop search, if any.")
+    max_concurrency: int | None = Field(description="Its upward bound (None: no search).")
+    repeats: int = Field(ge=1)
+    attainment_min: float
+
+    @classmethod
+    def of(cls, pack: Pack) -> SearchInputs:
+        sweep, search = pack.sweep, pack.sweep.search
+        if search is None:
+            raise ValueError("the pack has no sweep.search")
+        return cls(
+            initial_rps=sweep.search_initial_rps,
+            resolution_rps=search.resolution_rps,
+            resolution_rel=search.resolution_rel,
+            min_rps=search.min_rps,
+            max_rps=search.max_rps,
+            closed_levels=list(sweep.closed_loop_concurrency),
+            concurrency=search.concurrency,
+            max_concurrency=sweep.concurrency_bound,
+            repeats=sweep.repeats,
+            attainment_min=pack.acceptance.class_slo_attainment_min,
+        )
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tidy numbers
+# ---------------------------------------------------------------------------------------------
+
+
+def _ladder(width: float) -> Iterable[float]:
+    """Steps 5, 2, 1 x 10^k from the first below ``width`` down to 1e-6 (6 decimals)."""
+    k = math.floor(math.log10(width)) if width > 0 else -6
+    for exp in range(k, -7, -1):
+        for mant in (5, 2, 1):
+            step = mant * 10.0**exp
+            if step < width:
+                yield step
+
+
+def tidy_between(low: float, high: float) -> float | None:
+    """A tidy value strictly between ``low`` and ``high`` near the midpoint: the multiple of the
+    coarsest step of the 1-2-5 ladder nearest the midpoint that lies strictly inside and within
+    a quarter of the width of the midpoint; None when none does (below 6 decimals)."""
+    width = high - low
+    if width <= 0:
+        return None
+    mid, tolerance = (low + high) / 2, width / 4
+    for step in _ladder(width):
+        value = round(round(mid / step) * step, 6)
+        if low < value < high and abs(value - mid) <= tolerance + 1e-9:
+            return value
+    return None
+
+
+def integer_between(low: int, high: int) -> int | None:
+    """The integer midpoint floor((low + high) / 2) when it lies strictly inside."""
+    mid = (low + high) // 2
+    return mid if low < mid < high else None
+
+
+def tidy(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
+    """``value`` to ``digits`` significant digits, at most 6 decimals (a point id's)."""
+    if value <= 0:
+        return value
+    places = digits - 1 - math.floor(math.log10(value))
+    return round(value, max(min(places, 6), -15))
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables of one cache state
+# ---------------------------------------------------------------------------------------------
+
+
+def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per tested open-loop rate: its status over the measured repeats."""
+    by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for r in reports:
+        if r.get("mode") == "open":
+            by_rate[float(r["offered_rps"])].append(r)
+    rows = []
+    for rate in sorted(by_rate):
+        reps = sorted(by_rate[rate], key=lambda r: r["repeat"])
+        rows.append(
+            {
+                "offered_rps": rate,
+                "status": rate_status(reps),
+                "repeats": [int(r["repeat"]) for r in reps],
+                "verdicts": [r["verdict"] for r in reps],
+            }
+        )
+    return rows
+
+
+def meets_slo(report: dict[str, Any], attainment_min: float) -> bool:
+    """Every class's attainment meets the gate (the closed-loop curve's latency constraint)."""
+    return all(
+        bool(CLASS_ATTAINMENT.holds(c.get("attainment"), attainment_min))
+        for c in report["classes"].values()
+    )
+
+
+def level_rows(reports: Sequence[dict[str, Any]], attainment_min: float) -> list[dict[str, Any]]:
+    """One row per tested closed-loop level: whether it meets the SLO, its mean throughputs."""
+    by_level: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in reports:
+        if r.get("mode") == "closed":
+            by_level[int(r["concurrency"])].append(r)
+    rows = []
+    for level in sorted(by_level):
+        reps = sorted(by_level[level], key=lambda r: r["repeat"])
+        rows.append(
+            {
+                "concurrency": level,
+                "meets_slo": all(meets_slo(r, attainment_min) for r in reps),
+                "status": "pass" if all(meets_slo(r, attainment_min) for r in reps) else "fail",
+                "repeats": [int(r["repeat"]) for r in reps],
+                "output_throughput_tps": _mean(r.get("output_throughput_tps") for r in reps),
+                "request_throughput_rps": _mean(r.get("request_throughput_rps") for r in reps),
+            }
+        )
+    return rows
+
+
+def _mean(values: Iterable[Any]) -> float | None:
+    x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return float(np.mean(x)) if x else None
+
+
+def bracket(rows: Sequence[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
+    """(highest value passing with every lower one passing, lowest value above it)."""
+    low = None
+    for row in rows:
+        if row["status"] != "pass":
+            return low, row[key]
+        low = row[key]
+    return low, None
+
+
+def saturation(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The throughput-flattening check of the closed-loop curve (module docstring)."""
+    rule = (
+        f"saturated when T(c_max) < {1 + SATURATION_GAIN:.2f} x T(c'), c' the highest tested "
+        "level <= c_max / 2 (T: mean output tokens/s)"
+    )
+    usable = [r for r in rows if r["output_throughput_tps"] is not None]
+    if not usable:
+        return {"saturated": None, "rule": rule, "reason": "no closed-loop throughput"}
+    top = usable[-1]
+    below = [r for r in usable if r["concurrency"] * 2 <= top["concurrency"]]
+    if not below or not below[-1]["output_throughput_tps"]:
+        return {
+            "saturated": None,
+            "rule": rule,
+            "reason": f"no tested level at or below half of {top['concurrency']}",
+        }
+    ref = below[-1]
+    gain = top["output_throughput_tps"] / ref["output_throughput_tps"] - 1
+    return {
+        "saturated": bool(gain < SATURATION_GAIN),
+        "rule": rule,
+        "from": {"concurrency": ref["concurrency"], "tps": ref["output_throughput_tps"]},
+        "to": {"concurrency": top["concurrency"], "tps": top["output_throughput_tps"]},
+        "gain": gain,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# One loop's step
+# ---------------------------------------------------------------------------------------------
+
+
+def resolution_of(inputs: SearchInputs, pass_rps: float | None) -> float | None:
+    """The bracket width the open-loop search stops at (None: relative, no passing rate yet)."""
+    if inputs.resolution_rps is not None:
+        return inputs.resolution_rps
+    assert inputs.resolution_rel is not None
+    return inputs.resolution_rel * pass_rps if pass_rps is not None else None
+
+
+def rate_step(
+    rows: Sequence[dict[str, Any]], inputs: SearchInputs, first: Sequence[float]
+) -> tuple[list[float], str, str]:
+    """(next rates, direction, why): the open-loop search step on ``rows``; ``first`` is
+    round 1's rates (the bounds derive from them)."""
+    tested = {row["offered_rps"] for row in rows}
+    low_bound, high_bound = search_rate_bounds(inputs.min_rps, inputs.max_rps, first)
+    low, high = bracket(rows, "offered_rps")
+    if low is None and high is None:
+        return [], "none", "no open-loop rate tested"
+    if low is None:
+        assert high is not None
+        if high <= low_bound:
+            return [], "none", f"the lowest allowed rate ({low_bound:g} RPS) does not pass"
+        rate = max(tidy(high / 2), low_bound)
+        return _fresh(
+            [rate], tested, "down", f"the lowest tested rate ({high:g} RPS) does not pass"
+        )
+    if high is None:
+        if low >= high_bound:
+            return [], "none", f"the highest allowed rate ({high_bound:g} RPS) passes"
+        rate = min(tidy(low * 2), high_bound)
+        return _fresh([rate], tested, "up", f"every tested rate passes, up to {low:g} RPS")
+    width, res = high - low, resolution_of(inputs, low)
+    assert res is not None
+    if width <= res + 1e-9:
+        return [], "none", f"the bracket [{low:g}, {high:g}) is within the resolution ({res:g})"
+    mid = tidy_between(low, high)
+    if mid is None:
+        return [], "none", f"no rate with 6 decimals lies inside [{low:g}, {high:g})"
+    why = f"the bracket [{low:g}, {high:g}) is wider than the resolution ({res:g} RPS)"
+    return _fresh([mid], tested, "bisect", why)
+
+
+def _fresh(values: list[float], tested: set, direction: str, why: str):
+    new = [v for v in values if v not in tested]
+    if not new:
+        return [], "none", f"{why}, but the next value ({values[0]:g}) is already tested"
+    return new, direction, why
+
+
+def level_step(rows: Sequence[dict[str, Any]], inputs: SearchInputs) -> tuple[list[int], str, str]:
+    """(next levels, direction, why): the closed-loop search step on ``rows``."""
+    assert inputs.concurrency is not None and inputs.max_concurrency is not None
+    tested = {row["concurrency"] for row in rows}
+    low, high = bracket(rows, "concurrency")
+    if low is None and high is None:
+        return [], "none", "no closed-loop level tested"
+    if low is None:
+        return [], "none", f"the lowest tested level ({high}) does not meet the SLO"
+    if high is None:
+        if low >= inputs.max_concurrency:
+            return [], "none", f"the highest allowed level ({inputs.max_concurrency}) meets the SLO"
+        level = min(int(low) * 2, inputs.max_concurrency)
+        why = f"every tested level meets the SLO, up to {low:g}"
+        return _fresh([level], tested, "up", why)
+    res = inputs.concurrency.resolution
+    if high - low <= res:
+        return [], "none", f"the bracket [{low:g}, {high:g}) is within {res} workers"
+    mid = integer_between(int(low), int(high))
+    if mid is None:
+        return [], "none", f"no level lies strictly inside [{low:g}, {high:g})"
+    why = f"the bracket [{low:g}, {high:g}) is wider than {res} workers"
+    return _fresh([int(mid)], tested, "bisect", why)
+
+
+def auto_rates(levels: Sequence[dict[str, Any]]) -> tuple[list[float], str]:
+    """``initial: auto``: round 1's rates from the closed-loop saturation request throughput."""
+    best = max((r["request_throughput_rps"] or 0.0 for r in levels), default=0.0)
+    if best <= 0:
+        return [], "no closed-loop request throughput to derive round 1's rates from"
+    rates = sorted({max(MIN_OPEN_LOOP_RPS, tidy(f * best)) for f in AUTO_FRACTIONS})
+    fractions = ", ".join(f"{f:g}" for f in AUTO_FRACTIONS)
+    return rates, f"{fractions} x the closed-loop saturation throughput {best:.4g} RPS"
+
+
+def confirmation(
+    rows: Sequence[dict[str, Any]], key: str, ends: Sequence[float | None], repeats: int
+) -> list[dict[str, Any]]:
+    """The missing repeats (1..repeats-1, and any other) of the bracket's ends."""
+    out = []
+    for value in ends:
+        if value is None:
+            continue
+        row = next(r for r in rows if r[key] == value)
+        missing = [k for k in range(repeats) if k not in row["repeats"]]
+        if missing:
+            out.append({key: value, "repeats": missing})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A round's file
+# ---------------------------------------------------------------------------------------------
+
+
+def decide_round(
+    reports: Sequence[dict[str, Any]],
+    inputs: SearchInputs,
+    cache_state: str,
+    round_index: int,
+    measured: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Round ``round_index``'s file from the reports of rounds 1..k of ``cache_state`` (and the
+    declared closed-loop points): per loop the tested table, the bracket, the search step and
+    the confirmation the next round may take (:func:`plan_rounds` chooses); ``measured``: the
+    keys of the points this round measured (shown as they are)."""
+    mine = [r for r in reports if r.get("cache_state") == cache_state]
+    rates = rate_rows(mine)
+    levels = level_rows(mine, inputs.attainment_min)
+    first, why_first = inputs.initial_rps, "sweep.search.initial (or sweep.open_loop_rps)"
+    if first is None:
+        # The declared levels' repeat 0 only: the same rates in every round, however far the
+        # closed-loop search has gone since.
+        declared = [
+            r
+            for r in mine
+            if r.get("mode") == "closed"
+            and int(r["concurrency"]) in inputs.closed_levels
+            and int(r["repeat"]) == 0
+        ]
+        first, why_first = auto_rates(level_rows(declared, inputs.attainment_min))
+    open_doc: dict[str, Any] = {"tested": rates, "bracket": None, "confirm": []}
+    if not rates:
+        direction = "auto" if first and inputs.initial_rps is None else "none"
+        open_doc["search"] = {"rates": first if direction == "auto" else [], "direction": direction,
+                              "why": why_first}  # fmt: skip
+    else:
+        step, direction, why = rate_step(rates, inputs, first or [r["offered_rps"] for r in rates])
+        low, high = bracket(rates, "offered_rps")
+        res = resolution_of(inputs, low)
+        both = low is not None and high is not None
+        open_doc |= {
+            "bracket": {
+                "pass_rps": low,
+                "fail_rps": high,
+                "width_rps": high - low if both else None,
+                "resolution_rps": res,
+                "within_resolution": bool(both and res and high - low <= res + 1e-9),
+            },
+            "search": {"rates": step, "direction": direction, "why": why},
+            "confirm": confirmation(rates, "offered_rps", (low, high), inputs.repeats),
+        }
+    closed_doc: dict[str, Any] = {"tested": levels, "saturation": saturation(levels)}
+    if inputs.concurrency is not None:
+        step_c, direction_c, why_c = level_step(levels, inputs)
+        low_c, high_c = bracket(levels, "concurrency")
+        closed_doc |= {
+            "bracket": {
+                "pass_concurrency": low_c,
+                "fail_concurrency": high_c,
+                "resolution": inputs.concurrency.resolution,
+                "within_resolution": bool(
+                    low_c is not None
+                    and high_c is not None
+                    and high_c - low_c <= inputs.concurrency.resolution
+                ),
+            },
+            "search": {"levels": step_c, "direction": direction_c, "why": why_c},
+            "confirm": confirmation(levels, "concurrency", (low_c, high_c), inputs.repeats),
+        }
+    return {
+        "format": FORMAT,
+        "cache_state": cache_state,
+        "round": round_index,
+        "measured": list(measured),
+        "first_round_rps": first,
+        "first_round_why": why_first,
+        "open": open_doc,
+        "closed": closed_doc,
+        "next": (
+            "round k+1 takes a loop's 'search' while that loop has run fewer than "
+            "sweep.search.max_rounds search rounds, else its 'confirm'; the search is done "
+            "when no loop has either"
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds, in order
+# ---------------------------------------------------------------------------------------------
+
+
+def first_round(inputs: SearchInputs, cache_state: str) -> list[Point]:
+    """Round 1's points: the initial rates (none with 'auto') and, with a closed-loop search,
+    the declared levels; repeat 0 each."""
+    pts = [
+        Point(mode="open", rate_rps=r, cache_state=cache_state, repeat=0)
+        for r in inputs.initial_rps or []
+    ]
+    if inputs.concurrency is not None:
+        pts += [
+            Point(mode="closed", concurrency=c, cache_state=cache_state, repeat=0)
+            for c in inputs.closed_levels
+        ]
+    return pts
+
+
+def _step_points(doc: dict[str, Any], loop: Loop, kind: str) -> list[Point]:
+    part = doc[loop]
+    cache = doc["cache_state"]
+    if kind == "search":
+        if loop == "open":
+            return [
+                Point(mode="open", rate_rps=r, cache_state=cache, repeat=0)
+                for r in part["search"]["rates"]
+            ]
+        return [
+            Point(mode="closed", concurrency=c, cache_state=cache, repeat=0)
+            for c in part["search"]["levels"]
+        ]
+    out = []
+    for item in part.get("confirm") or []:
+        for rep in item["repeats"]:
+            if loop == "open":
+                out.append(
+                    Point(mode="open", rate_rps=item["offered_rps"], cache_state=cache, repeat=rep)
+                )
+            else:
+                out.append(
+                    Point(
+                        mode="closed",
+                        concurrency=int(item["concurrency"]),
+                        cache_state=cache,
+                        repeat=rep,
+                    )
+                )
+    return out
+
+
+def plan_rounds(
+    docs: Sequence[dict[str, Any]], inputs: SearchInputs, max_rounds: int, cache_state: str
+) -> list[dict[str, Any]]:
+    """The plans of rounds 1..n from round files 1..len(docs) (in order): round 1's, then one
+    per file while the search goes on, each ``{"round", "kinds": {loop: kind}, "points"}``
+    (kind ``search``, ``confirm`` or None). ``len(plans) == len(docs)``: the search is done;
+    ``len(docs) + 1``: round len(docs)+1 is to measure ``plans[-1]["points"]``."""
+    kinds: dict[str, str | None] = {
+        "open": "search" if inputs.initial_rps else None,
+        "closed": "search" if inputs.concurrency is not None else None,
+    }
+    plans = [{"round": 1, "kinds": kinds, "points": first_round(inputs, cache_state)}]
+    searched = {loop: int(kind == "search") for loop, kind in kinds.items()}
+    for k, doc in enumerate(docs, start=1):
+        if len(plans) != k:
+            break
+        kinds, pts = {}, []
+        for loop in ("open", "closed"):
+            kind = _kind(doc.get(loop) or {}, loop, searched[loop] < max_rounds)
+            kinds[loop] = kind
+            if kind is not None:
+                pts += _step_points(doc, loop, kind)
+        if pts and k < max_rounds + MAX_EXTRA_ROUNDS:
+            for loop, kind in kinds.items():
+                searched[loop] += int(kind == "search")
+            plans.append({"round": k + 1, "kinds": kinds, "points": _unique(pts)})
+    return plans
+
+
+def _kind(part: dict[str, Any], loop: Loop, may_search: bool) -> str | None:
+    if "search" not in part:
+        return None
+    if may_search and part["search"].get("rates" if loop == "open" else "levels"):
+        return "search"
+    return "confirm" if part.get("confirm") else None
+
+
+def _unique(pts: Iterable[Point]) -> list[Point]:
+    seen: dict[str, Point] = {}
+    for p in pts:
+        seen.setdefault(p.key, p)
+    return list(seen.values())
+
+
+def searched_points(plans: Sequence[dict[str, Any]]) -> list[Point]:
+    """Every point of the planned rounds, once, in round order."""
+    return _unique(p for plan in plans for p in plan["points"])
+
+
+def summarize(
+    docs: Sequence[dict[str, Any]], inputs: SearchInputs, max_rounds: int, cache_state: str
+) -> dict[str, Any]:
+    """The whole search of one cache state from its round files 1..n (the search done at n):
+    what each round measured and as what, why each loop stopped, its final bracket."""
+    plans = plan_rounds(docs, inputs, max_rounds, cache_state)
+    if len(plans) != len(docs):
+        raise ValueError(f"the {cache_state} search is not done after {len(docs)} rounds")
+    last = docs[-1]
+    out: dict[str, Any] = {
+        "format": SUMMARY_FORMAT,
+        "cache_state": cache_state,
+        "max_rounds": max_rounds,
+        "rounds": [
+            {
+                "round": plan["round"],
+                "kinds": plan["kinds"],
+                "points": [p.key for p in plan["points"]],
+            }
+            for plan in plans
+        ],
+    }
+    for loop, unit in (("open", "rates"), ("closed", "levels")):
+        part = last[loop]
+        searched = sum(plan["kinds"][loop] == "search" for plan in plans)
+        entry = {k: part[k] for k in ("tested", "bracket", "saturation") if k in part}
+        if "search" in part:
+            step = part["search"]
+            entry["search_rounds"] = searched
+            entry["stopped"] = (
+                f"max_rounds ({max_rounds}) search rounds ran; the next would measure "
+                f"{step[unit]} ({step['why']})"
+                if step[unit]
+                else step["why"]
+            )
+        out[loop] = entry
+    return out

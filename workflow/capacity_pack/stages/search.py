@@ -1,0 +1,80 @@
+"""Stages ``search_round`` and ``search``: the SLO-boundary search of one cache state.
+
+``search_round`` (:func:`run_round`) reads the SLO reports of every point of rounds 1..k (and
+the declared closed-loop points) and writes round k's file: the tested rates and levels, the
+bracket so far, and the search step and confirmation the next round may take. ``search``
+(:func:`run`) reads the round files of a finished search and writes its summary
+(:mod:`capacity_pack.decide.search`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from capacity_pack.decide.search import SearchInputs, decide_round, summarize
+from capacity_pack.io import write_json_atomic
+
+
+def run_round(
+    *,
+    inputs: str | SearchInputs,
+    cache_state: str,
+    round_index: int,
+    reports: Sequence[str | Path],
+    round_file: str | Path,
+    log: logging.Logger,
+) -> dict[str, Any]:
+    """Write round ``round_index``'s file of ``cache_state`` from ``reports``; return it."""
+    if isinstance(inputs, str):
+        inputs = SearchInputs.model_validate_json(inputs)
+    docs = [json.loads(Path(p).read_text()) for p in reports]
+    doc = decide_round(docs, inputs, cache_state, int(round_index))
+    write_json_atomic(round_file, doc)
+    for loop, unit in (("open", "rates"), ("closed", "levels")):
+        step = doc[loop].get("search")
+        if step is not None:
+            log.info(
+                "%s round %s, %s loop: bracket %s; next %s %s (%s); confirm %s",
+                cache_state,
+                round_index,
+                loop,
+                doc[loop].get("bracket"),
+                unit,
+                step[unit],
+                step["why"],
+                doc[loop].get("confirm"),
+            )
+    return doc
+
+
+def run(
+    *,
+    inputs: str | SearchInputs,
+    cache_state: str,
+    max_rounds: int,
+    rounds: Sequence[str | Path],
+    summary: str | Path,
+    log: logging.Logger,
+) -> dict[str, Any]:
+    """Write the summary of ``cache_state``'s finished search from its round files (in round
+    order); return it."""
+    if isinstance(inputs, str):
+        inputs = SearchInputs.model_validate_json(inputs)
+    docs = [json.loads(Path(p).read_text()) for p in rounds]
+    doc = summarize(docs, inputs, int(max_rounds), cache_state)
+    write_json_atomic(summary, doc)
+    for loop in ("open", "closed"):
+        if "stopped" in doc[loop]:
+            log.info(
+                "%s %s loop: %d rounds, bracket %s; stopped: %s",
+                cache_state,
+                loop,
+                doc[loop]["search_rounds"],
+                doc[loop]["bracket"],
+                doc[loop]["stopped"],
+            )
+    return doc
