@@ -91,7 +91,7 @@ def rates_of(plan: dict) -> list[float]:
     [
         (30, 40, 35),
         (30, 35, 32),
-        (32, 35, 34),
+        (32, 35, 33.5),
         (35, 40, 38),
         (36, 38, 37),
         (0.5, 1, 0.8),
@@ -154,11 +154,11 @@ def test_only_pass_passes():
 
 
 def test_default_pack_example_converges_within_two_rps_in_four_rounds():
-    """20/30/40 with the boundary at 36.5: 35 passes, 38 fails, 36 passes: [36, 38)."""
-    docs, plans, _ = run(inputs(), knee(36.5))
-    assert [rates_of(p) for p in plans] == [[20, 30, 40], [35], [38], [36]]
+    """20/30/40 with the boundary at 36.7: 35 passes, 38 fails, 36.5 passes: [36.5, 38)."""
+    docs, plans, _ = run(inputs(), knee(36.7))
+    assert [rates_of(p) for p in plans] == [[20, 30, 40], [35], [38], [36.5]]
     final = docs[-1]["open"]["bracket"]
-    assert (final["pass_rps"], final["fail_rps"]) == (36, 38) and final["within_resolution"]
+    assert (final["pass_rps"], final["fail_rps"]) == (36.5, 38) and final["within_resolution"]
     assert docs[-1]["open"]["search"]["rates"] == []
     assert "within the resolution" in docs[-1]["open"]["search"]["why"]
 
@@ -210,13 +210,13 @@ def test_a_pass_above_a_failure_never_moves_the_bracket():
 
 
 def test_max_rounds_stops_the_search_and_raising_it_only_adds_rounds():
-    docs3, plans3, order3 = run(inputs(), knee(36.5), max_rounds=3)
+    docs3, plans3, order3 = run(inputs(), knee(36.7), max_rounds=3)
     assert len(plans3) == 3 and rates_of(plans3[-1]) == [38]
-    assert docs3[-1]["open"]["search"]["rates"] == [36]  # proposed, not taken
-    docs4, plans4, order4 = run(inputs(), knee(36.5), max_rounds=4)
+    assert docs3[-1]["open"]["search"]["rates"] == [36.5]  # proposed, not taken
+    docs4, plans4, order4 = run(inputs(), knee(36.7), max_rounds=4)
     # Every round file of the shorter search is the same file in the longer one.
     assert docs4[: len(docs3)] == docs3
-    assert order4[: len(order3)] == order3 and order4[len(order3) :] == ["open-r36/cold/rep0"]
+    assert order4[: len(order3)] == order3 and order4[len(order3) :] == ["open-r36.5/cold/rep0"]
     summary = S.summarize(docs3, inputs(), 3, "cold")
     assert "max_rounds (3)" in summary["open"]["stopped"]
     assert summary["open"]["search_rounds"] == 3
@@ -233,45 +233,49 @@ def test_round_files_do_not_depend_on_max_rounds():
 
 
 def test_confirmation_spends_the_repeats_on_the_bracket():
-    docs, plans, order = run(inputs(repeats=3), knee(36.5))
+    docs, plans, order = run(inputs(repeats=3), knee(36.7))
     assert plans[-1]["kinds"]["open"] == "confirm"
-    assert sorted(order[-4:]) == sorted(f"open-r{r}/cold/rep{k}" for r in (36, 38) for k in (1, 2))
+    assert sorted(order[-4:]) == sorted(
+        f"open-r{r}/cold/rep{k}" for r in (36.5, 38) for k in (1, 2)
+    )
     assert all(k.endswith("rep0") for k in order[:-4])
     assert docs[-1]["open"]["confirm"] == []
 
 
 def test_a_confirmation_that_fails_the_pass_rate_continues_the_search_below():
-    def oracle(p):  # 36 passes once, then fails: the boundary is really below 36
-        if p.rate_rps == 36:
+    def oracle(p):  # 36.5 passes once, then fails: the boundary is really below it
+        if p.rate_rps == 36.5:
             return report(p, p.repeat == 0)
-        return report(p, p.rate_rps < 35.5)
+        return report(p, p.rate_rps < 35.8)
 
     docs, plans, order = run(inputs(repeats=2), oracle)
     kinds = [p["kinds"]["open"] for p in plans]
     assert kinds == ["search", "search", "search", "search", "confirm", "confirm"]
+    # The confirmation moved the bracket down to [35, 36.5), which is then confirmed too.
+    assert order[-3:] == ["open-r36.5/cold/rep1", "open-r38/cold/rep1", "open-r35/cold/rep1"]
     b = docs[-1]["open"]["bracket"]
-    assert (b["pass_rps"], b["fail_rps"]) == (35, 36)
-    assert {"open-r35/cold/rep1", "open-r36/cold/rep1"} <= set(order)
-    # Finer: the confirmation moves the bracket to [35, 36), wider than 0.5, so the search goes
-    # on below 36 (within max_rounds) and confirms the new bracket in its turn.
+    assert (b["pass_rps"], b["fail_rps"]) == (35, 36.5)
+    # Finer: [35, 36.5) is wider than 0.5, so the search goes on below 36.5 (within
+    # max_rounds) and confirms its new bracket in its turn.
     docs, plans, order = run(inputs(repeats=2, resolution_rps=0.5), oracle, max_rounds=8)
     kinds = [p["kinds"]["open"] for p in plans]
-    assert kinds == ["search"] * 6 + ["confirm", "search", "confirm"]
-    assert order[-5:] == [
-        "open-r36/cold/rep1", "open-r36.5/cold/rep1", "open-r35.5/cold/rep0",
-        "open-r35/cold/rep1", "open-r35.5/cold/rep1",
+    assert kinds == ["search"] * 6 + ["confirm", "search", "search", "confirm"]
+    assert order[-4:] == [
+        "open-r35.8/cold/rep0", "open-r35.5/cold/rep0", "open-r35.5/cold/rep1",
+        "open-r35.8/cold/rep1",
     ]  # fmt: skip
     b = docs[-1]["open"]["bracket"]
-    assert (b["pass_rps"], b["fail_rps"]) == (35, 35.5) and b["within_resolution"]
+    assert (b["pass_rps"], b["fail_rps"], b["width_rps"]) == (35.5, 35.8, 0.3)
+    assert b["within_resolution"]
 
 
 def test_cold_and_warm_are_searched_independently():
     def oracle(p):
-        return report(p, p.rate_rps < (36.5 if p.cache_state == "cold" else 31.0))
+        return report(p, p.rate_rps < (36.7 if p.cache_state == "cold" else 31.0))
 
     cold, _, _ = run(inputs(), oracle, cache="cold")
     warm, _, order = run(inputs(), oracle, cache="warm")
-    assert cold[-1]["open"]["bracket"]["pass_rps"] == 36
+    assert cold[-1]["open"]["bracket"]["pass_rps"] == 36.5
     warm_bracket = warm[-1]["open"]["bracket"]
     assert 29 <= warm_bracket["pass_rps"] < 31 <= warm_bracket["fail_rps"]
     assert all("/warm/" in k for k in order)
@@ -287,14 +291,14 @@ def closed_inputs(**over):
 
 
 def test_closed_loop_search_finds_the_largest_level_meeting_the_slo():
-    docs, plans, _ = run(closed_inputs(), knee(36.5, level=13))
+    docs, plans, _ = run(closed_inputs(), knee(36.7, level=13))
     levels = [[p.concurrency for p in plan["points"] if p.mode == "closed"] for plan in plans]
     assert levels[0] == [1, 8, 32]
     assert levels[1:] == [[20], [14], [11], [12], [13]]
     b = docs[-1]["closed"]["bracket"]
     assert (b["pass_concurrency"], b["fail_concurrency"]) == (13, 14) and b["within_resolution"]
     # Both loops run in the same rounds and stop on their own.
-    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36
+    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5
 
 
 def test_closed_loop_doubles_up_to_its_bound_and_stops_when_one_fails():

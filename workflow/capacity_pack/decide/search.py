@@ -17,10 +17,10 @@ the same selection rule as the capacity decision, so a pass above a failure neve
 tested rate lies strictly inside the bracket. The next rate of the search:
 
 - *bisect* when both ends exist and the width fail_rps - pass_rps exceeds the resolution
-  (``resolution_rps``, or ``resolution_rel`` x pass_rps): the tidiest rate within a quarter of
+  (``resolution_rps``, or ``resolution_rel`` x pass_rps): the tidiest rate within an eighth of
   the width of the midpoint (:func:`tidy_between`: the coarsest step of the 1-2-5 ladder whose
-  multiple nearest the midpoint lies strictly inside), so ids stay readable (``open-r36``, not
-  ``open-r36.25``) and each round still shrinks the bracket to at most 3/4 of its width;
+  multiple nearest the midpoint lies strictly inside), so ids stay readable (``open-r32``, not
+  ``open-r32.5``) and each round still shrinks the bracket to at most 5/8 of its width;
 - *down* when the lowest tested rate does not pass: half of it (2 significant digits), not below
   the search's lower bound (``min_rps``, default round 1's lowest rate / 8);
 - *up* when every tested rate passes: twice the highest (2 significant digits), not above the
@@ -152,11 +152,11 @@ def _ladder(width: float) -> Iterable[float]:
 def tidy_between(low: float, high: float) -> float | None:
     """A tidy value strictly between ``low`` and ``high`` near the midpoint: the multiple of the
     coarsest step of the 1-2-5 ladder nearest the midpoint that lies strictly inside and within
-    a quarter of the width of the midpoint; None when none does (below 6 decimals)."""
+    an eighth of the width of the midpoint; None when none does (below 6 decimals)."""
     width = high - low
     if width <= 0:
         return None
-    mid, tolerance = (low + high) / 2, width / 4
+    mid, tolerance = (low + high) / 2, width / 8
     for step in _ladder(width):
         value = round(round(mid / step) * step, 6)
         if low < value < high and abs(value - mid) <= tolerance + 1e-9:
@@ -425,7 +425,7 @@ def decide_round(
             "bracket": {
                 "pass_rps": low,
                 "fail_rps": high,
-                "width_rps": high - low if both else None,
+                "width_rps": round(high - low, 6) if both else None,
                 "resolution_rps": res,
                 "within_resolution": bool(both and res and high - low <= res + 1e-9),
             },
