@@ -171,7 +171,7 @@ def test_a_changed_gate_reanalyzes_and_redecides_before_it_measures(searched):
         out = run_snakemake(workdir, "-n", "results/search-test/search/cold/search.json").stdout
     finally:
         write_pack(workdir, knee_pack(max_rounds=3))
-    jobs = re.findall(r"^(rule|checkpoint) (\w+):", out, re.M)
+    jobs = re.findall(r"^(?:local)?(rule|checkpoint) (\w+):", out, re.M)
     names = {name for _, name in jobs}
     assert not names & {"schedule", "sweep", "normalize"}
     assert ("checkpoint", "search_round") in jobs and "search" in names
