@@ -103,6 +103,7 @@ def small_pack() -> dict:
     )
     data["client"].pop("class_schedule_counts")
     data["acceptance"]["min_successful_samples_per_class"] = 2
+    data["sweep"].pop("search", None)  # the fixture's two rates, no boundary search
     data["sweep"].update(
         open_loop_rps=[10, 150],
         closed_loop_concurrency=[1],

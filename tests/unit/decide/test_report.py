@@ -65,6 +65,8 @@ def test_the_readme_states_the_capacity_as_a_bracket():
 
 def test_the_bracket_sentence_without_a_search_or_an_upper_end():
     pack, reports = _pack_and_reports()
+    # The default pack searches; this one measures its declared rates only.
+    pack = pack.model_copy(update={"sweep": pack.sweep.model_copy(update={"search": None})})
     sel = build_capacity(reports, pack)["open_loop"]["cold"]
     assert "no search resolution declared" in bracket_sentence(sel)
     assert "the width, 2 RPS, is the tested grid's step" in bracket_sentence(sel)
