@@ -189,7 +189,8 @@ def test_normalize_point_with_extension_cut_at_max_duration(tmp_path):
                           tmp_path / "metrics.parquet", {"extension_blocks": 2},
                           S.ScheduleInputs.for_point(p, point), point)  # fmt: skip
     assert out["reconciliation"] == {"expected": len(full), "recorded": len(sent),
-                                     "cut_at_max_duration": 2}  # fmt: skip
+                                     "cut_at_max_duration": 2,
+                                     "unsent_after_early_stop": 0}  # fmt: skip
     # Missing rows elsewhere than the cut tail are an error.
     (tmp_path / "records.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in fake_records(full.drop(index=5)))
@@ -198,3 +199,41 @@ def test_normalize_point_with_extension_cut_at_max_duration(tmp_path):
         normalize_point(tmp_path / "records.jsonl", tmp_path / "schedule.parquet",
                         tmp_path / "metrics.parquet", {"extension_blocks": 2},
                         S.ScheduleInputs.for_point(p, point), point)  # fmt: skip
+
+
+def test_normalize_point_after_an_early_stop(tmp_path):
+    """An early stop leaves exactly the summary's unsent rows, the schedule's tail, without a
+    record (here from inside block 2 to the end of block 3); anything else missing, or a
+    record for a row called unsent, is an error."""
+    p = pack()
+    point = S.Point(mode="open", rate_rps=20, cache_state="cold", repeat=0)
+    schedule = S.build_schedule(p, point)
+    full = S.build_schedule(p, point, extension_blocks=2)
+    unsent = int((full["block"] == 3).sum()) + 2
+    schedule.to_parquet(tmp_path / "schedule.parquet")
+    pd.DataFrame({"t_offset_ns": [0, 10**9], "realtime_ns": [1, 2], "source": "server",
+                  "metric": "queue_depth", "value": [0.0, 0.0]}).to_parquet(
+        tmp_path / "metrics.parquet")  # fmt: skip
+    summary = {"extension_blocks": 2, "stopped_early": True, "unsent_requests": unsent}
+
+    def run(rows: pd.DataFrame, doc: dict) -> dict:
+        (tmp_path / "records.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in fake_records(rows))
+        )
+        return normalize_point(tmp_path / "records.jsonl", tmp_path / "schedule.parquet",
+                               tmp_path / "metrics.parquet", doc,
+                               S.ScheduleInputs.for_point(p, point), point)  # fmt: skip
+
+    sent = full.iloc[: len(full) - unsent]
+    out = run(sent, summary)
+    assert out["reconciliation"] == {"expected": len(full), "recorded": len(sent),
+                                     "cut_at_max_duration": 0,
+                                     "unsent_after_early_stop": unsent}  # fmt: skip
+    assert len(out["requests"]) == len(sent)
+    with pytest.raises(NormalizeError, match="have no record"):
+        run(sent.drop(index=5), summary)
+    with pytest.raises(NormalizeError, match="never sent .* have a record"):
+        run(full.iloc[: len(full) - unsent + 1], summary)
+    # Without the stop in the summary the same gap (inside block 2) is an error.
+    with pytest.raises(NormalizeError, match="have no record"):
+        run(sent, {"extension_blocks": 2, "stopped_early": False, "unsent_requests": 0})

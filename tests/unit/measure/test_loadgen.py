@@ -244,6 +244,10 @@ def test_extension_blocks_until_the_gate_or_the_time_limit(tmp_path):
     )
     data["client"].pop("class_schedule_counts")
     data["acceptance"]["min_successful_samples_per_class"] = 15  # 40 x 0.2 = 8 < 15
+    # Cutoffs nothing misses: the in-run decision cannot fail the point, and a pass needs more
+    # samples (81 a class) than 6 s bring, so the point extends on its sample gate and bound.
+    for w in data["workload"]:
+        w.update(request_ttft_cutoff_ms=60_000, request_tpot_cutoff_ms=60_000)
     pack = validate_pack(data)
     point = S.Point(mode="open", rate_rps=40, cache_state="cold", repeat=0)
     summary = measure_point(pack, point, S.build_schedule(pack, point), tmp_path / "a")

@@ -22,8 +22,12 @@ fixed length (fixed-length classes only), and E2E = TTFT + TPOT x (O - 1) within
 
 Reconciliation against the precommitted schedule: every scheduled request (the schedule file,
 the extension blocks the run used, the prewarm rows) appears exactly once; a missing or extra ID
-is an error, never silently dropped. The only rows of the schedule allowed to be absent are the
-tail of the last extension block cut at the declared maximum duration, and they are counted.
+is an error, never silently dropped. The only rows of the schedule allowed to be absent, each
+counted in the facts, are (i) after an early stop of the in-run decision
+(:mod:`capacity_pack.measure.sequential`; the sweep summary's ``stopped_early``), exactly the
+last ``unsent_requests`` rows in schedule order, never sent (``unsent_after_early_stop``); and
+(ii) the tail of the last extension block cut at the declared maximum duration
+(``cut_at_max_duration``). A row the summary calls unsent that has a record is an error too.
 A sharded point's records are also checked against its shard assignment
 (:func:`capacity_pack.measure.shards.check_merge`: every record on the shard it was assigned to,
 each
@@ -163,8 +167,11 @@ def expected_ids(
     return pd.concat(parts, ignore_index=True)
 
 
-def reconcile(records: pd.DataFrame, expected: pd.DataFrame, source: str) -> dict[str, Any]:
-    """Every expected request exactly once; only the cut tail of the last block may be absent."""
+def reconcile(
+    records: pd.DataFrame, expected: pd.DataFrame, source: str, unsent: int = 0
+) -> dict[str, Any]:
+    """Every expected request exactly once; only the last ``unsent`` rows (an early stop's)
+    and the cut tail of the last extension block may be absent."""
     dup = records["request_id"][records["request_id"].duplicated()]
     if len(dup):
         raise NormalizeError(
@@ -179,6 +186,18 @@ def reconcile(records: pd.DataFrame, expected: pd.DataFrame, source: str) -> dic
             f"e.g. {extra[:3]}"
         )
     missing = expected[~expected["request_id"].isin(got)]
+    if unsent:
+        # The run stopped its arrivals: the rows after the last one started were never sent.
+        tail = expected[expected["phase"] != "prewarm"].sort_values("seq").tail(unsent)
+        sent_anyway = tail[tail["request_id"].isin(got)]
+        if len(sent_anyway) or len(tail) < unsent:
+            raise NormalizeError(
+                f"{source}: the sweep summary says the last {unsent} scheduled request(s) were "
+                f"never sent (an early stop), but {len(sent_anyway)} of them have a record, e.g. "
+                f"{sent_anyway['request_id'].head(3).tolist()}"
+            )
+        missing = missing[~missing["request_id"].isin(set(tail["request_id"]))]
+        expected = expected[~expected["request_id"].isin(set(tail["request_id"]))]
     cut = 0
     if len(missing):
         last_block = int(expected["block"].max())
@@ -194,9 +213,10 @@ def reconcile(records: pd.DataFrame, expected: pd.DataFrame, source: str) -> dic
             )
         cut = len(missing)
     return {
-        "expected": int(len(expected)),
+        "expected": int(len(expected)) + unsent,
         "recorded": int(len(records)),
         "cut_at_max_duration": cut,
+        "unsent_after_early_stop": unsent,
     }
 
 
@@ -377,7 +397,10 @@ def normalize_point(
     expected = expected_ids(schedule, extension, prewarm)
     if not len(records):
         raise NormalizeError(f"{source}: no records at all for {len(expected)} scheduled requests")
-    facts = reconcile(records, expected, source)
+    unsent = int(sweep_summary.get("unsent_requests") or 0)
+    if not sweep_summary.get("stopped_early"):
+        unsent = 0
+    facts = reconcile(records, expected, source, unsent)
     shards = sweep_summary.get("shards")
     if shards and int(shards.get("count", 1)) > 1:
         try:

@@ -2,7 +2,9 @@
 processes, and the targets a pack measures (simulated, managed, external).
 
 The load generator, by role: ``settings`` (what a run needs), ``payload`` (the requests),
-``run`` (open and closed loops, extension blocks, the metrics scraper, the summary),
+``run`` (open and closed loops, the summary), ``arrivals`` (the open loop's growing
+arrivals, extension blocks), ``sequential`` (the in-run decision: stop a point when its verdict
+is certain, extend it while it is not), ``watchers`` (loop lag, the metrics scraper, progress),
 ``dispatcher`` (timed sends), ``transport`` and ``connection`` (plain-HTTP/1.1 with kernel
 receive stamps), ``sse`` (the event-stream reader), ``records`` (the per-request record and the
 latency definitions). ``inputs`` is the manifest content a measurement reads; ``sweep`` runs one

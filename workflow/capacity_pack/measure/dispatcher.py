@@ -85,6 +85,20 @@ class Dispatcher(threading.Thread):
             self.expected, self.next_expected = due, 0
             self.cond.notify()
 
+    def more_arrivals(self, times: list[int]) -> None:
+        """Append hand-overs to the current arrivals (an extension block; same ``start``)."""
+        with self.cond:
+            if self.start_cb is not None:
+                self.times.extend(times)
+                self.cond.notify()
+
+    def expect_more(self, due: list[int]) -> None:
+        """Append (sorted, later) due times to the expected ones (an extension block)."""
+        with self.cond:
+            if not self.halted:
+                self.expected.extend(due)
+                self.cond.notify()
+
     def write_at(self, t_ns: int, write: TimedWrite) -> bool:
         """Register a timed write; False if ``t_ns`` is already past (write it now yourself)."""
         with self.cond:

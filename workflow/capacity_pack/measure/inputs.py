@@ -1,12 +1,14 @@
 """What one measurement reads of the manifest, and the load settings and tokenizer made from it.
 
 :class:`SweepInputs` is exactly the manifest content a measurement reads (target, model, client,
-request shape, prompts and the sample gate that drives extension blocks); the sweep rule passes
-it in its params, so a changed acceptance threshold does not re-measure anything, while a changed
-timeout or target does. A sharded point's shard processes and a failure drill read the same
-inputs: :func:`load_settings` turns them into one run's
-:class:`~capacity_pack.measure.settings.LoadSettings`, :func:`token_counter` picks the tokenizer
-that sizes the prompts exactly.
+request shape, prompts, the sample gate that drives extension blocks, and the attainment gate
+and confidence the in-run decision judges by, with the class cutoffs of the schedule's
+workload); the sweep rule passes it in its params, so a changed timeout, target or attainment
+gate re-measures the points while a changed error-rate or utilization threshold does not. A
+sharded point's shard processes and a failure drill read the same inputs: :func:`load_settings`
+turns them into one run's :class:`~capacity_pack.measure.settings.LoadSettings`,
+:func:`sequential_settings` into its in-run decision (open-loop rate points on one client
+process), :func:`token_counter` picks the tokenizer that sizes the prompts exactly.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from capacity_pack.engines import verify_setting
 from capacity_pack.engines.tokenize import EndpointCounter
 from capacity_pack.io import canonical_json
+from capacity_pack.measure.sequential import SequentialSettings
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.plan.manifest import (
     Client,
@@ -32,6 +35,15 @@ from capacity_pack.plan.manifest import (
 )
 from capacity_pack.plan.prompts import FileTokenizerCounter
 from capacity_pack.plan.schedule import Point, ScheduleInputs
+
+
+class AttainmentGate(BaseModel):
+    """The attainment gate the in-run decision judges each class by."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    class_slo_attainment_min: float = Field(gt=0, le=1)
+    attainment_confidence: float = Field(ge=0.5, le=0.999)
 
 
 class SweepInputs(BaseModel):
@@ -49,6 +61,17 @@ class SweepInputs(BaseModel):
     engine: Engine | None = Field(
         default=None, description="What a real target must identify as (None: a simulated one)."
     )
+    attainment: AttainmentGate | None = Field(
+        default=None, description="The in-run decision's gate (None: no in-run decision)."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_gate(self, handler: Any) -> Any:
+        # Without an in-run decision (a drill's inputs) the inputs read as before the field.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("attainment") is None:
+            data.pop("attainment", None)
+        return data
 
     @classmethod
     def for_point(cls, pack: Pack, point: Point) -> SweepInputs:
@@ -61,6 +84,10 @@ class SweepInputs(BaseModel):
             request=pack.request,
             prompts=pack.prompts,
             min_successful_samples_per_class=pack.acceptance.min_successful_samples_per_class,
+            attainment=AttainmentGate(
+                class_slo_attainment_min=pack.acceptance.class_slo_attainment_min,
+                attainment_confidence=pack.acceptance.attainment_confidence,
+            ),
         )
 
     def canonical_json(self) -> str:
@@ -107,6 +134,23 @@ def load_settings(
         maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
         realtime_dispatch=c.realtime_dispatch,
         progress=progress,
+    )
+
+
+def sequential_settings(inputs: SweepInputs) -> SequentialSettings | None:
+    """The in-run decision of a point measured with these inputs (None without a gate)."""
+    gate = inputs.attainment
+    if gate is None:
+        return None
+    c = inputs.client
+    return SequentialSettings(
+        cutoffs={
+            w.name: (w.request_ttft_cutoff_ms, w.request_tpot_cutoff_ms)
+            for w in inputs.schedule.workload
+        },
+        attainment_min=gate.class_slo_attainment_min,
+        confidence=gate.attainment_confidence,
+        minimum_duration_s=c.warmup_seconds + c.minimum_duration_seconds,
     )
 
 

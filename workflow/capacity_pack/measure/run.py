@@ -30,9 +30,18 @@ text says so, never silently a success. Streams are read by
 SIGINT or SIGTERM stops the run with every request accounted for
 (:mod:`capacity_pack.measure.interrupt`).
 
-Extension blocks (open-loop points with a sample gate): while a class has fewer successful
-measured requests than ``min_successful_per_class`` and ``maximum_duration_s`` has not passed,
-the next block of the seeded arrival process is sent, starting now with its gaps preserved.
+In-run decisions and extension (open loop, :mod:`capacity_pack.measure.sequential`): every
+``look_interval_s`` a look judges each class's attainment by its time-uniform confidence
+sequence. A class certain to fail stops the arrivals; every class certain to pass, at its
+sample gate and past the minimum duration, stops them too; requests in flight finish and are
+recorded, and the rows never sent are counted (``unsent_requests``). Otherwise the point
+continues: when the queued arrivals cover less than the extension lead, a look that finds it
+undecided (or, without an in-run decision, a class projected short of
+``min_successful_per_class``) appends the schedule's next block to the running arrivals on
+the same clock (block k+1's offsets continue block k's: no rebase, no pause, no idle drain),
+up to ``maximum_duration_s``; every block that duration can hold is built, requests and all,
+before the clock starts (:mod:`capacity_pack.measure.arrivals`), so appending one costs the
+loop nothing. Closed-loop extension blocks run after the previous block has ended, as before.
 
 The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
 and its own CPU time from the clock's start (request building before it is not counted); when
@@ -43,7 +52,7 @@ milliseconds. ``/metrics`` is scraped every ``client.metrics_interval_seconds`` 
 series (queue depth, running, KV usage, prefix-cache queries/hits, preemptions) through a name
 map for vLLM, SGLang, llama.cpp, TGI, TensorRT-LLM and the simulator
 (:func:`capacity_pack.engines.signals.parse_metrics`), with the client's own backlog series (due
-but unsent, in flight) alongside.
+but unsent, in flight) alongside (:mod:`capacity_pack.measure.watchers`).
 """
 
 from __future__ import annotations
@@ -58,7 +67,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,16 +76,24 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.engines import verify_setting
-from capacity_pack.engines.signals import parse_metrics
 from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
+from capacity_pack.measure.arrivals import Arrivals, Block, build_block, build_blocks, feed
 from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
 from capacity_pack.measure.dispatcher import LEAD_NS, SWITCH_INTERVAL_S, Dispatcher
 from capacity_pack.measure.interrupt import Interrupted, catch_signals, interruption
 from capacity_pack.measure.payload import RequestBuilder
 from capacity_pack.measure.records import Attempt, RecordWriter
+from capacity_pack.measure.sequential import (
+    LOOK_INTERVAL_S,
+    Decider,
+    extension_lead_ns,
+    projected_short,
+    wants_extension,
+)
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sse import SSEReader
 from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
+from capacity_pack.measure.watchers import lag_monitor, progress, scraper
 
 NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
@@ -101,16 +117,6 @@ class _State:
     terminal_by_class: dict[str, int] = field(default_factory=dict)
 
 
-class _Block:
-    """One open-loop block's arrivals, and how many of them have been sent or settled."""
-
-    __slots__ = ("due", "decided")
-
-    def __init__(self, due: list[int]) -> None:
-        self.due = due
-        self.decided = 0
-
-
 class _Gate:
     """Called at a request's send instant (on the dispatcher thread for a timed send): stamps
     the send, then applies the in-flight ceiling (in flight = written and not yet ended)."""
@@ -120,7 +126,7 @@ class _Gate:
     def __init__(
         self,
         a: Attempt,
-        block: _Block | None,
+        block: Arrivals | None,
         st: _State,
         lock: threading.Lock,
         ceiling: int | None,
@@ -182,7 +188,17 @@ class Run:
         self.t0_ns = 0
         self.t0_realtime_ns = 0
         self.blocks_sent = 0
-        self.extension_rebase_ns: list[int] = []
+        measured = self.schedule[self.schedule["phase"].isin(["measure", "extension"])]
+        self._scheduled = {str(k): int(v) for k, v in measured["class"].value_counts().items()}
+        self.cut_at_max_duration = 0
+        self._appended: list[pd.DataFrame] = []  # extension blocks (joined to the schedule)
+        self._ahead: list[Block] | None = None  # extension blocks built before the clock
+        self.stopped_early = False
+        self._decider = (
+            Decider(settings.sequential, settings.min_successful_per_class)
+            if settings.sequential is not None and settings.mode == "open"
+            else None
+        )
         self._requests: dict[str, httpx.Request] = {}
         self._client: httpx.AsyncClient | None = None
         # Counters the dispatcher thread updates too (at a timed send) are changed under it.
@@ -190,7 +206,7 @@ class Run:
         self._dispatcher: Dispatcher | None = None
         self._own_transport = False
         self._lead_ns = 0
-        self._block: _Block | None = None
+        self._stream: Arrivals | None = None
         self._builder = RequestBuilder(settings)
         self.writer.secrets = self._builder.secrets
         # Interrupts: the signal's name once one came, when, and the tasks sending a request.
@@ -217,7 +233,7 @@ class Run:
     # -- one request -----------------------------------------------------------------------
 
     async def _send(
-        self, client, row: dict[str, Any], due_ns: int, block: _Block | None = None
+        self, client, row: dict[str, Any], due_ns: int, block: Arrivals | None = None
     ) -> None:
         if self.interrupted is not None:
             return  # started after the interrupt: never sent
@@ -299,7 +315,7 @@ class Run:
         finally:
             await resp.aclose()
 
-    def _settle(self, a: Attempt, gate: _Gate, block: _Block | None) -> None:
+    def _settle(self, a: Attempt, gate: _Gate, block: Arrivals | None) -> None:
         """The request ended (any way but the ceiling's refusal): stamp, count, record it."""
         st = self.state
         a.end_ns = time.perf_counter_ns()
@@ -378,58 +394,126 @@ class Run:
             st.terminal_by_class[a.klass] = st.terminal_by_class.get(a.klass, 0) + 1
             if a.status == "ok":
                 st.ok_by_class[a.klass] = st.ok_by_class.get(a.klass, 0) + 1
+            if self._decider is not None:
+                self._decider.record(a)
         self.writer.write(a.to_json(self.t0_ns, self.t0_realtime_ns))
 
     # -- load modes ------------------------------------------------------------------------
 
     async def _open_loop(self, client, rows: list[dict[str, Any]], base_ns: int) -> None:
-        """Send ``rows`` at base_ns + scheduled offset; returns when all have terminated."""
+        """Send ``rows`` at base_ns + scheduled offset, and the blocks :meth:`_control` appends
+        while they run; returns when every request started has terminated."""
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task] = set()
-        all_handed = loop.create_future()
         due = [base_ns + int(r["scheduled_offset_ns"]) for r in rows]
-        block = self._block = _Block(due)
+        stream = self._stream = Arrivals(rows, due, loop.create_future())
+        stream.closed = self.s.extension_block is None
 
         def start(i: int) -> None:
-            if self.interrupted is not None:
-                return  # handed over just before the interrupt: never sent
-            task = loop.create_task(self._send(client, rows[i], due[i], block))
+            if self.interrupted is not None or stream.stopped:
+                return  # handed over just before the interrupt or the stop: never sent
+            task = loop.create_task(self._send(client, stream.rows[i], stream.due[i], stream))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            if i == len(rows) - 1 and not all_handed.done():
-                all_handed.set_result(None)
+            stream.started = i + 1
+            if stream.started == len(stream.due) and not stream.pending:
+                stream.close()  # no block was appended before the last arrival: they end here
 
         dispatcher = self._dispatcher
         assert dispatcher is not None
-        feeder = None
+        feeder = controller = None
         if self._lead_ns:
             # Timed sends: the loop starts each request a lead early (its own timers, to the
             # millisecond, are enough for that); the thread writes it at its due time.
-            dispatcher.expect(due)
-            feeder = loop.create_task(self._feed([t - self._lead_ns for t in due], start))
+            dispatcher.expect(list(due))
+            feeder = loop.create_task(feed(stream, start, self._lead_ns))
         else:
-            dispatcher.arrivals(due, start)
+            dispatcher.arrivals(list(due), start)
+        if self._decider is not None or not stream.closed:
+            controller = loop.create_task(self._control(stream))
         assert self._halt is not None
         halted = loop.create_task(self._halt.wait())
         try:
             if rows:
-                await asyncio.wait({all_handed, halted}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({stream.done, halted}, return_when=asyncio.FIRST_COMPLETED)
             while tasks:
                 await asyncio.wait(set(tasks))
         finally:
-            halted.cancel()
-            if feeder is not None:
-                feeder.cancel()
+            for task in (halted, feeder, controller):
+                if task is not None:
+                    task.cancel()
+            if self._appended:
+                self.schedule = pd.concat([self.schedule, *self._appended], ignore_index=True)
+                self._appended = []
             dispatcher.arrivals([], None)
             dispatcher.expect([])
 
-    @staticmethod
-    async def _feed(times: list[int], start: Callable[[int], None]) -> None:
-        for i, t in enumerate(times):
-            delay_ns = t - time.perf_counter_ns()
-            if delay_ns > 0:
-                await asyncio.sleep(delay_ns / NS)
-            start(i)
+    # -- in-run decisions and extension blocks ------------------------------------------------
+
+    async def _control(self, stream: Arrivals) -> None:
+        """The looks: stop the arrivals once the point's outcome is certain; near the end of
+        the queued arrivals, append the next block while the point needs more."""
+        decider = self._decider
+        period = decider.settings.look_interval_s if decider is not None else LOOK_INTERVAL_S
+        while not stream.done.done():
+            outcome = "undecided"
+            if decider is not None:
+                outcome = decider.look(time.perf_counter_ns() - self.t0_ns)
+            if outcome != "undecided":
+                self._stop_arrivals(stream)
+                return
+            # Blocks shorter than the lead: as many as it takes to cover it again.
+            while not stream.closed and self.interrupted is None:
+                if stream.due[-1] - time.perf_counter_ns() >= extension_lead_ns(stream.span_ns):
+                    break
+                short = [] if decider is not None else self._short_classes(projected=True)
+                if not wants_extension(decider, outcome, short):
+                    break
+                await self._append_block(stream)
+            await asyncio.sleep(period)
+
+    def _stop_arrivals(self, stream: Arrivals) -> None:
+        """No more arrivals (requests already started go on and are recorded)."""
+        stream.stop()
+        self.stopped_early = True
+        assert self._dispatcher is not None
+        self._dispatcher.arrivals([], None)
+        self._dispatcher.expect([])
+
+    async def _append_block(self, stream: Arrivals) -> None:
+        """The next block (built before the clock) appended to the running arrivals."""
+        k = self.blocks_sent + 1
+        block: Block | None = None
+        if self._ahead is not None:
+            block = self._ahead.pop(0) if self._ahead else None
+        else:  # no maximum duration: no end to build ahead to; a worker thread builds it
+            stream.pending = True
+            try:
+                block = await asyncio.to_thread(
+                    build_block, self.s.extension_block, k, None, self._request
+                )
+            finally:
+                stream.pending = False
+        if stream.stopped or self.interrupted is not None:
+            return
+        if block is not None:
+            self.blocks_sent = k
+            self._appended.append(block.frame)
+            self.cut_at_max_duration += block.cut
+        if block is None or not block.rows:
+            stream.close()  # no block left within the maximum duration
+            return
+        for r in block.rows:
+            self._scheduled[r["class"]] = self._scheduled.get(r["class"], 0) + 1
+        self._requests.update(block.requests)
+        # The block continues the seeded process on the run's own clock: no rebase.
+        due = [self.t0_ns + int(r["scheduled_offset_ns"]) for r in block.rows]
+        assert self._dispatcher is not None
+        if self._lead_ns:
+            self._dispatcher.expect_more(due)
+        else:
+            self._dispatcher.more_arrivals(due)
+        stream.append(block.rows, due)
 
     async def _closed_loop(self, client, rows: list[dict[str, Any]]) -> None:
         it = iter(rows)
@@ -445,82 +529,22 @@ class Run:
 
     # -- watchers ---------------------------------------------------------------------------
 
-    async def _lag_monitor(self, stop: asyncio.Event) -> None:
-        period = 0.010
-        while not stop.is_set():
-            before = time.perf_counter_ns()
-            await asyncio.sleep(period)
-            # epoll rounds timeouts up to whole milliseconds: lag beyond that is the loop's.
-            self.loop_lag_ns.append(max(0, time.perf_counter_ns() - before - int(period * NS)))
-
-    async def _scraper(self, client, stop: asyncio.Event) -> None:
-        url = f"{self.s.base_url}/metrics"
-        interval = self.s.metrics_interval_s
-        # The clock may start a little ahead (timed sends): the series starts with it.
-        await asyncio.sleep(max(0, self.t0_ns - time.perf_counter_ns()) / NS)
-        next_t = time.perf_counter()
-        while True:
-            t_ns = time.perf_counter_ns()
-            rt_ns = time.time_ns()
-            st = self.state
-            rel = t_ns - self.t0_ns
-            self.series += [
-                (rel, rt_ns, "client", "in_flight", float(st.in_flight)),
-                (rel, rt_ns, "client", "due_unsent", float(self._due_unsent(t_ns))),
-                (rel, rt_ns, "client", "finished", float(st.finished)),
-                (rel, rt_ns, "client", "streamed_tokens", float(st.streamed_tokens)),
-            ]
-            if self.s.scrape_metrics:
-                try:
-                    resp = await client.get(url, timeout=max(0.5, interval))
-                    if resp.status_code == 200:
-                        for key, val in parse_metrics(resp.text).items():
-                            self.series.append((rel, rt_ns, "server", key, val))
-                except Exception:  # a scrape failure is a gap in the series, not a crash
-                    self.series.append((rel, rt_ns, "client", "scrape_failed", 1.0))
-            if stop.is_set():
-                return
-            next_t += interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_t - time.perf_counter()))
-
-    def _due_unsent(self, now_ns: int) -> int:
-        block = self._block
-        if block is None:
+    def due_unsent(self, now_ns: int) -> int:
+        """Arrivals due by ``now_ns`` and not yet sent (the client's backlog)."""
+        stream = self._stream
+        if stream is None:
             return 0
-        return max(0, bisect.bisect_right(block.due, now_ns) - block.decided)
-
-    async def _progress(self, stop: asyncio.Event, total: int) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-            st = self.state
-            late = np.percentile(self.lateness_ns[-500:], 99) / 1e6 if self.lateness_ns else 0.0
-            line = (
-                f"\r  sent {st.sent}/{total}  finished {st.finished}  failed {st.failed}  "
-                f"in flight {st.in_flight}  lateness p99 {late:.2f} ms "
-            )
-            print(line, end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr, flush=True)
-
-    # -- extension blocks --------------------------------------------------------------------
+        due = bisect.bisect_right(stream.due, now_ns, hi=stream.sendable())
+        return max(0, due - stream.decided)
 
     def _short_classes(self, projected: bool) -> list[str]:
-        gate = self.s.min_successful_per_class
+        """Classes under the sample gate (now, or projected to the schedule's end)."""
+        gate, st = self.s.min_successful_per_class, self.state
+        if projected:
+            return projected_short(self._scheduled, st.ok_by_class, st.terminal_by_class, gate)
         if gate is None:
             return []
-        st = self.state
-        measured = self.schedule[self.schedule["phase"].isin(["measure", "extension"])]
-        scheduled = measured["class"].value_counts().to_dict()
-        short = []
-        for klass, n in scheduled.items():
-            ok = st.ok_by_class.get(klass, 0)
-            if projected:
-                done = st.terminal_by_class.get(klass, 0)
-                ok = n * (ok / done) if done else n
-            if ok < gate:
-                short.append(klass)
-        return short
+        return [k for k in self._scheduled if st.ok_by_class.get(k, 0) < gate]
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -611,6 +635,10 @@ class Run:
         """Prepare every request, prewarm, start the clock and the watchers, send the load."""
         rows = self.schedule.to_dict("records")
         self._prepare(rows)
+        make, limit = self.s.extension_block, self.s.maximum_duration_s
+        if make is not None and limit is not None and self.s.mode != "closed" and len(rows):
+            first = int(self.schedule["block"].max()) + 1
+            self._ahead = build_blocks(make, first, limit, self._request)
         if self.prewarm is not None and len(self.prewarm) and self.interrupted is None:
             await asyncio.gather(
                 *(self._send(client, r, 0) for r in self.prewarm.to_dict("records"))
@@ -629,11 +657,15 @@ class Run:
             if self.interrupted is not None:
                 pass  # interrupted before the clock started: nothing is sent
             elif self.s.mode == "closed":
+                self.blocks_sent = int(self.schedule["block"].max()) if len(rows) else 0
                 await self._closed_loop(client, rows)
+                await self._extend_closed(client)
             else:
+                self.blocks_sent = int(self.schedule["block"].max()) if len(rows) else 0
                 await self._open_loop(client, rows, self.t0_ns)
-            self.blocks_sent = int(self.schedule["block"].max()) if len(rows) else 0
-            await self._extend(client)
+                if self._decider is not None and not self.stopped_early:
+                    # The outcome at the final counts (the offline analysis computes the same).
+                    self._decider.look(time.perf_counter_ns() - self.t0_ns)
             stop.set()
             await asyncio.gather(*watchers)
             self.cpu_s = time.process_time() - cpu0
@@ -658,17 +690,18 @@ class Run:
     def _watchers(self, client, stop: asyncio.Event) -> list[asyncio.Task]:
         """The tasks beside the load: lag ticker, scraper, progress line, side tasks."""
         watchers = [
-            asyncio.create_task(self._lag_monitor(stop)),
-            asyncio.create_task(self._scraper(client, stop)),
+            asyncio.create_task(lag_monitor(self, stop)),
+            asyncio.create_task(scraper(self, client, stop)),
         ]
         if self.s.progress:
-            watchers.append(asyncio.create_task(self._progress(stop, len(self.schedule))))
+            watchers.append(asyncio.create_task(progress(self, stop, len(self.schedule))))
         if self.s.side_tasks is not None:
             watchers += [asyncio.create_task(c) for c in self.s.side_tasks(self, stop)]
         return watchers
 
-    async def _extend(self, client) -> None:
-        """Extension blocks while a class is under its sample gate and time remains."""
+    async def _extend_closed(self, client) -> None:
+        """Closed loop: extension blocks, each after the previous one ended, while a class is
+        under its sample gate and time remains."""
         make = self.s.extension_block
         if make is None:
             return
@@ -683,18 +716,11 @@ class Run:
                 return
             self.blocks_sent += 1
             self.schedule = pd.concat([self.schedule, rows], ignore_index=True)
+            for klass, n in rows["class"].value_counts().items():
+                self._scheduled[str(klass)] = self._scheduled.get(str(klass), 0) + int(n)
             records = rows.to_dict("records")
             self._prepare(records)
-            if self.s.mode == "closed":
-                await self._closed_loop(client, records)
-                continue
-            # The block continues the seeded process; it starts now, gaps preserved.
-            first = int(rows["scheduled_offset_ns"].iloc[0])
-            base = time.perf_counter_ns() + self._lead_ns - first
-            self.extension_rebase_ns.append(base - self.t0_ns)
-            if limit_ns is not None:
-                records = [r for r in records if base + int(r["scheduled_offset_ns"]) <= limit_ns]
-            await self._open_loop(client, records, base)
+            await self._closed_loop(client, records)
 
     def series_frame(self) -> pd.DataFrame:
         return pd.DataFrame(
@@ -745,8 +771,11 @@ class Run:
             },
             "client_bound": late_p99 is not None and late_p99 > self.s.lateness_bound_ms,
             "extension_blocks": max(0, self.blocks_sent - 1),
-            "extension_rebase_offset_ns": self.extension_rebase_ns,
+            "cut_at_max_duration": self.cut_at_max_duration,
             "under_sampled_classes": self._short_classes(projected=False),
+            "stopped_early": self.stopped_early,
+            "unsent_requests": self._stream.unsent() if self._stream is not None else 0,
+            "sequential": self._decider.summary() if self._decider is not None else None,
             "interrupted": interruption(
                 self.interrupted, scheduled, self.writer.count, self.cancelled_in_flight
             ),

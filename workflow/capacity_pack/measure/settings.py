@@ -4,6 +4,8 @@
 schedule. A measurement builds it from the pack
 (:func:`capacity_pack.measure.inputs.load_settings`); a drill or a shard adjusts a few fields
 (side tasks, the shared start, the shard index, a shared-out in-flight ceiling).
+``sequential`` (:class:`~capacity_pack.measure.sequential.SequentialSettings`) is what the
+in-run decision of an open-loop rate point reads; a run without it never stops a point early.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.measure.sequential import SequentialSettings
 
 
 class LoadSettings(BaseModel):
@@ -40,6 +44,9 @@ class LoadSettings(BaseModel):
         default=None, description="Sample gate: extend the schedule until each class has this."
     )
     maximum_duration_s: float | None = Field(default=None, description="Stop extending after.")
+    sequential: SequentialSettings | None = Field(
+        default=None, description="The in-run decision (open-loop points): stop when certain."
+    )
     extension_block: Any = Field(default=None, exclude=True, description="Callable(k) -> rows.")
     side_tasks: Any = Field(
         default=None,

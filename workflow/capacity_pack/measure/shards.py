@@ -577,7 +577,11 @@ def merge_summaries(
         "realtime_dispatch": first.get("realtime_dispatch"),
         "client_bound": bool(bound),
         "extension_blocks": 0,
-        "extension_rebase_offset_ns": [],
+        "cut_at_max_duration": 0,
+        # Decided offline only: stopping early needs every shard's counts at once.
+        "stopped_early": False,
+        "unsent_requests": 0,
+        "sequential": None,
         "under_sampled_classes": sorted(
             {c for s in summaries for c in s.get("under_sampled_classes", [])}
         ),

@@ -17,6 +17,7 @@ Cache-state facts in the summary:
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,12 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.io import atomic_path
-from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
+from capacity_pack.measure.inputs import (
+    SweepInputs,
+    load_settings,
+    sequential_settings,
+    token_counter,
+)
 from capacity_pack.measure.interrupt import Interrupted, interruption
 from capacity_pack.measure.records import read_records, records_frame
 from capacity_pack.measure.run import run_point
@@ -38,7 +44,7 @@ from capacity_pack.measure.shards import (
 )
 from capacity_pack.measure.target import open_target
 from capacity_pack.plan.manifest import Pack, SimTarget
-from capacity_pack.plan.schedule import Point, build_schedule, prewarm_rows
+from capacity_pack.plan.schedule import Point, build_schedule, extension_block_size, prewarm_rows
 
 
 def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -156,6 +162,36 @@ def run_sharded(
     return summary
 
 
+class ExtensionBlocks:
+    """``extension_block(k)``: block k of the point's schedule (blocks 2, 3, ... continue the
+    seeded arrival process on the same clock).
+
+    Built before the run, once, for the blocks the maximum duration can hold at the nominal
+    rate (and half again, for a slow draw of the process): a run appends a block by a lookup,
+    not by a schedule build beside its arrivals. The schedule with k blocks is a prefix of the
+    one with more, so a block past those is built the same way, doubling the blocks built."""
+
+    def __init__(self, inputs: SweepInputs, point: Point) -> None:
+        self.inputs, self.point = inputs, point
+        c = inputs.schedule.client
+        size = extension_block_size(inputs.schedule)
+        horizon = (point.rate_rps or 0.0) * (c.warmup_seconds + c.maximum_duration_seconds)
+        self.built = 0
+        self.blocks: dict[int, pd.DataFrame] = {}
+        self._build(max(1, math.ceil(1.5 * horizon / size) + 2))
+
+    def _build(self, extensions: int) -> None:
+        frame = build_schedule(self.inputs.schedule, self.point, extension_blocks=extensions)
+        frame = frame[frame["block"] >= 2]
+        self.blocks = {int(k): g for k, g in frame.groupby("block")}
+        self.built = extensions
+
+    def __call__(self, block: int) -> pd.DataFrame | None:
+        if block - 1 > self.built:
+            self._build(max(block - 1, 2 * self.built))
+        return self.blocks.get(block)
+
+
 def measure_point(
     pack_or_inputs: Pack | SweepInputs,
     point: Point,
@@ -191,16 +227,15 @@ def measure_point(
         settings = load_settings(inputs, point, base_url, progress=progress)
         settings.token_counter = token_counter(inputs, base_url)
 
-        def extension(block: int) -> pd.DataFrame:
-            full = build_schedule(inputs.schedule, point, extension_blocks=block - 1)
-            return full[full["block"] == block]
-
-        # Extension blocks are for open-loop rate points: a closed-loop level traces the
-        # frontier and a load-shape experiment is its profile, so neither is extended.
-        if point.mode == "open":
-            settings.extension_block = extension
-        else:
+        # Extension blocks and the in-run decision are for open-loop rate points: a
+        # closed-loop level traces the frontier and a load-shape experiment is its profile,
+        # so neither is extended or stopped early. A sharded point runs its planned schedule
+        # (the decision would need every shard's counts at once): the analysis judges it.
+        if point.mode != "open":
             settings.min_successful_per_class = None
+        elif shard_count(inputs, point) == 1:
+            settings.extension_block = ExtensionBlocks(inputs, point)
+            settings.sequential = sequential_settings(inputs)
         stop: Interrupted | None = None
         try:
             if shard_count(inputs, point) > 1:
@@ -294,6 +329,8 @@ def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
         "prefix_cache_evictions": summary.get("prefix_cache_evictions"),
         "extension_blocks": summary["extension_blocks"],
         "prewarm_requests": summary["prewarm_requests"],
+        "stopped_early": float(bool(summary.get("stopped_early"))),
+        "unsent_requests": summary.get("unsent_requests", 0),
     }
     metrics.update({f"status_{k}_requests": v for k, v in summary.get("status_counts", {}).items()})
     params = {
@@ -305,6 +342,8 @@ def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
         "lateness_bound_ms": summary["lateness_bound_ms"],
     }
     tags = {"capacity_pack.client_bound": str(summary["client_bound"]).lower()}
+    if summary.get("sequential"):
+        tags["capacity_pack.sequential_decision"] = summary["sequential"]["decision"]
     shards = summary.get("shards")
     params["client_shards"] = shards["count"] if shards else 1
     if shards:

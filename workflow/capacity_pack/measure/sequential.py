@@ -1,0 +1,256 @@
+"""The in-run decision of an open-loop rate point: stop it as soon as its verdict is certain.
+
+While the point runs, each class c keeps two counts over its finished *measured* requests
+(phases ``measure`` and ``extension``; warm-up and prewarm rows never count): n_c, the
+successful ones (status ``ok``), and k_c, those that also meet the class SLO, the predicate of
+:func:`capacity_pack.evidence.gates.meets_slo` computed on the client's own stamps exactly as
+:mod:`capacity_pack.measure.records` defines the latencies (s = send, f = first token, e = last
+token, O = output tokens):
+
+    passed  <=>  ok  and  (f - s) <= TTFT cutoff  and  TPOT <= TPOT cutoff,
+    TPOT = ((e - s) - (f - s)) / (O - 1) in ms for O > 1, else 0.
+
+A *look* (every ``look_interval_s``, 0.25 s by default: O(classes), two evaluations of a Beta
+function per class, never per request) judges each class with n_c >= ``min_samples``
+(:data:`MIN_LOOK_SAMPLES`, 20) by the time-uniform confidence sequence of its attainment
+k_c / n_c at ``acceptance.attainment_confidence``
+(:func:`capacity_pack.binomial.sequential_outcome`, the beta-binomial mixture of Robbins 1970
+as in Howard et al., Ann. Statist. 2021), against ``acceptance.class_slo_attainment_min``:
+
+- some class ``fail`` (its upper bound below the gate): the point stops, **fail**;
+- every class ``pass`` (lower bound at or above the gate), every class at its sample gate
+  (``min_successful_samples_per_class``) and the minimum duration (warm-up plus
+  ``client.minimum_duration_seconds``) passed: the point stops, **pass**;
+- otherwise it continues, and extends while time remains (:func:`wants_extension`).
+
+A stop ends the arrivals only: requests in flight finish and are recorded, nothing is
+cancelled, and the scheduled rows never sent are counted (``unsent_requests``). The sequence
+covers the true attainment at every n at once with probability >= confidence (Ville's
+inequality), so looking after every request, or every 0.25 s, does not raise the error rate:
+per class, a stop for fail while the true attainment meets the gate, or a pass while it does
+not, each happens with probability <= 1 - confidence over the whole run. For the point, a
+false pass needs a class that misses the gate to pass (<= 1 - confidence); a false fail needs
+one of the C classes that meet it to fail (<= C (1 - confidence), by the union bound). The
+offline analysis computes the same sequence at the final n, the requests in flight at a stop
+included.
+
+Extension (continuous). The precommitted schedule's next block continues the seeded arrival
+process on the same clock (:func:`capacity_pack.plan.schedule.build_schedule`). It is appended
+while arrivals are still queued: once the scheduled arrivals left cover less than the lead
+(:func:`extension_lead_ns`: the larger of :data:`EXTEND_LEAD_S` and :data:`EXTEND_LEAD_FRACTION`
+of the last block's span), a look that finds the point undecided (or, without an in-run
+decision, a class projected short of its sample gate) appends the next block (as many as it
+takes to cover the lead again); a point whose last arrival is started before that is closed.
+The declared maximum duration cuts the arrivals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity_pack.binomial import Outcome, confidence_sequence, quick_outcome
+from capacity_pack.measure.records import Attempt
+
+NS = 1_000_000_000
+#: Successful measured requests a class needs before a look judges it (a floor on noise in
+#: the earliest samples; the sequence is valid without it).
+MIN_LOOK_SAMPLES = 20
+#: Seconds between looks.
+LOOK_INTERVAL_S = 0.25
+#: The next block is decided once the queued arrivals cover less than this many seconds...
+EXTEND_LEAD_S = 2.0
+#: ...or this fraction of the last block's span, whichever is longer.
+EXTEND_LEAD_FRACTION = 0.2
+
+
+class SequentialSettings(BaseModel):
+    """What the in-run decision reads: each class's SLO cutoffs, the attainment gate and its
+    confidence, the least samples before a class is judged, the minimum duration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cutoffs: dict[str, tuple[float, float]] = Field(
+        description="Per class: (TTFT cutoff ms, TPOT cutoff ms), the SLO predicate's cutoffs."
+    )
+    attainment_min: float = Field(gt=0, le=1, description="acceptance.class_slo_attainment_min.")
+    confidence: float = Field(gt=0, lt=1, description="acceptance.attainment_confidence.")
+    minimum_duration_s: float = Field(
+        ge=0, description="No early pass before this many seconds from the clock's start."
+    )
+    min_samples: int = Field(
+        default=MIN_LOOK_SAMPLES, ge=1, description="Successful requests before a class is judged."
+    )
+    look_interval_s: float = Field(default=LOOK_INTERVAL_S, gt=0, description="Between looks.")
+
+
+def meets_slo(a: Attempt, cutoffs: tuple[float, float]) -> bool:
+    """The SLO predicate on one request's client stamps (the module docstring's formula)."""
+    if a.status != "ok" or a.first_token_ns is None or a.last_token_ns is None:
+        return False
+    out = sum(a.chunk_tokens)
+    ttft = (a.first_token_ns - a.sent_ns) / 1e6
+    e2e = (a.last_token_ns - a.sent_ns) / 1e6
+    tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
+    return ttft <= cutoffs[0] and tpot <= cutoffs[1]
+
+
+@dataclass
+class _Class:
+    n: int = 0  # successful measured requests
+    passed: int = 0  # of them, meeting the SLO
+
+
+@dataclass
+class Decider:
+    """The running counts and the looks of one point (the loop's thread only).
+
+    A look is O(classes) and cheap (:func:`capacity_pack.binomial.quick_outcome`); the bounds
+    and the reason, which need the root search, are worked out once, for the summary, from
+    the counts the deciding (or the last) look saw."""
+
+    settings: SequentialSettings
+    sample_gate: int | None = None
+    classes: dict[str, _Class] = field(init=False)
+    looks: int = 0
+    decision: Outcome = "undecided"
+    at_offset_ns: int | None = None
+    # The counts and outcomes the last look judged: {class: (n, passed, outcome)}.
+    seen: dict[str, tuple[int, int, Outcome]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.classes = {c: _Class() for c in self.settings.cutoffs}
+        # Imports scipy now, before the clock starts, not at the first look.
+        quick_outcome(1, 2, 0.5)
+
+    def record(self, a: Attempt) -> None:
+        """One finished measured request (O(1) but its chunk count)."""
+        c = self.classes.get(a.klass)
+        if c is not None and a.status == "ok":
+            c.n += 1
+            c.passed += meets_slo(a, self.settings.cutoffs[a.klass])
+
+    def look(self, offset_ns: int) -> Outcome:
+        """Judge every class now (``offset_ns`` from the clock's start); the point's outcome."""
+        s = self.settings
+        self.looks += 1
+        self.at_offset_ns = offset_ns
+        seen = {}
+        for name, c in self.classes.items():
+            judged = c.n >= s.min_samples
+            outcome = quick_outcome(c.passed, c.n, s.attainment_min, s.confidence)
+            seen[name] = (c.n, c.passed, outcome if judged else "undecided")
+        self.seen = seen
+        outcomes = [o for _, _, o in seen.values()]
+        if "fail" in outcomes:
+            self.decision = "fail"
+        elif (
+            all(o == "pass" for o in outcomes)
+            and all(n >= (self.sample_gate or 0) for n, _, _ in seen.values())
+            and offset_ns >= s.minimum_duration_s * NS
+        ):
+            self.decision = "pass"
+        else:
+            self.decision = "undecided"
+        return self.decision
+
+    def _bounds(self, name: str) -> tuple[float, float]:
+        n, passed, _ = self.seen[name]
+        s = self.settings
+        cs = confidence_sequence(passed, n, s.confidence, s.attainment_min)
+        return cs if cs is not None else (0.0, 1.0)
+
+    def _bound_words(self, name: str, side: str, op: str) -> str:
+        low, high = self._bounds(name)
+        bound = low if side == "lower" else high
+        return (
+            f"{name}: attainment {side} bound {bound:.4f} {op} {self.settings.attainment_min} "
+            f"after {self.seen[name][0]} requests"
+        )
+
+    def reason(self) -> str:
+        """The last look's outcome in one line."""
+        s, seen = self.settings, self.seen
+        if not seen:
+            return "no look: the point ended before its first"
+        if self.decision == "fail":
+            name = next(k for k, (_, _, o) in seen.items() if o == "fail")
+            return self._bound_words(name, "upper", "<")
+        if self.decision == "pass":
+            low = min(seen, key=lambda k: self._bounds(k)[0])
+            return (
+                f"every class passes, the lowest {self._bound_words(low, 'lower', '>=')}; "
+                f"sample gate {self.sample_gate or 0} met, minimum duration "
+                f"{s.minimum_duration_s:g} s reached"
+            )
+        for name, (n, _, outcome) in seen.items():
+            if n < s.min_samples:
+                return f"{name}: {n} successful < {s.min_samples}, the least a look judges"
+            if outcome != "pass":
+                low, high = self._bounds(name)
+                return (
+                    f"{name}: attainment bounds [{low:.4f}, {high:.4f}] straddle "
+                    f"{s.attainment_min} after {n} requests"
+                )
+            if self.sample_gate is not None and n < self.sample_gate:
+                return f"{name}: passes, but {n} successful < the sample gate {self.sample_gate}"
+        return f"every class passes; the minimum duration {s.minimum_duration_s:g} s not reached"
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's ``sequential`` entry, at the counts the last look judged."""
+        per_class = {}
+        for name, (n, passed, outcome) in self.seen.items():
+            low, high = self._bounds(name) if n else (None, None)
+            per_class[name] = {
+                "n": n,
+                "passed": passed,
+                "low": low,
+                "high": high,
+                "outcome": outcome,
+            }
+        s = self.settings
+        return {
+            "decision": self.decision,
+            "at_offset_ns": self.at_offset_ns,
+            "looks": self.looks,
+            "per_class": per_class,
+            "reason": self.reason(),
+            "method": "confidence sequence (beta-binomial mixture, time-uniform)",
+            "gate": s.attainment_min,
+            "confidence": s.confidence,
+            "min_samples": s.min_samples,
+            "sample_gate": self.sample_gate,
+        }
+
+
+def extension_lead_ns(block_span_ns: int) -> int:
+    """How long before the last queued arrival the next block is decided."""
+    return max(int(EXTEND_LEAD_S * NS), int(EXTEND_LEAD_FRACTION * block_span_ns))
+
+
+def projected_short(
+    scheduled: dict[str, int], ok: dict[str, int], terminal: dict[str, int], gate: int | None
+) -> list[str]:
+    """Classes projected below the sample gate at the schedule's end: ok_c x scheduled_c /
+    terminal_c (every scheduled request assumed successful before any has ended)."""
+    if gate is None:
+        return []
+    short = []
+    for klass, n in scheduled.items():
+        done = terminal.get(klass, 0)
+        projected = n * (ok.get(klass, 0) / done) if done else n
+        if projected < gate:
+            short.append(klass)
+    return short
+
+
+def wants_extension(
+    decider: Decider | None, outcome: Outcome, projected_short_classes: list[str]
+) -> bool:
+    """Whether a look near the end of the queued arrivals appends the next block: undecided
+    (with an in-run decision), or some class projected short of its sample gate."""
+    if decider is not None:
+        return outcome == "undecided"
+    return bool(projected_short_classes)

@@ -1,0 +1,81 @@
+"""The tasks that watch a run beside its load: event-loop lag, the /metrics series, progress.
+
+Each takes the :class:`capacity_pack.measure.run.Run` it watches and the run's stop event.
+
+- **Loop lag**: a 10 ms ticker's wake-up delay beyond its period (epoll rounds timeouts up to
+  whole milliseconds, so lag beyond that is the loop's).
+- **Series**: every ``metrics_interval_s`` from the clock's start, the client's own backlog
+  (in flight, due but unsent, finished, streamed tokens) and, unless ``scrape_metrics`` is
+  off, the server's ``/metrics`` through :func:`capacity_pack.engines.signals.parse_metrics`;
+  a failed scrape is a ``scrape_failed`` sample, a gap, never a crash.
+- **Progress**: one line on stderr each second (sent, finished, failed, in flight, recent
+  lateness p99).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from capacity_pack.engines.signals import parse_metrics
+
+NS = 1_000_000_000
+
+
+async def lag_monitor(run: Any, stop: asyncio.Event) -> None:
+    period = 0.010
+    while not stop.is_set():
+        before = time.perf_counter_ns()
+        await asyncio.sleep(period)
+        run.loop_lag_ns.append(max(0, time.perf_counter_ns() - before - int(period * NS)))
+
+
+async def scraper(run: Any, client, stop: asyncio.Event) -> None:
+    url = f"{run.s.base_url}/metrics"
+    interval = run.s.metrics_interval_s
+    # The clock may start a little ahead (timed sends): the series starts with it.
+    await asyncio.sleep(max(0, run.t0_ns - time.perf_counter_ns()) / NS)
+    next_t = time.perf_counter()
+    while True:
+        t_ns = time.perf_counter_ns()
+        rt_ns = time.time_ns()
+        st = run.state
+        rel = t_ns - run.t0_ns
+        run.series += [
+            (rel, rt_ns, "client", "in_flight", float(st.in_flight)),
+            (rel, rt_ns, "client", "due_unsent", float(run.due_unsent(t_ns))),
+            (rel, rt_ns, "client", "finished", float(st.finished)),
+            (rel, rt_ns, "client", "streamed_tokens", float(st.streamed_tokens)),
+        ]
+        if run.s.scrape_metrics:
+            try:
+                resp = await client.get(url, timeout=max(0.5, interval))
+                if resp.status_code == 200:
+                    for key, val in parse_metrics(resp.text).items():
+                        run.series.append((rel, rt_ns, "server", key, val))
+            except Exception:  # a scrape failure is a gap in the series, not a crash
+                run.series.append((rel, rt_ns, "client", "scrape_failed", 1.0))
+        if stop.is_set():
+            return
+        next_t += interval
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, next_t - time.perf_counter()))
+
+
+async def progress(run: Any, stop: asyncio.Event, total: int) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+        st = run.state
+        late = np.percentile(run.lateness_ns[-500:], 99) / 1e6 if run.lateness_ns else 0.0
+        line = (
+            f"\r  sent {st.sent}/{total}  finished {st.finished}  failed {st.failed}  "
+            f"in flight {st.in_flight}  lateness p99 {late:.2f} ms "
+        )
+        print(line, end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr, flush=True)
