@@ -242,8 +242,22 @@ def replan(ran, mutate) -> list[str]:
 
 
 def test_changed_acceptance_reanalyzes_but_never_remeasures(ran):
-    jobs = replan(ran, lambda d: d["acceptance"].__setitem__("class_slo_attainment_min", 0.7))
+    jobs = replan(ran, lambda d: d["acceptance"].__setitem__("error_rate_max", 0.5))
     assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS)])
+
+
+@pytest.mark.parametrize(
+    "field, value", [("class_slo_attainment_min", 0.7), ("attainment_confidence", 0.9)]
+)
+def test_changed_attainment_gate_remeasures_only_the_open_loop_points(ran, field, value):
+    """The open-loop rate points are decided while they run, on the attainment gate at its
+    confidence: they re-measure; the closed-loop levels are only re-analyzed."""
+    jobs = replan(ran, lambda d: d["acceptance"].__setitem__(field, value))
+    open_points = [p for p in POINTS if p.startswith("open-")]
+    assert jobs == sorted(
+        ["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS),
+         *jobs_for(["normalize", "sweep"], open_points)]
+    )  # fmt: skip
 
 
 def test_added_rate_adds_only_that_rates_jobs(ran):

@@ -3,8 +3,10 @@
 :class:`SweepInputs` is exactly the manifest content a measurement reads (target, model, client,
 request shape, prompts, the sample gate that drives extension blocks, and the attainment gate
 and confidence the in-run decision judges by, with the class cutoffs of the schedule's
-workload); the sweep rule passes it in its params, so a changed timeout, target or attainment
-gate re-measures the points while a changed error-rate or utilization threshold does not. A
+workload, for the open-loop rate points it applies to); the sweep rule passes it in its params,
+so a changed timeout or target re-measures every point and a changed attainment gate or
+confidence those open-loop points, while a changed error-rate or utilization threshold
+re-measures nothing. A
 sharded point's shard processes and a failure drill read the same inputs: :func:`load_settings`
 turns them into one run's :class:`~capacity_pack.measure.settings.LoadSettings`,
 :func:`sequential_settings` into its in-run decision (open-loop rate points on one client
@@ -84,10 +86,19 @@ class SweepInputs(BaseModel):
             request=pack.request,
             prompts=pack.prompts,
             min_successful_samples_per_class=pack.acceptance.min_successful_samples_per_class,
-            attainment=AttainmentGate(
-                class_slo_attainment_min=pack.acceptance.class_slo_attainment_min,
-                attainment_confidence=pack.acceptance.attainment_confidence,
-            ),
+            attainment=cls.decided_in_run(pack, point),
+        )
+
+    @staticmethod
+    def decided_in_run(pack: Pack, point: Point) -> AttainmentGate | None:
+        """The in-run decision's gate: open-loop rate points on one client process only (a
+        closed-loop level or an experiment runs its schedule, and a sharded point would need
+        every shard's counts at once), so only their measurements follow a changed gate."""
+        if point.mode != "open" or pack.client.shards > 1:
+            return None
+        return AttainmentGate(
+            class_slo_attainment_min=pack.acceptance.class_slo_attainment_min,
+            attainment_confidence=pack.acceptance.attainment_confidence,
         )
 
     def canonical_json(self) -> str:
