@@ -52,7 +52,7 @@ def test_a_measured_and_tracked_point_never_stores_the_key(tmp_path, key):
         data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "vllm",
                           "api_key_env": name}  # fmt: skip
         data["client"].update(initial_scheduled_requests=20, minimum_duration_seconds=1,
-                              warmup_seconds=0.2)  # fmt: skip
+                              warmup_seconds=0.2, maximum_duration_seconds=2)  # fmt: skip
         data["client"].pop("class_schedule_counts")
         data["acceptance"]["min_successful_samples_per_class"] = 3
         pack = validate_pack(data)

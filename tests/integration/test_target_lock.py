@@ -33,12 +33,12 @@ POINT = {"point": "open-r10", "cache": "cold", "repeat": 0}
 
 
 def pack(name: str, requests: int, **client) -> dict:
+    client.setdefault("maximum_duration_seconds", 60)
     return small_pack_data(
         name,
         requests=requests,
         min_samples=4,
         sweep={"open_loop_rps": [10], "closed_loop_concurrency": [], "cache_states": ["cold"]},
-        maximum_duration_seconds=60,
         **client,
     )
 
@@ -156,7 +156,8 @@ def test_a_second_invocation_waits_for_the_first_and_never_overlaps_it(tmp_path,
     try:
         for name, workdir in names.items():
             workdir.mkdir()
-            write_pack(workdir, pack(name, requests=30))
+            # 3 s of arrivals; an undecided point extends to its maximum duration: 8 s.
+            write_pack(workdir, pack(name, requests=30, maximum_duration_seconds=8))
             procs[name] = snakemake(workdir, output(name, "sweep", "summary"), env)
         # Whichever reaches the target first holds it once its simulator starts; keep it there
         # (stopped) until the other has reached the lock, so that the meeting does not depend

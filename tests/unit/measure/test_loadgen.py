@@ -206,9 +206,11 @@ def test_killed_run_leaves_finished_records_readable(tmp_path):
 
 def test_cold_hit_rate_near_zero_and_warm_high(tmp_path):
     data = pack_data()
+    # A point the in-run decision leaves undecided extends to its maximum duration: 4 s here.
     data["client"].update(
-        initial_scheduled_requests=120, warmup_seconds=1, minimum_duration_seconds=2
-    )
+        initial_scheduled_requests=120, warmup_seconds=1, minimum_duration_seconds=2,
+        maximum_duration_seconds=4,
+    )  # fmt: skip
     data["client"].pop("class_schedule_counts")
     data["acceptance"]["min_successful_samples_per_class"] = 20
     pack = validate_pack(data)

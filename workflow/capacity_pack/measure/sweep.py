@@ -199,8 +199,12 @@ def measure_point(
     out_dir: str | Path,
     *,
     progress: bool = False,
+    in_run: bool = True,
 ) -> dict[str, Any]:
-    """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files)."""
+    """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files).
+
+    ``in_run`` False runs an open-loop point's planned schedule as a sharded one does: no
+    in-run decision, no extension block."""
     inputs = (
         pack_or_inputs
         if isinstance(pack_or_inputs, SweepInputs)
@@ -231,7 +235,7 @@ def measure_point(
         # closed-loop level traces the frontier and a load-shape experiment is its profile,
         # so neither is extended or stopped early. A sharded point runs its planned schedule
         # (the decision would need every shard's counts at once): the analysis judges it.
-        if point.mode != "open":
+        if point.mode != "open" or not in_run:
             settings.min_successful_per_class = None
         elif shard_count(inputs, point) == 1:
             settings.extension_block = ExtensionBlocks(inputs, point)
