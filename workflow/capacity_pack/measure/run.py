@@ -72,7 +72,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pandas as pd
 
 from capacity_pack.engines import verify_setting
@@ -93,7 +92,7 @@ from capacity_pack.measure.sequential import (
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sse import SSEReader
 from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
-from capacity_pack.measure.watchers import lag_monitor, progress, scraper
+from capacity_pack.measure.watchers import health, lag_monitor, progress, scraper
 
 NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
@@ -729,15 +728,8 @@ class Run:
 
     def summary(self) -> dict[str, Any]:
         st = self.state
-        late = np.array(self.lateness_ns, dtype=float) / 1e6
-        lag = np.array(self.loop_lag_ns, dtype=float) / 1e6
-
-        def pct(x: np.ndarray, q: float) -> float | None:
-            return float(np.percentile(x, q)) if x.size else None
-
-        late_p99 = pct(late, 99)
-        d = self._dispatcher
         scheduled = len(self.schedule) + (len(self.prewarm) if self.prewarm is not None else 0)
+        d = self._dispatcher
         return {
             "mode": self.s.mode,
             "concurrency": self.s.concurrency,
@@ -753,23 +745,14 @@ class Run:
             "client_cpu_ms_per_1k_tokens": (
                 1000 * self.cpu_s / st.streamed_tokens * 1000 if st.streamed_tokens else None
             ),
-            "dispatch_lateness_ms": {
-                "p50": pct(late, 50),
-                "p99": pct(late, 99),
-                "max": pct(late, 100),
-            },
-            "event_loop_lag_ms": {"p50": pct(lag, 50), "p99": pct(lag, 99), "max": pct(lag, 100)},
-            "lateness_bound_ms": self.s.lateness_bound_ms,
-            "client_transport": "capacity_pack" if self._own_transport else "httpx",
-            "dispatcher_scheduling": (
-                self._dispatcher.scheduling if self._dispatcher is not None else None
+            **health(
+                self.lateness_ns,
+                self.loop_lag_ns,
+                self.s,
+                "capacity_pack" if self._own_transport else "httpx",
+                d.scheduling if d is not None else None,
+                d.scheduling_detail if d is not None else None,
             ),
-            "realtime_dispatch": {
-                "requested": self.s.realtime_dispatch,
-                "in_effect": d is not None and d.scheduling == "SCHED_FIFO",
-                "detail": d.scheduling_detail if d is not None else None,
-            },
-            "client_bound": late_p99 is not None and late_p99 > self.s.lateness_bound_ms,
             "extension_blocks": max(0, self.blocks_sent - 1),
             "cut_at_max_duration": self.cut_at_max_duration,
             "under_sampled_classes": self._short_classes(projected=False),

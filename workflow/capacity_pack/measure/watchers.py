@@ -10,6 +10,9 @@ Each takes the :class:`capacity_pack.measure.run.Run` it watches and the run's s
   a failed scrape is a ``scrape_failed`` sample, a gap, never a crash.
 - **Progress**: one line on stderr each second (sent, finished, failed, in flight, recent
   lateness p99).
+- **Health** (:func:`health`, for the summary): dispatch lateness and loop lag percentiles,
+  the transport, the dispatcher's scheduling, and ``client_bound``: lateness p99 above
+  ``client.lateness_bound_ms``.
 """
 
 from __future__ import annotations
@@ -79,3 +82,34 @@ async def progress(run: Any, stop: asyncio.Event, total: int) -> None:
         )
         print(line, end="", file=sys.stderr, flush=True)
     print(file=sys.stderr, flush=True)
+
+
+def health(
+    lateness_ns: list[int],
+    loop_lag_ns: list[int],
+    settings: Any,
+    transport: str,
+    scheduling: str | None,
+    scheduling_detail: str | None,
+) -> dict[str, Any]:
+    """The client-health fields of a run's summary (milliseconds)."""
+    late = np.array(lateness_ns, dtype=float) / 1e6
+    lag = np.array(loop_lag_ns, dtype=float) / 1e6
+
+    def pct(x: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(x, q)) if x.size else None
+
+    late_p99 = pct(late, 99)
+    return {
+        "dispatch_lateness_ms": {"p50": pct(late, 50), "p99": late_p99, "max": pct(late, 100)},
+        "event_loop_lag_ms": {"p50": pct(lag, 50), "p99": pct(lag, 99), "max": pct(lag, 100)},
+        "lateness_bound_ms": settings.lateness_bound_ms,
+        "client_transport": transport,
+        "dispatcher_scheduling": scheduling,
+        "realtime_dispatch": {
+            "requested": settings.realtime_dispatch,
+            "in_effect": scheduling == "SCHED_FIFO",
+            "detail": scheduling_detail,
+        },
+        "client_bound": late_p99 is not None and late_p99 > settings.lateness_bound_ms,
+    }
