@@ -384,3 +384,23 @@ def test_cli_bad_input_exits_1_naming_file_line_and_field(tmp_path):
     assert result.exit_code == 1
     assert f"{bad}: line 1" in result.output and "metrics.request_latency" in result.output
     assert not (tmp_path / "requests.csv").exists()
+
+
+def test_a_class_certain_to_fail_fails_the_point_whatever_its_sample(vllm, pack):
+    # Every request misses a 1 ms TTFT cutoff: a handful of requests is already certain
+    # evidence (the confidence sequence's upper end under the gate), so the point fails
+    # instead of being inconclusive for want of samples or of a queue trend.
+    tight = pack.model_copy(deep=True)
+    for c in tight.workload:
+        c.request_ttft_cutoff_ms = 1.0
+    report = analyze_point(
+        vllm.requests, vllm.chunks, vllm.metrics, vllm.summary, pack_classes(tight),
+        pack_gates(tight),
+    )  # fmt: skip
+    certain = [
+        c for c, e in report["classes"].items()
+        if e["successful_count"] and e["attainment_ci"][1] < 0.95
+    ]  # fmt: skip
+    assert certain and report["verdict"] == "fail"
+    assert report["verdict_reasons"][0].startswith(f"{certain[0]}: attainment at most ")
+    assert "under-sampled" in " ".join(report["verdict_reasons"])

@@ -23,8 +23,10 @@ capacity gate) and adds, with the methods of :mod:`.statistics`:
 - the optional gates of :mod:`.gates` (per-class error rate, all-attempt attainment) when set.
 
 Verdict: ``inconclusive`` when the point cannot be judged as a server result (the client was the
-bottleneck: dispatch lateness above its bound; the shard clocks disagree; a class is
-under-sampled; the queue trend is undecided); else ``fail`` when a gate fails; else
+bottleneck: dispatch lateness above its bound; the shard clocks disagree); else ``fail`` when a
+class's attainment is below its gate with certainty (its confidence sequence's upper end under
+it), whatever its sample size; else ``inconclusive`` when a class is under-sampled or the queue
+trend is undecided; else ``fail`` when a gate fails; else
 ``marginal`` when a gate holds on the point estimate only (a class's attainment interval reaches
 under its threshold); else ``pass``. ``verdict_reasons`` says why, in the gates' own words.
 """
@@ -233,10 +235,19 @@ def _judge(report: dict[str, Any], classes: list[ClassSpec], gates: Gates, shard
         labels.append("client-bound: dispatch lateness above its bound, not a server result")
     if report["shard_clock_valid"] is False:
         labels.append("shard clocks: skew between the client shards beyond its tolerance")
+    not_a_server_result = bool(labels)
     if report["under_sampled_classes"]:
         labels.append(f"under-sampled: {report['under_sampled_classes']}")
     if report["queue_trend"] == "inconclusive":
         labels.append("queue trend inconclusive")
+    certain = certain_failures(report, classes, gates)
+    if certain and not not_a_server_result:
+        # Certain at the stated confidence whatever the sample size (the sweep stops such a
+        # point early): a failure, not a want of evidence.
+        report["verdict"] = "fail"
+        report["verdict_reasons"] = certain + labels
+        report["notes"] = []
+        return
     if labels:
         verdict = "inconclusive"
     elif not gate:
@@ -261,6 +272,22 @@ def _judge(report: dict[str, Any], classes: list[ClassSpec], gates: Gates, shard
             "shard clocks unverified: the shards ran on hosts whose realtime skew was not "
             "measured (no NTP state); see the sweep summary's shards.clock_check"
         )
+
+
+def certain_failures(report: dict[str, Any], classes: list[ClassSpec], gates: Gates) -> list[str]:
+    """The classes whose attainment is below the gate with certainty: the upper end of its
+    confidence sequence (valid at any sample size, :mod:`capacity_pack.binomial`) under it."""
+    gate, out = gates["class_slo_attainment_min"], []
+    for c in classes:
+        e = report["classes"][c.name]
+        ci = e.get("attainment_ci")
+        if ci and ci[1] < gate:
+            out.append(
+                f"{c.name}: attainment at most {ci[1]:.4f} < {gate} at "
+                f"{e['attainment_ci_confidence']:.0%} confidence ({e['passing_count']} of "
+                f"{e['successful_count']} met the SLO)"
+            )
+    return out
 
 
 def failing_gates(report: dict[str, Any], gates: Gates) -> list[str]:
