@@ -133,15 +133,22 @@ def min_samples_to_pass(gate: float, confidence: float = 0.95, limit: int = 10**
     def passes(n: int) -> bool:
         return sequential_outcome(n, n, gate, confidence) == "pass"
 
-    hi = 1
-    while not passes(hi):
-        hi *= 2
+    return least_n(passes, 1, limit)
+
+
+def least_n(holds, start: int, limit: int) -> int | None:
+    """The least n >= ``start`` where ``holds(n)``, for a predicate false below some n and true
+    from it on (doubling, then bisection); None beyond ``limit``."""
+    if holds(start):
+        return start
+    lo, hi = start, start
+    while not holds(hi):
+        lo, hi = hi, hi * 2
         if hi > limit:
             return None
-    lo = hi // 2
-    while lo + 1 < hi:  # passes(hi); not passes(lo) (or lo = 0)
+    while lo + 1 < hi:  # holds(hi), not holds(lo)
         mid = (lo + hi) // 2
-        if passes(mid):
+        if holds(mid):
             hi = mid
         else:
             lo = mid

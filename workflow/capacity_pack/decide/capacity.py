@@ -396,7 +396,9 @@ def closed_loop_curve(
                     "p95_ttft_ms": {c: var["classes"][c]["p95_ttft_ms"]["mean"] for c in classes},
                     "p95_tpot_ms": {c: var["classes"][c]["p95_tpot_ms"]["mean"] for c in classes},
                     "attainment": {c: var["classes"][c]["attainment"]["mean"] for c in classes},
-                    "meets_latency_gates": all(_latency_pass(r, attainment_min) for r in reps),
+                    "meets_latency_gates": all(
+                        meets_latency_gates(r, attainment_min) for r in reps
+                    ),
                     "reasons": sorted({x for r in reps for x in r.get("verdict_reasons", [])}),
                 }
             )
@@ -431,7 +433,7 @@ def _operating_note(best: dict[str, Any] | None, largest: int) -> str:
     return text
 
 
-def _latency_pass(report: dict[str, Any], attainment_min: float) -> bool:
+def meets_latency_gates(report: dict[str, Any], attainment_min: float) -> bool:
     """The latency constraint of the curve: every class's attainment (the closed-loop sweep is
     for the frontier; its sample sizes are not a capacity decision)."""
     return all(

@@ -73,8 +73,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.decide.capacity import rate_status
-from capacity_pack.evidence.gates import CLASS_ATTAINMENT
+from capacity_pack.decide.capacity import meets_latency_gates, rate_status
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import ConcurrencySearch, Pack, search_rate_bounds
@@ -203,14 +202,6 @@ def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def meets_slo(report: dict[str, Any], attainment_min: float) -> bool:
-    """Every class's attainment meets the gate (the closed-loop curve's latency constraint)."""
-    return all(
-        bool(CLASS_ATTAINMENT.holds(c.get("attainment"), attainment_min))
-        for c in report["classes"].values()
-    )
-
-
 def level_rows(reports: Sequence[dict[str, Any]], attainment_min: float) -> list[dict[str, Any]]:
     """One row per tested closed-loop level: whether it meets the SLO, its mean throughputs."""
     by_level: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -223,8 +214,10 @@ def level_rows(reports: Sequence[dict[str, Any]], attainment_min: float) -> list
         rows.append(
             {
                 "concurrency": level,
-                "meets_slo": all(meets_slo(r, attainment_min) for r in reps),
-                "status": "pass" if all(meets_slo(r, attainment_min) for r in reps) else "fail",
+                "meets_slo": all(meets_latency_gates(r, attainment_min) for r in reps),
+                "status": "pass"
+                if all(meets_latency_gates(r, attainment_min) for r in reps)
+                else "fail",
                 "repeats": [int(r["repeat"]) for r in reps],
                 "output_throughput_tps": _mean(r.get("output_throughput_tps") for r in reps),
                 "request_throughput_rps": _mean(r.get("request_throughput_rps") for r in reps),

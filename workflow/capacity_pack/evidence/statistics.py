@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.binomial import least_n
+
 
 def nearest_rank(sorted_values: np.ndarray, p: float) -> float | None:
     """The nearest-rank p-quantile of an already sorted array (None when it is empty)."""
@@ -73,21 +75,8 @@ def early_stopping_min_samples(
     def proven(n: int) -> bool:
         return binom.cdf(overlatency, n, q) <= alpha
 
-    lo = max(1, overlatency + 1)
-    if proven(lo):
-        return lo
-    hi = lo
-    while not proven(hi):
-        hi *= 2
-        if hi > limit:
-            return None
-    while lo + 1 < hi:  # proven(hi), not proven(lo): CDF falls as n grows
-        mid = (lo + hi) // 2
-        if proven(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    # The CDF falls as n grows: proven(n) is false below some n and true from it on.
+    return least_n(proven, max(1, overlatency + 1), limit)
 
 
 def mann_kendall(values: np.ndarray) -> dict[str, float | int | None]:
