@@ -23,7 +23,7 @@ def test_openai_target_cold_point_resets_and_verifies(tmp_path, monkeypatch):
         data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "vllm",
                           "api_key_env": "CAPACITY_PACK_TEST_KEY"}  # fmt: skip
         data["client"].update(initial_scheduled_requests=30, minimum_duration_seconds=1,
-                              warmup_seconds=0.2)  # fmt: skip
+                              maximum_duration_seconds=3, warmup_seconds=0.2)  # fmt: skip
         data["client"].pop("class_schedule_counts")
         data["acceptance"]["min_successful_samples_per_class"] = 5
         monkeypatch.setenv("CAPACITY_PACK_TEST_KEY", "sk-test-secret-value")
@@ -64,7 +64,7 @@ def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path):
         data["sweep"]["cache_states"] = ["warm"]
         data["experiments"] = []
         data["client"].update(initial_scheduled_requests=20, minimum_duration_seconds=1,
-                              warmup_seconds=0.2)  # fmt: skip
+                              maximum_duration_seconds=3, warmup_seconds=0.2)  # fmt: skip
         data["client"].pop("class_schedule_counts")
         data["acceptance"]["min_successful_samples_per_class"] = 2
         pack = validate_pack(data)

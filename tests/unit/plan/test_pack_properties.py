@@ -222,7 +222,9 @@ def test_cli_exit_status_without_traceback(tmp_path):
     traceback (test_manifest_bounds runs freeze and lint on bad encodings, dates, infinities)."""
     cases = {
         "yaml": (BASE_BYTES.replace(b"\npack:", b"\npack: [", 1), "not valid YAML"),
-        "cut": (BASE_BYTES[: len(BASE_BYTES) // 3], "not valid YAML"),
+        # Cut inside a flow mapping: where the cut falls, not how long the file is, decides
+        # whether what is left still parses.
+        "cut": (BASE_BYTES[: BASE_BYTES.index(b"placement: {") + 18], "not valid YAML"),
         "dupe": (BASE_BYTES + b"cutoff: 2026-11-30\n", "found duplicate key 'cutoff'"),
         "huge": (BASE_BYTES.replace(b"repeats: 2", b"repeats: 1.0e+308", 1), "sweep.repeats"),
     }
