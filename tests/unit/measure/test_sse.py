@@ -530,3 +530,14 @@ def test_a_run_reuses_its_connections(tmp_path, transport):
 
     assert run(main()) == 1
     assert {r["status"] for r in read_records(tmp_path / "r.jsonl")} == {"ok"}
+
+
+def test_a_read_stamp_is_the_kernels_within_a_second_and_never_before_the_previous_read():
+    from capacity_pack.measure.connection import NS, receive_stamp
+
+    now = 10 * NS
+    assert receive_stamp(now + 500 - 1_000, 500, now, 0) == now - 1_000  # the kernel's
+    assert receive_stamp(now + 500 + 1, 500, now, 0) == now  # after now: a step, now
+    assert receive_stamp(now - 2 * NS, 0, now, 0) == now  # more than a second old: now
+    # Two reads close together, the second's offset read 40 ns later: never in reverse.
+    assert receive_stamp(now - 1_040, 0, now, now - 1_000) == now - 1_000
