@@ -30,6 +30,23 @@
   (d = 1e-6) already settles it (both under 1/alpha: undecided; above 1/alpha on the side away
   from k/n: pass or fail) and only a state within d of the boundary needs the root search.
 
+- **Serially correlated outcomes** (the SLO outcomes of requests sharing a queue: a burst
+  fills the queue and the next requests miss together). The sequence above assumes independent
+  trials; under positive correlation the variance of k/n is larger than p(1 - p)/n and the
+  sequence would decide on a burst. :func:`design_effect` estimates the inflation by
+  non-overlapping batch means (Flegal and Jones, "Batch means and spectral variance estimators
+  in MCMC", Ann. Statist. 38, 2010), over the outcomes in send order: batch size
+  b = min(floor(sqrt(n)), floor(n / 5)) (at least 1), a = floor(n / b) batches of the latest
+  a b outcomes, batch means y_j, their mean p,
+
+      deff = max(1, b sum_j (y_j - p)^2 / (a - 1) / (p (1 - p)))     (1 when p is 0 or 1),
+
+  Kish's design effect (Survey Sampling, 1965) with the batches as clusters. The bounds are then
+  taken at the effective sample, k / deff successes of n / deff (:func:`effective_counts`):
+  for independent outcomes deff is near 1 and nothing changes; a burst of misses widens the
+  interval instead of deciding the point. The estimate is itself noisy with few batches
+  (five at the least), so this is a correction, not a guarantee: docs/metrics.md states it.
+
 Why not scipy: scipy.stats has the Wilson interval (``binomtest(...).proportion_ci``) but no
 confidence sequence; this module keeps both ends in one place with one convention.
 """
@@ -47,6 +64,33 @@ Outcome = Literal["pass", "fail", "undecided"]
 _EPS = 1e-12
 
 
+#: The fewest batches :func:`design_effect` estimates from.
+MIN_BATCHES = 5
+
+
+def design_effect(outcomes) -> float:
+    """The batch-means variance inflation of a proportion from outcomes in send order (booleans;
+    see the module docstring); 1 with fewer than :data:`MIN_BATCHES` outcomes."""
+    import numpy as np
+
+    y = np.asarray(outcomes, dtype=float)
+    n = int(y.size)
+    if n < MIN_BATCHES:
+        return 1.0
+    b = max(1, min(math.isqrt(n), n // MIN_BATCHES))
+    a = n // b
+    means = y[n - a * b :].reshape(a, b).mean(axis=1)
+    p = float(means.mean())
+    if p <= 0.0 or p >= 1.0:
+        return 1.0
+    return max(1.0, b * float(means.var(ddof=1)) / (p * (1.0 - p)))
+
+
+def effective_counts(passed: int, n: int, deff: float) -> tuple[float, float]:
+    """(passed / deff, n / deff): the sample the bounds are taken at (module docstring)."""
+    return passed / deff, n / deff
+
+
 def wilson_interval(passed: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
     """Wilson score interval of a binomial proportion (None without trials)."""
     if n <= 0:
@@ -61,7 +105,7 @@ def wilson_interval(passed: int, n: int, confidence: float = 0.95) -> tuple[floa
     return max(0.0, round(centre - half, 12)), min(1.0, round(centre + half, 12))
 
 
-def _log_mixture(k: int, n: int, p: float, a: float, b: float) -> float:
+def _log_mixture(k: float, n: float, p: float, a: float, b: float) -> float:
     """log M_n(p) (see the module docstring)."""
     from scipy.special import betaln
 
@@ -77,7 +121,7 @@ def _prior(gate: float) -> tuple[float, float]:
 
 @lru_cache(maxsize=4096)
 def confidence_sequence(
-    passed: int, n: int, confidence: float = 0.95, gate: float = 0.5
+    passed: float, n: float, confidence: float = 0.95, gate: float = 0.5
 ) -> tuple[float, float] | None:
     """The time-uniform interval for p after ``passed`` of ``n`` (None without trials).
 
@@ -106,7 +150,7 @@ def confidence_sequence(
     return math.floor(low * 1e9) / 1e9, min(1.0, math.ceil(high * 1e9) / 1e9)
 
 
-def sequential_outcome(passed: int, n: int, gate: float, confidence: float = 0.95) -> Outcome:
+def sequential_outcome(passed: float, n: float, gate: float, confidence: float = 0.95) -> Outcome:
     """``pass`` / ``fail`` / ``undecided`` of attainment against ``gate`` (see the docstring)."""
     cs = confidence_sequence(passed, n, confidence, gate)
     if cs is None:
@@ -159,7 +203,7 @@ def least_n(holds, start: int, limit: int) -> int | None:
 QUICK_MARGIN = 1e-6
 
 
-def quick_outcome(passed: int, n: int, gate: float, confidence: float = 0.95) -> Outcome:
+def quick_outcome(passed: float, n: float, gate: float, confidence: float = 0.95) -> Outcome:
     """:func:`sequential_outcome`, from two evaluations of the mixture (see the docstring).
 
     Equal to it everywhere: away from the boundary the roots lie more than ``QUICK_MARGIN``

@@ -1,5 +1,6 @@
 """The attainment bounds: the confidence sequence's closed forms, its coverage under repeated
-looks (where a fixed-sample interval's is lost), and the least sample that can pass a gate."""
+looks (where a fixed-sample interval's is lost), the least sample that can pass a gate, and the
+batch-means design effect for outcomes that come in bursts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from scipy.special import betaln
 from capacity_pack.binomial import (
     PRIOR_WEIGHT,
     confidence_sequence,
+    design_effect,
+    effective_counts,
     min_samples_to_pass,
+    quick_outcome,
     sequential_outcome,
     wilson_interval,
 )
@@ -99,3 +103,49 @@ def test_a_false_pass_stays_under_alpha_however_often_one_looks():
     # The fixed-sample interval peeked at after every request loses its 2.5 % one-sided rate.
     assert ever_wilson > 0.05
     assert n.size == n_max
+
+
+def bursty(rng, n: int, p: float, stay: float) -> np.ndarray:
+    """Outcomes of a two-state Markov chain with stationary P(met) = p and lag-1 correlation
+    ``stay``: misses come in runs of mean length 1 / (p (1 - stay)), as under a queue."""
+    to_miss, to_met = (1 - p) * (1 - stay), p * (1 - stay)
+    u = rng.random(n)
+    x = np.empty(n, dtype=bool)
+    x[0] = u[0] < p
+    for i in range(1, n):
+        x[i] = (u[i] >= to_miss) if x[i - 1] else (u[i] < to_met)
+    return x
+
+
+def test_the_design_effect_is_one_for_independent_outcomes_and_large_for_bursts():
+    rng = np.random.default_rng(3)
+    assert design_effect([True] * 500) == 1.0
+    assert design_effect([True, False, True]) == 1.0  # too few to batch
+    independent = [design_effect(rng.random(2_000) < 0.9) for _ in range(50)]
+    assert np.median(independent) < 1.3
+    # The chain's variance inflation is (1 + stay) / (1 - stay) = 19 at stay 0.9.
+    burst = [design_effect(bursty(rng, 2_000, 0.9, 0.9)) for _ in range(50)]
+    assert 8 < np.median(burst) < 30
+    assert effective_counts(90, 100, 4.0) == (22.5, 25.0)
+
+
+def first_decision(x: np.ndarray, adjust: bool, gate: float = 0.95) -> str:
+    for n in range(20, x.size + 1, 10):
+        deff = design_effect(x[:n]) if adjust else 1.0
+        outcome = quick_outcome(*effective_counts(int(x[:n].sum()), n, deff), gate, 0.95)
+        if outcome != "undecided":
+            return outcome
+    return "undecided"
+
+
+def test_bursts_of_misses_do_not_fail_a_class_that_meets_its_gate():
+    """True attainment 0.97 against a 0.95 gate, misses in bursts (lag-1 correlation 0.9), a
+    look every 10 requests up to 600: counted as independent trials, a burst fails the class in
+    about one run in seven; at the effective sample, rarely (measured: 15 % and 4 % over 300
+    runs of 1,500)."""
+    rng = np.random.default_rng(11)
+    runs = [bursty(rng, 600, 0.97, 0.9) for _ in range(200)]
+    raw = sum(first_decision(x, adjust=False) == "fail" for x in runs) / len(runs)
+    adjusted = sum(first_decision(x, adjust=True) == "fail" for x in runs) / len(runs)
+    assert raw > 0.08
+    assert adjusted <= 0.06 and adjusted < raw / 2

@@ -371,7 +371,7 @@ def pack_with_search(**search):
             {"open_loop_rps": [], "closed_loop_concurrency": []},
             "closed_loop_concurrency is empty",
         ),
-        ({"resolution_rps": 1, "min_rps": 25}, {}, "above round 1's lowest rate"),
+        ({"resolution_rps": 1, "min_rps": 35}, {}, "above round 1's lowest rate"),
         ({"resolution_rps": 1, "max_rps": 35}, {}, "below round 1's highest rate"),
         ({"resolution_rps": 1, "max_rounds": 0}, {}, "max_rounds"),
         (
@@ -393,8 +393,8 @@ def test_searched_points_are_not_fixed_but_are_found():
     ids = {p.point_id for p in sched.points(pack)}
     assert ids == {"closed-c1", "closed-c8", "closed-c32", "exp-spike_smoke"}
     assert sched.find_point(pack, "open-r35", "cold", 1).rate_rps == 35
-    assert sched.find_point(pack, "open-r2.5", "warm", 0).rate_rps == 2.5
-    for point_id, repeat in (("open-r161", 0), ("open-r2.4", 0), ("open-r35", 2)):
+    assert sched.find_point(pack, "open-r5", "warm", 0).rate_rps == 5
+    for point_id, repeat in (("open-r201", 0), ("open-r3.7", 0), ("open-r35", 2)):
         with pytest.raises(ManifestError, match="no point"):
             sched.find_point(pack, point_id, "cold", repeat)
     searched = validate_pack(
@@ -409,7 +409,7 @@ def test_searched_points_are_not_fixed_but_are_found():
 def test_the_default_pack_searches_from_its_declared_rates():
     pack = validate_pack(yaml.safe_load(DEFAULT_CONFIG.read_text()), "default")
     inp = S.SearchInputs.of(pack)
-    assert inp.initial_rps == [20, 30, 40] and inp.resolution_rps <= 2
+    assert inp.initial_rps == [30, 40, 50] and inp.resolution_rps <= 2
     assert [p.point_id for p in S.first_round(inp, "cold")] == [
-        "open-r20", "open-r30", "open-r40", "closed-c1", "closed-c8", "closed-c32",
+        "open-r30", "open-r40", "open-r50", "closed-c1", "closed-c8", "closed-c32",
     ]  # fmt: skip

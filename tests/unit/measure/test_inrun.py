@@ -93,12 +93,13 @@ def _write(attempts: list[Attempt], t0: int):
 # -- the looks ----------------------------------------------------------------------------------
 
 
-def _decider(sample_gate=None, minimum_duration_s=0.0) -> Decider:
+def _decider(sample_gate=None, minimum_duration_s=0.0, **settings) -> Decider:
     settings = SequentialSettings(
         cutoffs={"x": (100.0, 10.0), "y": (100.0, 10.0)},
         attainment_min=0.95,
         confidence=0.95,
         minimum_duration_s=minimum_duration_s,
+        **settings,
     )
     return Decider(settings, sample_gate)
 
@@ -151,6 +152,35 @@ def test_a_look_passes_with_every_class_its_sample_gate_and_the_minimum_duration
     assert "y: attainment bounds [" in d.reason() and "straddle 0.95" in d.reason()
 
 
+def test_a_class_that_cannot_pass_by_the_maximum_duration_stops_the_point_as_futile():
+    d = _decider(minimum_duration_s=5.0, maximum_duration_s=20.0, warmup_s=0.0)
+    for _ in range(20):  # x: 0.9 attainment, misses spread evenly (design effect ~1)
+        _feed(d, "x", 9, passing=True)
+        _feed(d, "x", 1, passing=False)
+    _feed(d, "y", 200, passing=True)
+    assert d.look(4 * NS) == "undecided"  # before the minimum duration
+    # At 10 s of 20: about 200 more x requests; even at x's upper end the bound cannot pass.
+    assert d.look(10 * NS) == "futile"
+    reason = d.summary()["reason"]
+    assert reason.startswith("futile: x cannot pass by the maximum duration 20 s")
+    assert "at 400 requests" in reason
+    # Above its gate (0.97), undecided, with time left: it goes on (320 of 330 at 5 s of 60).
+    d = _decider(minimum_duration_s=5.0, maximum_duration_s=60.0)
+    for _ in range(10):
+        _feed(d, "x", 16, passing=True)
+        _feed(d, "x", 1, passing=False)
+        _feed(d, "x", 16, passing=True)
+    _feed(d, "y", 100, passing=True)
+    assert d.look(5 * NS) == "undecided"
+    # No maximum duration, no futility.
+    d = _decider(minimum_duration_s=5.0)
+    for _ in range(20):
+        _feed(d, "x", 9, passing=True)
+        _feed(d, "x", 1, passing=False)
+    _feed(d, "y", 200, passing=True)
+    assert d.look(10 * NS) == "undecided"
+
+
 def test_the_extension_policy():
     assert extension_lead_ns(0) == 2 * NS
     assert extension_lead_ns(100 * NS) == 20 * NS
@@ -167,7 +197,7 @@ def test_the_extension_policy():
 # -- real runs ------------------------------------------------------------------------------------
 
 
-def _pack(rate_requests: int, *, workload=None, gate: int = 80, **client):
+def _pack(rate_requests: int, *, workload=None, gate: int = 80, attainment=None, **client):
     d = pack_data()
     d["client"].pop("class_schedule_counts")
     d["client"].update(
@@ -177,6 +207,8 @@ def _pack(rate_requests: int, *, workload=None, gate: int = 80, **client):
     if workload is not None:
         d["workload"] = workload
     d["acceptance"]["min_successful_samples_per_class"] = gate
+    if attainment is not None:
+        d["acceptance"]["class_slo_attainment_min"] = attainment
     d["experiments"] = []
     return validate_pack(d)
 
@@ -201,12 +233,16 @@ def _normalized(pack, point, schedule, out, summary) -> dict:
 
 
 def test_extension_continues_the_arrival_process_without_a_gap(tmp_path):
-    """An undecided point (every class passes, too few samples for the bound) extends to its
-    maximum duration: the blocks' arrivals are one seeded process on one clock, sent without
-    the pause a drain between blocks would leave."""
+    """An undecided point (every class passes, short of its sample gate; its bound could still
+    pass in time, so it is not futile) extends to its maximum duration: the blocks' arrivals
+    are one seeded process on one clock, sent without the pause a drain between blocks would
+    leave."""
     generous = [{**w, "request_ttft_cutoff_ms": 60000, "request_tpot_cutoff_ms": 60000}
                 for w in pack_data()["workload"]]  # fmt: skip
-    pack = _pack(40, workload=generous, extension_block_requests=20, maximum_duration_seconds=4)
+    pack = _pack(
+        40, workload=generous, attainment=0.6, extension_block_requests=20,
+        maximum_duration_seconds=4,
+    )  # fmt: skip
     point = S.Point(mode="open", rate_rps=40, cache_state="cold", repeat=0)
     schedule = S.build_schedule(pack, point)
     summary = measure_point(pack, point, schedule, tmp_path)

@@ -36,7 +36,7 @@ def test_points_cover_sweep_and_experiments():
     pack = validate_pack(fixed)
     keys = [p.key for p in S.points(pack)]
     assert len(keys) == len(set(keys)) == (3 + 3) * 2 * 2 + 1
-    assert "open-r20/warm/rep1" in keys and "closed-c1/cold/rep0" in keys
+    assert "open-r30/warm/rep1" in keys and "closed-c1/cold/rep0" in keys
     assert "exp-spike_smoke/warm/rep0" in keys
     assert S.Point.parse("open-r2.5", "cold", 0).rate_rps == 2.5
     # The default pack searches its sweep: only the experiment is fixed; the rest is found.

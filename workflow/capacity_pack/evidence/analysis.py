@@ -8,7 +8,9 @@ capacity gate) and adds, with the methods of :mod:`.statistics`:
 
 - per class: the confidence sequence of attainment at ``acceptance.attainment_confidence``
   (:func:`capacity_pack.binomial.confidence_sequence`: valid however often the sweep looked at
-  it while deciding to stop or extend the point, unlike a fixed-sample interval); attempts,
+  it while deciding to stop or extend the point, unlike a fixed-sample interval), taken at the
+  effective sample k / deff of n / deff, deff the batch-means design effect of the class's
+  outcomes in send order (:func:`capacity_pack.binomial.design_effect`); attempts,
   the class's error rate (attempted_c - successful_c) / attempted_c and its all-attempt
   attainment passing_c / attempted_c; nearest-rank ITL (gaps between observed chunks), TTFT and
   E2E from the scheduled arrival; and MLPerf LoadGen early stopping for P99 TTFT and TPOT (the
@@ -39,7 +41,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from capacity_pack.binomial import confidence_sequence
+from capacity_pack.binomial import confidence_sequence, design_effect, effective_counts
 from capacity_pack.evidence.gates import Gates, cutoff_checks, pack_gates
 from capacity_pack.evidence.slo_report import (
     STATUSES,
@@ -171,6 +173,11 @@ def analyze_point(
         percentile_method="nearest_rank",
     )
     _judge(report, classes, gates, bool(sweep_summary.get("shards")))
+    in_run = sweep_summary.get("sequential") or {}
+    report["in_run_decision"] = in_run.get("decision")
+    if in_run.get("decision") == "futile":
+        # Not shown to pass, whatever the data's own verdict: say the sweep gave up on it.
+        report["verdict_reasons"].append(f"stopped in run: {in_run.get('reason')}")
     return report
 
 
@@ -187,11 +194,20 @@ def _extend_class(
     in_class = m["class"] == c.name
     okc = m[(m["status"] == "ok") & in_class]
     n_ok, passed = entry["successful_count"], entry["passing_count"]
-    # The time-uniform bound: the sweep may have stopped or extended this point on it.
-    ci = confidence_sequence(passed, n_ok, confidence, gates["class_slo_attainment_min"])
+    within = cutoff_checks(okc["ttft_ms"], okc["tpot_ms"], c.ttft_cutoff_ms, c.tpot_cutoff_ms)
+    # The time-uniform bound (the sweep may have stopped or extended this point on it), at the
+    # effective sample of the outcomes in send order: requests sharing a queue miss together.
+    order = np.argsort(okc["sent_ns"].to_numpy(np.int64), kind="stable")
+    deff = design_effect(within.met[order])
+    k_eff, n_eff = effective_counts(passed, n_ok, deff)
+    ci = confidence_sequence(k_eff, n_eff, confidence, gates["class_slo_attainment_min"])
     entry["attainment_ci"] = list(ci) if ci else None
     entry["attainment_ci_confidence"] = confidence
-    entry["attainment_ci_method"] = "confidence sequence (beta-binomial mixture, time-uniform)"
+    entry["attainment_design_effect"] = deff
+    entry["attainment_ci_method"] = (
+        "confidence sequence (beta-binomial mixture, time-uniform) at the batch-means "
+        "effective sample"
+    )
     attempted_c = int(in_class.sum())
     entry["attempted"] = attempted_c
     entry["error_rate"] = (attempted_c - n_ok) / attempted_c if attempted_c else None
@@ -201,7 +217,6 @@ def _extend_class(
     for column in ("ttft_from_scheduled_ms", "e2e_from_scheduled_ms"):
         entry[column] = percentiles(okc[column].to_numpy(float), withhold)
     entry["p50_e2e_ms"] = nearest_rank(np.sort(okc["e2e_ms"].to_numpy(float)), 0.5)
-    within = cutoff_checks(okc["ttft_ms"], okc["tpot_ms"], c.ttft_cutoff_ms, c.tpot_cutoff_ms)
     for metric, inside in (("ttft", within.ttft), ("tpot", within.tpot)):
         over = int(np.count_nonzero(~inside))
         need = early_stopping_min_samples(over) if n_ok else None

@@ -20,10 +20,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from capacity_pack.binomial import MIN_BATCHES, min_samples_to_pass
 from capacity_pack.engines import verify_setting
 from capacity_pack.engines.tokenize import EndpointCounter
 from capacity_pack.io import canonical_json
-from capacity_pack.measure.sequential import SequentialSettings
+from capacity_pack.measure.sequential import MIN_LOOK_SAMPLES, SequentialSettings
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.plan.manifest import (
     Client,
@@ -162,7 +163,19 @@ def sequential_settings(inputs: SweepInputs) -> SequentialSettings | None:
         attainment_min=gate.class_slo_attainment_min,
         confidence=gate.attainment_confidence,
         minimum_duration_s=c.warmup_seconds + c.minimum_duration_seconds,
+        # The arrivals' cut, from the clock's start (as LoadSettings.maximum_duration_s).
+        maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
+        warmup_s=c.warmup_seconds,
+        min_samples=look_floor(gate.class_slo_attainment_min, gate.attainment_confidence),
     )
+
+
+def look_floor(attainment_min: float, confidence: float) -> int:
+    """The least successful requests before a look judges a class: MIN_LOOK_SAMPLES, or
+    fewer where the gate can pass on fewer (a 0.6 gate at 95 %: 15), never under five batches
+    for the design effect."""
+    least = min_samples_to_pass(attainment_min, confidence) or MIN_LOOK_SAMPLES
+    return max(MIN_BATCHES, min(MIN_LOOK_SAMPLES, least))
 
 
 def token_counter(inputs: SweepInputs, base_url: str):

@@ -10,17 +10,31 @@ token, O = output tokens):
     passed  <=>  ok  and  (f - s) <= TTFT cutoff  and  TPOT <= TPOT cutoff,
     TPOT = ((e - s) - (f - s)) / (O - 1) in ms for O > 1, else 0.
 
-A *look* (every ``look_interval_s``, 0.25 s by default: O(classes), two evaluations of a Beta
-function per class, never per request) judges each class with n_c >= ``min_samples``
-(:data:`MIN_LOOK_SAMPLES`, 20) by the time-uniform confidence sequence of its attainment
-k_c / n_c at ``acceptance.attainment_confidence``
+A *look* (every ``look_interval_s``, 0.25 s by default: per class one batch-means pass over
+its outcomes and two evaluations of a Beta function) judges each class with n_c >=
+``min_samples`` (:data:`MIN_LOOK_SAMPLES`, 20: five batches of four; fewer where the gate can
+pass on fewer, :func:`capacity_pack.measure.inputs.look_floor`) by the time-uniform
+confidence sequence of its attainment at ``acceptance.attainment_confidence``
 (:func:`capacity_pack.binomial.sequential_outcome`, the beta-binomial mixture of Robbins 1970
-as in Howard et al., Ann. Statist. 2021), against ``acceptance.class_slo_attainment_min``:
+as in Howard et al., Ann. Statist. 2021), against ``acceptance.class_slo_attainment_min``,
+taken at the effective sample k_c / deff_c of n_c / deff_c, where deff_c is the batch-means
+design effect of the class's outcomes in send order (:func:`capacity_pack.binomial.design_effect`):
+requests that share a queue miss together, and a burst of misses counted as independent
+trials would fail a point that meets its gate.
 
 - some class ``fail`` (its upper bound below the gate): the point stops, **fail**;
 - every class ``pass`` (lower bound at or above the gate), every class at its sample gate
   (``min_successful_samples_per_class``) and the minimum duration (warm-up plus
   ``client.minimum_duration_seconds``) passed: the point stops, **pass**;
+- no class ``fail``, but some class cannot pass by the maximum duration (**futile**, after the
+  minimum duration): at the rate it has run so far it would have n_c' = n_c (T - w) / (t - w)
+  requests by then (T the maximum duration, w the warm-up, t now, from the clock's start), and
+  even if the n_c' - n_c still to come met the SLO at u_c, the upper end of its confidence
+  sequence now, the bound at (k_c + u_c (n_c' - n_c)) / deff_c of n_c' / deff_c would not
+  pass: the point stops, **futile** (not shown to pass). A non-binding futility bound, as in
+  group-sequential designs: it can only turn a late pass into "not shown to pass", never make a
+  pass, so the false-pass rate above is untouched; the points it saves are those near the SLO
+  boundary, which would otherwise run to the maximum duration undecided;
 - otherwise it continues, and extends while time remains (:func:`wants_extension`).
 
 A stop ends the arrivals only: requests in flight finish and are recorded, nothing is
@@ -47,14 +61,23 @@ The declared maximum duration cuts the arrivals.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.binomial import Outcome, confidence_sequence, quick_outcome
+from capacity_pack.binomial import (
+    Outcome,
+    confidence_sequence,
+    design_effect,
+    effective_counts,
+    quick_outcome,
+)
 from capacity_pack.measure.records import Attempt
 
 NS = 1_000_000_000
+#: A look's verdict on the point: the class outcomes' plus ``futile`` (cannot pass in time).
+Decision = Literal["pass", "fail", "futile", "undecided"]
 #: Successful measured requests a class needs before a look judges it (a floor on noise in
 #: the earliest samples; the sequence is valid without it).
 MIN_LOOK_SAMPLES = 20
@@ -83,6 +106,12 @@ class SequentialSettings(BaseModel):
     min_samples: int = Field(
         default=MIN_LOOK_SAMPLES, ge=1, description="Successful requests before a class is judged."
     )
+    maximum_duration_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="The arrivals' cut from the clock's start: warm-up + maximum duration.",
+    )
+    warmup_s: float = Field(default=0.0, ge=0, description="Warm-up from the clock's start.")
     look_interval_s: float = Field(default=LOOK_INTERVAL_S, gt=0, description="Between looks.")
 
 
@@ -101,6 +130,14 @@ def meets_slo(a: Attempt, cutoffs: tuple[float, float]) -> bool:
 class _Class:
     n: int = 0  # successful measured requests
     passed: int = 0  # of them, meeting the SLO
+    # Send stamp and SLO outcome of each, for the design effect (outcomes in send order).
+    sent_ns: list[int] = field(default_factory=list)
+    met: list[bool] = field(default_factory=list)
+
+    def design_effect(self) -> float:
+        # Stable, by send time only: ties keep their finishing order.
+        order = np.argsort(np.asarray(self.sent_ns, dtype=np.int64), kind="stable")
+        return design_effect(np.asarray(self.met, dtype=bool)[order])
 
 
 @dataclass
@@ -115,24 +152,34 @@ class Decider:
     sample_gate: int | None = None
     classes: dict[str, _Class] = field(init=False)
     looks: int = 0
-    decision: Outcome = "undecided"
+    decision: Decision = "undecided"
     at_offset_ns: int | None = None
-    # The counts and outcomes the last look judged: {class: (n, passed, outcome)}.
+    # The counts and outcomes the last look judged: {class: (n, passed, outcome)}, and the
+    # design effect each was judged at.
     seen: dict[str, tuple[int, int, Outcome]] = field(default_factory=dict)
+    deff: dict[str, float] = field(default_factory=dict)
+    # The class a futile look found, its projected count and the upper end it was given.
+    futile_class: tuple[str, float, float] | None = None
 
     def __post_init__(self) -> None:
         self.classes = {c: _Class() for c in self.settings.cutoffs}
-        # Imports scipy now, before the clock starts, not at the first look.
+        # Imports scipy (special and optimize) now, before the clock starts: an import at a
+        # look stalls the arrivals for a few hundred milliseconds (measured: p99 lateness
+        # 100-300 ms when the first futility look imported the root search mid-run).
         quick_outcome(1, 2, 0.5)
+        confidence_sequence(1, 3, 0.5, 0.5)
 
     def record(self, a: Attempt) -> None:
         """One finished measured request (O(1) but its chunk count)."""
         c = self.classes.get(a.klass)
         if c is not None and a.status == "ok":
+            met = meets_slo(a, self.settings.cutoffs[a.klass])
             c.n += 1
-            c.passed += meets_slo(a, self.settings.cutoffs[a.klass])
+            c.passed += met
+            c.sent_ns.append(a.sent_ns)
+            c.met.append(met)
 
-    def look(self, offset_ns: int) -> Outcome:
+    def look(self, offset_ns: int) -> Decision:
         """Judge every class now (``offset_ns`` from the clock's start); the point's outcome."""
         s = self.settings
         self.looks += 1
@@ -140,8 +187,11 @@ class Decider:
         seen = {}
         for name, c in self.classes.items():
             judged = c.n >= s.min_samples
-            outcome = quick_outcome(c.passed, c.n, s.attainment_min, s.confidence)
+            deff = c.design_effect() if judged else 1.0
+            k, n = effective_counts(c.passed, c.n, deff)
+            outcome = quick_outcome(k, n, s.attainment_min, s.confidence)
             seen[name] = (c.n, c.passed, outcome if judged else "undecided")
+            self.deff[name] = deff
         self.seen = seen
         outcomes = [o for _, _, o in seen.values()]
         if "fail" in outcomes:
@@ -152,14 +202,38 @@ class Decider:
             and offset_ns >= s.minimum_duration_s * NS
         ):
             self.decision = "pass"
+        elif offset_ns >= s.minimum_duration_s * NS and self._futile(offset_ns):
+            self.decision = "futile"
         else:
             self.decision = "undecided"
         return self.decision
 
+    def _futile(self, offset_ns: int) -> bool:
+        """Whether some judged class cannot pass by the maximum duration (module docstring);
+        records it in :attr:`futile_class`."""
+        s = self.settings
+        if s.maximum_duration_s is None:
+            return False
+        t, end = offset_ns / NS, s.maximum_duration_s
+        if t >= end or t <= s.warmup_s:
+            return False
+        for name, (n, passed, outcome) in self.seen.items():
+            if outcome != "undecided" or n < s.min_samples:
+                continue
+            deff = self.deff.get(name, 1.0)
+            final = n * (end - s.warmup_s) / (t - s.warmup_s)
+            high = self._bounds(name)[1]
+            best = passed + high * (final - n)
+            if quick_outcome(best / deff, final / deff, s.attainment_min, s.confidence) != "pass":
+                self.futile_class = (name, final, high)
+                return True
+        return False
+
     def _bounds(self, name: str) -> tuple[float, float]:
         n, passed, _ = self.seen[name]
         s = self.settings
-        cs = confidence_sequence(passed, n, s.confidence, s.attainment_min)
+        k, m = effective_counts(passed, n, self.deff.get(name, 1.0))
+        cs = confidence_sequence(k, m, s.confidence, s.attainment_min)
         return cs if cs is not None else (0.0, 1.0)
 
     def _bound_words(self, name: str, side: str, op: str) -> str:
@@ -167,7 +241,7 @@ class Decider:
         bound = low if side == "lower" else high
         return (
             f"{name}: attainment {side} bound {bound:.4f} {op} {self.settings.attainment_min} "
-            f"after {self.seen[name][0]} requests"
+            f"after {self.seen[name][0]} requests (design effect {self.deff.get(name, 1.0):.2f})"
         )
 
     def reason(self) -> str:
@@ -178,6 +252,16 @@ class Decider:
         if self.decision == "fail":
             name = next(k for k, (_, _, o) in seen.items() if o == "fail")
             return self._bound_words(name, "upper", "<")
+        if self.decision == "futile" and self.futile_class is not None:
+            name, final, high = self.futile_class
+            return (
+                f"futile: {name} cannot pass by the maximum duration "
+                f"{s.maximum_duration_s - s.warmup_s:g} s: even if its about "
+                f"{final - seen[name][0]:.0f} "
+                f"remaining requests met the SLO at its upper bound {high:.4f}, the lower bound "
+                f"at {final:.0f} requests (design effect {self.deff.get(name, 1.0):.2f}) would "
+                f"stay under {s.attainment_min}"
+            )
         if self.decision == "pass":
             low = min(seen, key=lambda k: self._bounds(k)[0])
             return (
@@ -209,6 +293,7 @@ class Decider:
                 "low": low,
                 "high": high,
                 "outcome": outcome,
+                "design_effect": self.deff.get(name, 1.0),
             }
         s = self.settings
         return {
@@ -217,7 +302,8 @@ class Decider:
             "looks": self.looks,
             "per_class": per_class,
             "reason": self.reason(),
-            "method": "confidence sequence (beta-binomial mixture, time-uniform)",
+            "method": "confidence sequence (beta-binomial mixture, time-uniform) at the "
+            "batch-means effective sample",
             "gate": s.attainment_min,
             "confidence": s.confidence,
             "min_samples": s.min_samples,
@@ -247,7 +333,7 @@ def projected_short(
 
 
 def wants_extension(
-    decider: Decider | None, outcome: Outcome, projected_short_classes: list[str]
+    decider: Decider | None, outcome: Decision, projected_short_classes: list[str]
 ) -> bool:
     """Whether a look near the end of the queued arrivals appends the next block: undecided
     (with an in-run decision), or some class projected short of its sample gate."""
