@@ -284,13 +284,16 @@ def test_changed_seed_reruns_every_schedule(ran):
 
 
 def test_new_manifest_gets_its_own_parent_with_every_child(ran):
-    """Changing the gate reuses the schedules but logs them again under the new parent."""
+    """A new description is a new manifest that measures nothing again (a pack's words are
+    not its measurement): every child is logged again under the new parent."""
     from mlflow import MlflowClient
 
     data = small_pack()
-    data["acceptance"]["error_rate_max"] = 0.02
+    data["pack"]["description"] = "The same measurements, described again."
+    data["pack"]["title"] = "Retitled"
     write_pack(ran, data)
     try:
+        assert planned_jobs(ran) == sorted(["freeze", *TRACKS, *FAILURE])
         snakemake(ran)
         snakemake(ran, "--forcerun", "track")  # tracking twice logs nothing twice
         client = MlflowClient(tracking_uri=f"sqlite:///{ran}/results/mlflow.db")

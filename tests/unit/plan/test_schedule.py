@@ -108,6 +108,22 @@ def test_adding_a_rate_leaves_other_schedules_unchanged():
     )
 
 
+def test_a_schedule_reads_the_packs_name_and_size_never_its_words():
+    """A retitled or re-described pack is a new manifest, but its schedules (and so every
+    measurement after them) are the same: their rule params must not change."""
+    base, reworded = data(), data()
+    reworded["pack"].update(title="Another title", description="Another description.")
+    a, b = validate_pack(base), validate_pack(reworded)
+    for point in S.points(a):
+        assert S.ScheduleInputs.for_point(a, point) == S.ScheduleInputs.for_point(b, point)
+    resized = data()
+    resized["pack"]["size"] = "full" if base["pack"]["size"] == "rehearsal" else "rehearsal"
+    point = open_point(10)
+    assert S.ScheduleInputs.for_point(validate_pack(resized), point).pack.label != (
+        S.ScheduleInputs.for_point(a, point).pack.label
+    )
+
+
 def test_cold_and_warm_are_paired():
     pack = load_pack(DEFAULT)
     cold = S.build_schedule(pack, open_point(20, "cold"))

@@ -56,7 +56,7 @@ from capacity_pack.plan.manifest import (
     Pack,
     Segment,
 )
-from capacity_pack.plan.schedule import Point, ScheduleClient, ScheduleInputs, build_schedule
+from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule
 
 NS = 1_000_000_000
 # The alert that names each drill's mechanism, and what else it may legitimately set off.
@@ -104,12 +104,7 @@ class DrillInputs(BaseModel):
         if name not in drills:
             raise DrillError(f"no drill named {name!r} (drills: {sorted(drills)})")
         drill = drills[name]
-        schedule = ScheduleInputs(
-            pack=pack.pack,
-            client=ScheduleClient.of(pack.client),
-            workload=pack.workload,
-            prompts=pack.prompts,
-        )
+        schedule = ScheduleInputs.of_pack(pack)
         sweep = SweepInputs(
             schedule=schedule,
             target=pack.target,

@@ -116,6 +116,20 @@ class ScheduleClient(BaseModel):
         return cls.model_validate(client.model_dump(include=set(SCHEDULE_CLIENT_FIELDS)))
 
 
+class SchedulePack(BaseModel):
+    """The pack's identity as a schedule records it: its name and size, never its title or
+    description, whose edits must not re-measure anything."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Pack id; names results/<name>/.")
+    size: Literal["rehearsal", "full"] = Field(description="Rehearsal or full-size pack.")
+
+    @property
+    def label(self) -> str:
+        return PackInfo(name=self.name, size=self.size, title="").label
+
+
 class ScheduleInputs(BaseModel):
     """Exactly the manifest content one point's schedule depends on.
 
@@ -126,7 +140,7 @@ class ScheduleInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    pack: PackInfo = Field(description="Pack name and size label (shown in summaries).")
+    pack: SchedulePack = Field(description="Pack name and size label (shown in summaries).")
     client: ScheduleClient = Field(description="Seed, arrival process, counts, durations.")
     workload: list[WorkloadClass] = Field(description="Classes, mix and length distributions.")
     prompts: Prompts = Field(description="Prompt source and shared-prefix distribution.")
@@ -148,8 +162,13 @@ class ScheduleInputs(BaseModel):
             extra["experiments"] = [e for e in pack.experiments if e.name == point.experiment]
             if not extra["experiments"]:
                 raise ManifestError(f"no experiment named {point.experiment!r} in the pack")
+        return cls.of_pack(pack, **extra)
+
+    @classmethod
+    def of_pack(cls, pack: Pack, **extra: Any) -> ScheduleInputs:
+        """The pack-wide part (a drill's schedule is exactly this)."""
         return cls(
-            pack=pack.pack,
+            pack=SchedulePack(name=pack.pack.name, size=pack.pack.size),
             client=ScheduleClient.of(pack.client),
             workload=pack.workload,
             prompts=pack.prompts,
