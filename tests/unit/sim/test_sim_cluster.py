@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -281,6 +283,31 @@ def test_link_bandwidth_is_one_bucket_shared_by_the_replicas_streams(client):
     assert floor - 0.05 <= done["0"] < floor + 2.0
     assert done["1"] < floor
     assert _metric(client, "router:relayed_bytes_total", replica="0") >= before + sent
+
+
+def test_one_unanswered_check_keeps_a_replica_a_second_removes_it(client):
+    """A replica frozen (SIGSTOP) past one 1 s check stays in rotation; frozen past two, it is
+    removed as unanswering and rejoins once it answers again."""
+    pid = _replicas(client)[1]["pid"]
+    since = time.time_ns()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.4)  # one check times out; the next is answered once the process resumes
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(0.6)
+    assert not [e for e in _events(client, since) if e["replica"] == 1], "removed after one"
+    assert _replicas(client)[1]["healthy"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _wait_for(lambda: not _replicas(client)[1]["healthy"], timeout_s=4)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    removed = [e for e in _events(client, since) if e["event"] == "removed"]
+    assert [(e["replica"], e["detail"]) for e in removed] == [
+        (1, "health check failed (no answer in 1 s)")
+    ]
+    _wait_for(lambda: _replicas(client)[1]["healthy"], timeout_s=5)
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,10 @@ serves the same OpenAI API in front of them:
   as a dropped connection;
 - health: every ``health_interval_s`` each replica's process is polled and ``GET /health`` asked
   (1 s timeout, emulated link latency included, at most one check in flight per replica); a dead
-  process, a failed check or a refused connection takes the replica out of rotation at once, and
-  a passing check puts it back;
+  process, a refused connection or an error answer takes the replica out of rotation at once, a
+  check left unanswered only the second time running (Envoy's ``unhealthy_threshold``,
+  Kubernetes' ``failureThreshold``: one late answer of a loaded replica is not a death), and a
+  passing check puts it back;
 - supervision (``restart_after_s`` S): a replica whose process the health loop finds dead is
   started again (same index and port, cold cache) S seconds later, like a restarted pod;
 - cold start (``cold_start_s`` C): a replica spawned after the cluster is up (restart or
@@ -107,6 +109,9 @@ _FORWARD_HEADERS = ("content-type", "x-request-id", "authorization")
 # an engine work.
 _GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 _HEALTH_TIMEOUT_S = 1.0
+# Unanswered checks in a row that take a healthy replica out of rotation.
+_UNANSWERED_THRESHOLD = 2
+_NO_ANSWER = f"health check failed (no answer in {_HEALTH_TIMEOUT_S:g} s)"
 # A shedding episode ends once nothing was shed for as long as shed clients are told to wait, so
 # a router at its limit logs one start and one stop rather than a pair per request.
 _SHED_QUIET_S = 1.0
@@ -192,6 +197,7 @@ class Replica:
         self.restart_timer: asyncio.TimerHandle | None = None
         self.restart_at_s: float | None = None
         self.check_task: asyncio.Task[None] | None = None
+        self.unanswered = 0  # health checks in a row that timed out
 
     @property
     def url(self) -> str:
@@ -499,7 +505,7 @@ class Cluster:
                 if r.link.latency_s:
                     await asyncio.sleep(r.link.latency_s)
         except TimeoutError:
-            return False, f"health check failed (no answer in {_HEALTH_TIMEOUT_S:g} s)"
+            return False, _NO_ANSWER
         except httpx.HTTPError as err:
             return False, f"health check failed ({type(err).__name__})"
         r.health_rtt_s = time.perf_counter() - start
@@ -537,8 +543,11 @@ class Cluster:
         # A verdict on a process that has since died or been replaced is stale.
         if r.proc is not proc or proc.poll() is not None or r.removed:
             return
+        r.unanswered = r.unanswered + 1 if why == _NO_ANSWER else 0
         if ok:
             self._set(r, "up", True, why)
+        elif r.healthy and 0 < r.unanswered < _UNANSWERED_THRESHOLD:
+            log.info("replica %s: %s (%d in a row; still in rotation)", r.index, why, r.unanswered)
         else:
             self._set(r, r.state if r.state in ("starting", "killed") else "unhealthy", False, why)
 
