@@ -33,8 +33,8 @@ def small_pack() -> dict:
 
 
 def planned_jobs(workdir: Path) -> list[str]:
-    """Jobs a dry run would execute, as 'rule' or 'rule:point/cache/repN'."""
-    res = snakemake(workdir, "--dry-run", "--quiet", "rules")
+    """Jobs a dry run would execute, as 'rule' or 'rule:point/cache/repN' (a failed dry run
+    raises)."""
     out = snakemake(workdir, "--dry-run")
     jobs = []
     for block in re.split(r"\n(?=rule \w+:|localrule \w+:)", out.stdout):
@@ -52,7 +52,6 @@ def planned_jobs(workdir: Path) -> list[str]:
             jobs.append(f"{m.group(1)}:{stage.group(1)}")
         else:
             jobs.append(m.group(1))
-    assert res.returncode == 0
     return sorted(j for j in jobs if j != "all")
 
 
@@ -295,7 +294,6 @@ def test_new_manifest_gets_its_own_parent_with_every_child(ran):
     try:
         assert planned_jobs(ran) == sorted(["freeze", *TRACKS, *FAILURE])
         snakemake(ran)
-        snakemake(ran, "--forcerun", "track")  # tracking twice logs nothing twice
         client = MlflowClient(tracking_uri=f"sqlite:///{ran}/results/mlflow.db")
         exp = client.get_experiment_by_name("capacity-pack/pipeline-test")
         runs = client.search_runs([exp.experiment_id], max_results=1000)

@@ -163,9 +163,9 @@ class Decider:
 
     def __post_init__(self) -> None:
         self.classes = {c: _Class() for c in self.settings.cutoffs}
-        # Imports scipy (special and optimize) now, before the clock starts: an import at a
-        # look stalls the arrivals for a few hundred milliseconds (measured: p99 lateness
-        # 100-300 ms when the first futility look imported the root search mid-run).
+        # Runs the bounds once now, before the clock starts: a first import at a look stalls
+        # the arrivals for a few hundred milliseconds (measured: p99 lateness 100-300 ms when
+        # the first futility look imported scipy's root search mid-run, since replaced).
         quick_outcome(1, 2, 0.5)
         confidence_sequence(1, 3, 0.5, 0.5)
 

@@ -1,7 +1,7 @@
 """The default pack's capacity search, checked against the engine model's own SLO boundary.
 
 The pipeline searches the default pack's workload (its classes, cutoffs, gates, client and
-search settings; one repeat, no load-shape experiment, no drill, no closed-loop search: the
+search settings; one repeat, no load-shape experiment, no drill, no closed loop: the open-loop
 bracket is what is checked) against the simulated engine, over HTTP, cold and warm. The truth
 it should find is the model's own boundary, computed without any server or client by
 :func:`capacity_pack.sim.virtual.attainment_at` on the same workload (long seeded runs in
@@ -53,7 +53,7 @@ def search_pack() -> dict:
     data["experiments"] = []
     data.pop("failure")
     data["sweep"]["repeats"] = 1
-    data["sweep"]["closed_loop_concurrency"] = [1]
+    data["sweep"]["closed_loop_concurrency"] = []
     data["sweep"]["search"].pop("concurrency", None)
     return data
 
