@@ -307,9 +307,11 @@ def test_client_stamps_agree_with_the_servers_ground_truth(tmp_path):
         g = server[r["request_id"]]
         mono = lambda k: g[k] - g["clock_offset_ns"]  # noqa: B023, E731
         sent_to_arrival.append(mono("arrival_ns") - r["sent_ns"])
-        # The server stamps a token after its send returned: the client may read it first.
+        # The server stamps a token after its send returned: the client may read it first, by
+        # as long as the server waits for a core between the two (a scheduler slice, a few ms
+        # on a loaded 2-core host: -1.03 ms seen in a fresh-clone CI run).
         last_sent_to_read.append(r["last_token_ns"] - mono("last_token_sent_ns"))
-    assert min(sent_to_arrival) > 0 and min(last_sent_to_read) > -1_000_000
+    assert min(sent_to_arrival) > 0 and min(last_sent_to_read) > -5_000_000
     assert np.median(sent_to_arrival) < 3e6 and np.median(np.abs(last_sent_to_read)) < 3e6
     err = measurement_error(out, gt)
     assert err["matched"] == 40 and err["e2e_abs_error_ms"]["p50"] < 3

@@ -36,7 +36,7 @@ serves the same OpenAI API in front of them:
   ``replica_up``, ``replica_starting`` (spawned, not yet healthy: loading),
   ``replica_outstanding_requests``, ``replica_health_rtt_seconds`` (gauges,
   per ``replica``; the RTT is measured, the configured link is not exported, and a replica out of
-  rotation has none);
+  rotation, or whose last check went unanswered, has none);
   ``requests_total``, ``upstream_errors_total``, ``retries_total`` (per failed replica),
   ``relay_failures_total`` (streams cut mid-response), ``relayed_bytes_total``,
   ``replica_starts_total`` (per ``replica``); ``responses_total`` (per ``code``, every response
@@ -544,6 +544,9 @@ class Cluster:
         if r.proc is not proc or proc.poll() is not None or r.removed:
             return
         r.unanswered = r.unanswered + 1 if why == _NO_ANSWER else 0
+        if r.unanswered:
+            # Its round trip is unknown now: the last answer's would read as the link's.
+            r.health_rtt_s = None
         if ok:
             self._set(r, "up", True, why)
         elif r.healthy and 0 < r.unanswered < _UNANSWERED_THRESHOLD:
