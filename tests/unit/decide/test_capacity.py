@@ -74,6 +74,23 @@ def test_a_rate_must_pass_in_every_repeat():
     assert sel["next_rate_up"]["status"] == "inconsistent"
 
 
+def test_a_client_bound_repeat_is_set_aside_when_another_is_a_server_result():
+    bound = ["client-bound: dispatch lateness above its bound, not a server result"]
+    reports = [
+        report(16, 0, "pass"),
+        report(20, 0, "inconclusive", reasons=bound) | {"client_bound": True},
+        report(20, 1, "pass", goodput=19.5),
+        report(24, 0, "inconclusive", reasons=bound) | {"client_bound": True},
+    ]
+    sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
+    # 20 RPS is decided on its server result (repeat 1); 24 RPS has none: inconclusive.
+    assert sel["capacity_rps"] == 20 and sel["goodput_at_capacity_rps"] == 19.5
+    rows = {r["offered_rps"]: r for r in sel["rates"]}
+    assert rows[20]["set_aside_repeats"] == [0] and rows[20]["repeats"] == 1
+    assert rows[24]["status"] == "inconclusive" and rows[24]["set_aside_repeats"] == []
+    assert "client-bound" in rows[24]["failure_summary"]
+
+
 def test_a_pass_above_a_failure_is_not_selected():
     reports = [report(16, 0, "pass"), report(20, 0, "fail"), report(24, 0, "pass")]
     sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]

@@ -232,13 +232,13 @@ def test_round_files_do_not_depend_on_max_rounds():
     assert "max_rounds" not in a.canonical_json()
 
 
-def test_confirmation_spends_the_repeats_on_the_bracket():
+def test_confirmation_spends_the_repeats_on_the_bracket_passing_end():
+    """Only the passing end is repeated: a rate passes when every repeat passes, so the
+    failing end, already not passing, cannot move the bracket whatever it shows again."""
     docs, plans, order = run(inputs(repeats=3), knee(36.7))
     assert plans[-1]["kinds"]["open"] == "confirm"
-    assert sorted(order[-4:]) == sorted(
-        f"open-r{r}/cold/rep{k}" for r in (36.5, 38) for k in (1, 2)
-    )
-    assert all(k.endswith("rep0") for k in order[:-4])
+    assert order[-2:] == ["open-r36.5/cold/rep1", "open-r36.5/cold/rep2"]
+    assert all(k.endswith("rep0") for k in order[:-2])
     assert docs[-1]["open"]["confirm"] == []
 
 
@@ -252,7 +252,7 @@ def test_a_confirmation_that_fails_the_pass_rate_continues_the_search_below():
     kinds = [p["kinds"]["open"] for p in plans]
     assert kinds == ["search", "search", "search", "search", "confirm", "confirm"]
     # The confirmation moved the bracket down to [35, 36.5), which is then confirmed too.
-    assert order[-3:] == ["open-r36.5/cold/rep1", "open-r38/cold/rep1", "open-r35/cold/rep1"]
+    assert order[-2:] == ["open-r36.5/cold/rep1", "open-r35/cold/rep1"]
     b = docs[-1]["open"]["bracket"]
     assert (b["pass_rps"], b["fail_rps"]) == (35, 36.5)
     # Finer: [35, 36.5) is wider than 0.5, so the search goes on below 36.5 (within
@@ -260,13 +260,70 @@ def test_a_confirmation_that_fails_the_pass_rate_continues_the_search_below():
     docs, plans, order = run(inputs(repeats=2, resolution_rps=0.5), oracle, max_rounds=8)
     kinds = [p["kinds"]["open"] for p in plans]
     assert kinds == ["search"] * 6 + ["confirm", "search", "search", "confirm"]
-    assert order[-4:] == [
-        "open-r35.8/cold/rep0", "open-r35.5/cold/rep0", "open-r35.5/cold/rep1",
-        "open-r35.8/cold/rep1",
-    ]  # fmt: skip
+    assert order[-3:] == ["open-r35.8/cold/rep0", "open-r35.5/cold/rep0", "open-r35.5/cold/rep1"]
     b = docs[-1]["open"]["bracket"]
     assert (b["pass_rps"], b["fail_rps"], b["width_rps"]) == (35.5, 35.8, 0.3)
     assert b["within_resolution"]
+
+
+def test_a_client_bound_rate_is_measured_again_not_bisected_below():
+    """40 RPS is client-bound at repeat 0 (no server result): the next round measures it
+    again at repeat 1, and the search then finds the same bracket as with a steady client."""
+
+    def oracle(p):
+        doc = report(p, p.rate_rps < 36.7)
+        if p.rate_rps == 40 and p.repeat == 0:
+            doc |= {"verdict": "inconclusive", "client_bound": True}
+        return doc
+
+    docs, plans, order = run(inputs(initial_rps=[30.0, 40.0, 50.0]), oracle)
+    assert order[3] == "open-r40/cold/rep1"
+    assert docs[0]["open"]["search"]["direction"] == "retry"
+    assert "client-bound" in docs[0]["open"]["search"]["why"]
+    steady, steady_plans, _ = run(inputs(initial_rps=[30.0, 40.0, 50.0]), knee(36.7))
+    assert docs[-1]["open"]["bracket"] == steady[-1]["open"]["bracket"]
+    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5
+    # The search, in round order: the retry then the same bisections as the steady one.
+    assert [p["kinds"]["open"] for p in plans] == ["search"] * len(plans)
+    assert len(plans) == len(steady_plans) + 1
+
+
+def test_an_always_client_bound_rate_is_retried_within_its_allowance_then_named():
+    def oracle(p):
+        doc = report(p, p.rate_rps < 36.7)
+        if p.rate_rps == 40:
+            doc |= {"verdict": "inconclusive", "client_bound": True}
+        return doc
+
+    docs, plans, order = run(inputs(initial_rps=[30.0, 40.0, 50.0], client_bound_retries=2), oracle)
+    assert [k for k in order if k.startswith("open-r40/")] == [
+        "open-r40/cold/rep0", "open-r40/cold/rep1", "open-r40/cold/rep2",
+    ]  # fmt: skip
+    # Then the bracket below it is searched as before, and the round says why.
+    assert "client-bound in all 3 measurements" in docs[3]["open"]["search"]["why"]
+    assert docs[3]["open"]["search"]["direction"] == "bisect"
+    b = docs[-1]["open"]["bracket"]
+    assert b["pass_rps"] == 36.5 and b["within_resolution"]
+
+
+def test_a_confirmation_counts_server_results_only():
+    """Repeat 1 of the bracket's passing end is client-bound: repeat 2 confirms it instead,
+    and the rate's status is taken over its server results."""
+
+    def oracle(p):
+        doc = report(p, p.rate_rps < 36.7)
+        if p.rate_rps == 36.5 and p.repeat == 1:
+            doc |= {"verdict": "inconclusive", "client_bound": True}
+        return doc
+
+    docs, plans, order = run(inputs(repeats=2), oracle)
+    assert [k for k in order if k.startswith("open-r36.5/")] == [
+        "open-r36.5/cold/rep0", "open-r36.5/cold/rep1", "open-r36.5/cold/rep2",
+    ]  # fmt: skip
+    row = next(r for r in docs[-1]["open"]["tested"] if r["offered_rps"] == 36.5)
+    assert row["status"] == "pass" and row["client_bound_repeats"] == [1]
+    assert row["server_repeats"] == [0, 2]
+    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5 and docs[-1]["open"]["confirm"] == []
 
 
 def test_cold_and_warm_are_searched_independently():
@@ -394,7 +451,9 @@ def test_searched_points_are_not_fixed_but_are_found():
     assert ids == {"closed-c1", "closed-c8", "closed-c32", "exp-spike_smoke"}
     assert sched.find_point(pack, "open-r35", "cold", 1).rate_rps == 35
     assert sched.find_point(pack, "open-r5", "warm", 0).rate_rps == 5
-    for point_id, repeat in (("open-r201", 0), ("open-r3.7", 0), ("open-r35", 2)):
+    # sweep.repeats 2 and client_bound_retries 2: a rate's repeats 0..3, a level's 0..1.
+    assert sched.find_point(pack, "open-r35", "cold", 3).repeat == 3
+    for point_id, repeat in (("open-r201", 0), ("open-r3.7", 0), ("open-r35", 4)):
         with pytest.raises(ManifestError, match="no point"):
             sched.find_point(pack, point_id, "cold", repeat)
     searched = validate_pack(

@@ -451,9 +451,13 @@ def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
         for r in s["rates"]:
             g = r["variation"]["observed_goodput_rps"]
             why = r.get("failure_summary") or "; ".join(r["reasons"][:3]) or "-"
+            verdicts = ", ".join(r["verdicts"])
+            if aside := r.get("set_aside_repeats"):
+                reps = ", ".join(str(k) for k in aside)
+                verdicts += f" (client-bound repeat {reps} set aside: no server result)"
             lines.append(
                 f"| {r['offered_rps']:g} | {_per_repeat(r, 'offered_measured_rps')} | "
-                f"{_per_repeat(r, 'achieved_rps')} | {r['status']} | {', '.join(r['verdicts'])} | "
+                f"{_per_repeat(r, 'achieved_rps')} | {r['status']} | {verdicts} | "
                 f"{_fmt(g['mean'])} ({_fmt(g['min'])}-{_fmt(g['max'])}) | {why} |"
             )
         lines.append("")

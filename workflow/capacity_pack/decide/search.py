@@ -34,9 +34,22 @@ closed-loop points of the cache state), each to 2 significant digits.
 
 **Repeats where they decide.** Search points run repeat 0. When the search has converged (or has
 run ``max_rounds`` search rounds), a *confirmation* round measures repeats 1..R-1
-(``sweep.repeats`` = R) of the bracket's two rates. A confirmation that changes a status moves
-the bracket (a pass rate failing in repeat 1 is no longer passing), and the search continues
-from the new bracket, again within ``max_rounds``.
+(``sweep.repeats`` = R) of the bracket's passing rate. A confirmation that changes a status
+moves the bracket (a pass rate failing in repeat 1 is no longer passing), and the search
+continues from the new bracket, again within ``max_rounds``. The failing rate gets no more
+repeats: a rate passes only when every repeat passes, so once one repeat of it has not passed,
+no further repeat can move the bracket (its report still names the class, the repeat and the
+binding metric).
+
+**Client-bound points are measured again, not bisected below.** A repeat whose load generator
+fell behind its schedule (dispatch lateness p99 over ``client.lateness_bound_ms``) measured the
+client, not the target: a rate's status is taken over its server results only
+(:func:`capacity_pack.decide.capacity.server_reports`). When the bracket's failing end has no
+server result (every repeat of it client-bound), the next round measures it again at the next
+repeat index (a ``retry`` step, a search round) instead of bisecting below it; after
+``sweep.search.client_bound_retries`` measurements beyond ``sweep.repeats`` the search stops
+and says the bracket is a lower bound. Confirmations likewise count server results: an end
+with a client-bound repeat gets another repeat index, within the same allowance.
 
 **Closed loop** (``search.concurrency``). A level *meets* the SLO when every class's attainment
 meets ``acceptance.class_slo_attainment_min`` in every measured repeat (the latency constraint of
@@ -45,7 +58,7 @@ meeting it with every lower level meeting it, and the lowest level above that do
 level bisects it (the integer midpoint floor((low + high) / 2), when the bracket is wider than
 ``resolution`` workers), doubles the highest level when all meet (up to ``max_concurrency``,
 default 4 x the highest declared level), and stops when concurrency 1 fails. The same
-confirmation rule spends the repeats on the bracket's two levels. Its round 1 is
+confirmation rule spends the repeats on the bracket's meeting level. Its round 1 is
 ``sweep.closed_loop_concurrency``.
 
 **Saturation check** (recorded, with or without a closed-loop search): the curve is *saturated*
@@ -73,7 +86,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.decide.capacity import meets_latency_gates, rate_status
+from capacity_pack.decide.capacity import meets_latency_gates, rate_status, server_reports
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import ConcurrencySearch, Pack, search_rate_bounds
@@ -109,6 +122,9 @@ class SearchInputs(BaseModel):
     concurrency: ConcurrencySearch | None = Field(description="The closed-loop search, if any.")
     max_concurrency: int | None = Field(description="Its upward bound (None: no search).")
     repeats: int = Field(ge=1)
+    client_bound_retries: int = Field(
+        default=2, ge=0, description="sweep.search.client_bound_retries."
+    )
     attainment_min: float
 
     @classmethod
@@ -126,6 +142,7 @@ class SearchInputs(BaseModel):
             concurrency=search.concurrency,
             max_concurrency=sweep.concurrency_bound,
             repeats=sweep.repeats,
+            client_bound_retries=search.client_bound_retries,
             attainment_min=pack.acceptance.class_slo_attainment_min,
         )
 
@@ -183,7 +200,9 @@ def tidy(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
 
 
 def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per tested open-loop rate: its status over the measured repeats."""
+    """One row per tested open-loop rate: its status over the repeats that are server results
+    (:func:`capacity_pack.decide.capacity.server_reports`: a client-bound repeat is set aside
+    when another is a server result), every measured repeat, and the client-bound ones."""
     by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
     for r in reports:
         if r.get("mode") == "open":
@@ -191,12 +210,15 @@ def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for rate in sorted(by_rate):
         reps = sorted(by_rate[rate], key=lambda r: r["repeat"])
+        bound = [int(r["repeat"]) for r in reps if r.get("client_bound")]
         rows.append(
             {
                 "offered_rps": rate,
-                "status": rate_status(reps),
+                "status": rate_status(server_reports(reps)),
                 "repeats": [int(r["repeat"]) for r in reps],
                 "verdicts": [r["verdict"] for r in reps],
+                "client_bound_repeats": bound,
+                "server_repeats": [int(r["repeat"]) for r in reps if not r.get("client_bound")],
             }
         )
     return rows
@@ -359,18 +381,59 @@ def auto_rates(levels: Sequence[dict[str, Any]]) -> tuple[list[float], str]:
 
 
 def confirmation(
-    rows: Sequence[dict[str, Any]], key: str, ends: Sequence[float | None], repeats: int
+    rows: Sequence[dict[str, Any]],
+    key: str,
+    ends: Sequence[float | None],
+    repeats: int,
+    retries: int = 0,
 ) -> list[dict[str, Any]]:
-    """The missing repeats (1..repeats-1, and any other) of the bracket's ends."""
+    """The repeats the values ``ends`` (the bracket's passing end) still need: as many new
+    repeat indices (the lowest not measured) as the value has fewer than ``repeats`` server
+    results, within ``repeats + retries`` measurements of it (a client-bound repeat is no
+    server result)."""
     out = []
     for value in ends:
         if value is None:
             continue
         row = next(r for r in rows if r[key] == value)
-        missing = [k for k in range(repeats) if k not in row["repeats"]]
+        missing = _new_repeats(row, repeats, retries)
         if missing:
             out.append({key: value, "repeats": missing})
     return out
+
+
+def _new_repeats(row: dict[str, Any], repeats: int, retries: int) -> list[int]:
+    have = len(row.get("server_repeats", row["repeats"]))
+    room = repeats + retries - len(row["repeats"])
+    want = min(max(0, repeats - have), max(0, room))
+    fresh = (k for k in range(repeats + retries) if k not in row["repeats"])
+    return [next(fresh) for _ in range(want)]
+
+
+def client_bound_retry(
+    rows: Sequence[dict[str, Any]], fail_rps: float | None, repeats: int, retries: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """(the retry, why): when the bracket's failing end has no server result (every repeat
+    client-bound), it is measured again at the next repeat index, within ``repeats + retries``
+    measurements, rather than taken as not passing; nothing otherwise."""
+    if fail_rps is None:
+        return [], None
+    row = next(r for r in rows if r["offered_rps"] == fail_rps)
+    if row["server_repeats"] or not row["client_bound_repeats"]:
+        return [], None
+    fresh = [k for k in range(repeats + retries) if k not in row["repeats"]]
+    n = len(row["repeats"])
+    if not fresh:
+        return [], (
+            f"{fail_rps:g} RPS was client-bound in all {n} measurements the search may spend "
+            "on it: the bracket is a lower bound"
+        )
+    why = (
+        f"{fail_rps:g} RPS was client-bound (repeat{'s' if n > 1 else ''} "
+        f"{', '.join(map(str, row['client_bound_repeats']))}: the client fell behind its "
+        "schedule, no server result): measured again"
+    )
+    return [{"offered_rps": fail_rps, "repeats": [fresh[0]]}], why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,6 +475,12 @@ def decide_round(
     else:
         step, direction, why = rate_step(rates, inputs, first or [r["offered_rps"] for r in rates])
         low, high = bracket(rates, "offered_rps")
+        retries = inputs.client_bound_retries
+        retry, why_retry = client_bound_retry(rates, high, inputs.repeats, retries)
+        if retry:
+            step, direction, why = [], "retry", why_retry
+        elif why_retry:
+            why = f"{why}; {why_retry}"
         res = resolution_of(inputs, low)
         both = low is not None and high is not None
         open_doc |= {
@@ -422,8 +491,9 @@ def decide_round(
                 "resolution_rps": res,
                 "within_resolution": bool(both and res and high - low <= res + 1e-9),
             },
-            "search": {"rates": step, "direction": direction, "why": why},
-            "confirm": confirmation(rates, "offered_rps", (low, high), inputs.repeats),
+            "search": {"rates": step, "retry": retry, "direction": direction, "why": why},
+            # The passing end only: a failing rate cannot pass whatever its other repeats show.
+            "confirm": confirmation(rates, "offered_rps", (low,), inputs.repeats, retries),
         }
     closed_doc: dict[str, Any] = {"tested": levels, "saturation": saturation(levels)}
     if inputs.concurrency is not None:
@@ -441,7 +511,7 @@ def decide_round(
                 ),
             },
             "search": {"levels": step_c, "direction": direction_c, "why": why_c},
-            "confirm": confirmation(levels, "concurrency", (low_c, high_c), inputs.repeats),
+            "confirm": confirmation(levels, "concurrency", (low_c,), inputs.repeats),
         }
     return {
         "format": FORMAT,
@@ -488,6 +558,10 @@ def _step_points(doc: dict[str, Any], loop: Loop, kind: str) -> list[Point]:
             return [
                 Point(mode="open", rate_rps=r, cache_state=cache, repeat=0)
                 for r in part["search"]["rates"]
+            ] + [
+                Point(mode="open", rate_rps=item["offered_rps"], cache_state=cache, repeat=k)
+                for item in part["search"].get("retry") or []
+                for k in item["repeats"]
             ]
         return [
             Point(mode="closed", concurrency=c, cache_state=cache, repeat=0)
@@ -544,7 +618,8 @@ def plan_rounds(
 def _kind(part: dict[str, Any], loop: Loop, may_search: bool) -> str | None:
     if "search" not in part:
         return None
-    if may_search and part["search"].get("rates" if loop == "open" else "levels"):
+    step = part["search"]
+    if may_search and (step.get("rates" if loop == "open" else "levels") or step.get("retry")):
         return "search"
     return "confirm" if part.get("confirm") else None
 
@@ -590,10 +665,15 @@ def summarize(
         if "search" in part:
             step = part["search"]
             entry["search_rounds"] = searched
+            pending = step[unit] or [
+                f"{item['offered_rps']:g} RPS repeat {k}"
+                for item in step.get("retry") or []
+                for k in item["repeats"]
+            ]
             entry["stopped"] = (
                 f"max_rounds ({max_rounds}) search rounds ran; the next would measure "
-                f"{step[unit]} ({step['why']})"
-                if step[unit]
+                f"{pending} ({step['why']})"
+                if pending
                 else step["why"]
             )
         out[loop] = entry
