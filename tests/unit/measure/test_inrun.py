@@ -12,6 +12,8 @@ import pytest
 from capacity_pack.binomial import quick_outcome, sequential_outcome
 from capacity_pack.evidence.gates import requests_meeting_slo
 from capacity_pack.evidence.normalize import normalize, normalize_point
+from capacity_pack.measure import run as run_module
+from capacity_pack.measure.arrivals import BlocksAhead
 from capacity_pack.measure.records import Attempt, read_records, records_frame
 from capacity_pack.measure.run import run_point
 from capacity_pack.measure.sequential import (
@@ -194,6 +196,54 @@ def test_the_extension_policy():
     assert wants_extension(None, "undecided", ["y"])
 
 
+def _block_maker(n_blocks: int, per_block: int = 4, gap_s: float = 0.5):
+    """Blocks 2.. of a constant process: block k's rows due (k - 1) x per_block x gap on."""
+
+    def make(k: int) -> pd.DataFrame | None:
+        if k > n_blocks:
+            return None
+        first = (k - 1) * per_block
+        return pd.DataFrame({
+            "request_id": [f"r{first + i}" for i in range(per_block)],
+            "scheduled_offset_ns": [int((first + i + 1) * gap_s * NS) for i in range(per_block)],
+            "block": k,
+        })  # fmt: skip
+
+    return make
+
+
+def test_blocks_ahead_builds_before_the_clock_to_its_span_then_a_lead_ahead():
+    import asyncio
+
+    async def scenario():
+        built: list[str] = []
+
+        def request(row):
+            built.append(row["request_id"])
+            return row["request_id"]
+
+        # Block k's rows are due ((k-1) x 2 s, k x 2 s]; the maximum duration cuts block 9.
+        ahead = BlocksAhead(_block_maker(20), 2, 17.0, request, prebuilt_s=5.0, lead_s=3.0)
+        # Before the clock: blocks 2 and 3 (the first whose last arrival is due at 5 s or on).
+        assert ahead.prebuilt == 2 and built[-1] == "r11" and not ahead.ended
+        ahead.refill(1 * NS)  # 6 s built, 1 s now: more than the lead ahead, nothing starts
+        assert ahead._task is None
+        ahead.refill(int(3.5 * NS))  # 2.5 s ahead: block 4 starts building
+        assert ahead._task is not None
+        got = [(await ahead.next()).rows[0]["request_id"] for _ in range(3)]
+        assert got == ["r4", "r8", "r12"] and ahead.in_run == 1
+        # Nothing queued: the next call builds at once; the last block is cut at 17 s.
+        rest = []
+        while (block := await ahead.next()) is not None:
+            rest.append((block.rows[-1]["request_id"], block.cut))
+        # Block 9 (r32-r35, due 16.5-18 s) keeps r32 and r33 (17 s), cuts 2; none follows.
+        assert rest[-1] == ("r33", 2) and ahead.ended and len(rest) == 5
+        assert await ahead.next() is None
+        await ahead.close()
+
+    asyncio.run(scenario())
+
+
 # -- real runs ------------------------------------------------------------------------------------
 
 
@@ -232,11 +282,17 @@ def _normalized(pack, point, schedule, out, summary) -> dict:
     )  # fmt: skip
 
 
-def test_extension_continues_the_arrival_process_without_a_gap(tmp_path):
+@pytest.mark.parametrize("build_ahead_s", [None, 0.5])
+def test_extension_continues_the_arrival_process_without_a_gap(
+    tmp_path, monkeypatch, build_ahead_s
+):
     """An undecided point (every class passes, short of its sample gate; its bound could still
     pass in time, so it is not futile) extends to its maximum duration: the blocks' arrivals
     are one seeded process on one clock, sent without the pause a drain between blocks would
-    leave."""
+    leave; also when most blocks are built by the worker thread during the run (a build
+    lead of 0.5 s: blocks up to 2.5 s before the clock, the rest while it runs)."""
+    if build_ahead_s is not None:
+        monkeypatch.setattr(run_module, "BUILD_AHEAD_S", build_ahead_s)
     generous = [{**w, "request_ttft_cutoff_ms": 60000, "request_tpot_cutoff_ms": 60000}
                 for w in pack_data()["workload"]]  # fmt: skip
     pack = _pack(
@@ -247,6 +303,11 @@ def test_extension_continues_the_arrival_process_without_a_gap(tmp_path):
     schedule = S.build_schedule(pack, point)
     summary = measure_point(pack, point, schedule, tmp_path)
     assert summary["extension_blocks"] >= 3 and not summary["stopped_early"]
+    built = summary["extension_blocks_built"]
+    if build_ahead_s is None:
+        assert built["in_run"] == 0  # the whole 4 s maximum is within the prebuilt span
+    else:
+        assert built["in_run"] >= 2, built
     assert summary["sequential"]["decision"] == "undecided"
     assert summary["unsent_requests"] == 0 and "extension_rebase_offset_ns" not in summary
     r = _measured(tmp_path / "records.jsonl")

@@ -39,9 +39,11 @@ continues: when the queued arrivals cover less than the extension lead, a look t
 undecided (or, without an in-run decision, a class projected short of
 ``min_successful_per_class``) appends the schedule's next block to the running arrivals on
 the same clock (block k+1's offsets continue block k's: no rebase, no pause, no idle drain),
-up to ``maximum_duration_s``; every block that duration can hold is built, requests and all,
-before the clock starts (:mod:`capacity_pack.measure.arrivals`), so appending one costs the
-loop nothing. Closed-loop extension blocks run after the previous block has ended, as before.
+up to ``maximum_duration_s``; every block is built, requests and all, ahead of its arrivals
+and never by the loop: before the clock up to the minimum duration and two build leads
+(``BUILD_AHEAD_S``), then by a worker thread a lead ahead of the clock
+(:class:`capacity_pack.measure.arrivals.BlocksAhead`), so appending one costs the loop
+nothing and a point decided early pays only for the blocks it could have used. Closed-loop extension blocks run after the previous block has ended, as before.
 
 The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
 and its own CPU time from the clock's start (request building before it is not counted); when
@@ -76,7 +78,7 @@ import pandas as pd
 
 from capacity_pack.engines import verify_setting
 from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
-from capacity_pack.measure.arrivals import Arrivals, Block, build_block, build_blocks, feed
+from capacity_pack.measure.arrivals import Arrivals, Block, BlocksAhead, build_block, feed
 from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
 from capacity_pack.measure.dispatcher import LEAD_NS, SWITCH_INTERVAL_S, Dispatcher
 from capacity_pack.measure.interrupt import Interrupted, catch_signals, interruption
@@ -100,6 +102,10 @@ HTTPX_MAX_IDLE_CONNECTIONS = 32
 # The transports' per-phase timeouts lie this far past the request's overall deadline: they
 # only catch what the deadline somehow did not, and then still read as a timeout.
 BACKSTOP_S = 1.0
+# Extension blocks are built this far ahead of the clock (seconds of arrivals): a worker
+# thread has that long to build the next block before the run wants it (capacity_pack.
+# measure.arrivals.BlocksAhead); well over the 2 s extension lead.
+BUILD_AHEAD_S = 5.0
 
 
 @dataclass
@@ -191,7 +197,7 @@ class Run:
         self._scheduled = {str(k): int(v) for k, v in measured["class"].value_counts().items()}
         self.cut_at_max_duration = 0
         self._appended: list[pd.DataFrame] = []  # extension blocks (joined to the schedule)
-        self._ahead: list[Block] | None = None  # extension blocks built before the clock
+        self._ahead: BlocksAhead | None = None  # extension blocks built ahead of the arrivals
         self.stopped_early = False
         self._decider = (
             Decider(settings.sequential, settings.min_successful_per_class)
@@ -461,6 +467,8 @@ class Run:
             if outcome != "undecided":
                 self._stop_arrivals(stream)
                 return
+            if self._ahead is not None:
+                self._ahead.refill(time.perf_counter_ns() - self.t0_ns)
             # Blocks shorter than the lead: as many as it takes to cover it again.
             while not stream.closed and self.interrupted is None:
                 if stream.due[-1] - time.perf_counter_ns() >= extension_lead_ns(stream.span_ns):
@@ -480,19 +488,19 @@ class Run:
         self._dispatcher.expect([])
 
     async def _append_block(self, stream: Arrivals) -> None:
-        """The next block (built before the clock) appended to the running arrivals."""
+        """The next block (built ahead of its arrivals) appended to the running arrivals."""
         k = self.blocks_sent + 1
         block: Block | None = None
-        if self._ahead is not None:
-            block = self._ahead.pop(0) if self._ahead else None
-        else:  # no maximum duration: no end to build ahead to; a worker thread builds it
-            stream.pending = True
-            try:
+        stream.pending = True
+        try:
+            if self._ahead is not None:
+                block = await self._ahead.next()
+            else:  # no maximum duration: no end to build ahead to; a worker thread builds it
                 block = await asyncio.to_thread(
                     build_block, self.s.extension_block, k, None, self._request
                 )
-            finally:
-                stream.pending = False
+        finally:
+            stream.pending = False
         if stream.stopped or self.interrupted is not None:
             return
         if block is not None:
@@ -637,7 +645,13 @@ class Run:
         make, limit = self.s.extension_block, self.s.maximum_duration_s
         if make is not None and limit is not None and self.s.mode != "closed" and len(rows):
             first = int(self.schedule["block"].max()) + 1
-            self._ahead = build_blocks(make, first, limit, self._request)
+            # Before the clock: the blocks of the span most points are decided in (the
+            # minimum duration and two leads); the rest only if the run gets that far.
+            minimum = self._decider.settings.minimum_duration_s if self._decider else limit
+            self._ahead = BlocksAhead(
+                make, first, limit, self._request,
+                prebuilt_s=min(limit, minimum + 2 * BUILD_AHEAD_S), lead_s=BUILD_AHEAD_S,
+            )  # fmt: skip
         if self.prewarm is not None and len(self.prewarm) and self.interrupted is None:
             await asyncio.gather(
                 *(self._send(client, r, 0) for r in self.prewarm.to_dict("records"))
@@ -672,6 +686,8 @@ class Run:
             stop.set()
             for w in watchers:
                 w.cancel()
+            if self._ahead is not None:
+                await self._ahead.close()
             gc.unfreeze()
 
     def _start_clock(self) -> None:
@@ -754,6 +770,12 @@ class Run:
                 d.scheduling_detail if d is not None else None,
             ),
             "extension_blocks": max(0, self.blocks_sent - 1),
+            # Blocks built before the clock and by a worker thread during the run.
+            "extension_blocks_built": (
+                {"before_clock": self._ahead.prebuilt, "in_run": self._ahead.in_run}
+                if self._ahead is not None
+                else None
+            ),
             "cut_at_max_duration": self.cut_at_max_duration,
             "under_sampled_classes": self._short_classes(projected=False),
             "stopped_early": self.stopped_early,

@@ -577,6 +577,7 @@ def merge_summaries(
         "realtime_dispatch": first.get("realtime_dispatch"),
         "client_bound": bool(bound),
         "extension_blocks": 0,
+        "extension_blocks_built": None,
         "cut_at_max_duration": 0,
         # Decided offline only: stopping early needs every shard's counts at once.
         "stopped_early": False,

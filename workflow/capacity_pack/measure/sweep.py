@@ -34,7 +34,7 @@ from capacity_pack.measure.inputs import (
 )
 from capacity_pack.measure.interrupt import Interrupted, interruption
 from capacity_pack.measure.records import read_records, records_frame
-from capacity_pack.measure.run import run_point
+from capacity_pack.measure.run import BUILD_AHEAD_S, run_point
 from capacity_pack.measure.shards import (
     ShardSpec,
     assignment_seed,
@@ -166,16 +166,19 @@ class ExtensionBlocks:
     """``extension_block(k)``: block k of the point's schedule (blocks 2, 3, ... continue the
     seeded arrival process on the same clock).
 
-    Built before the run, once, for the blocks the maximum duration can hold at the nominal
-    rate (and half again, for a slow draw of the process): a run appends a block by a lookup,
-    not by a schedule build beside its arrivals. The schedule with k blocks is a prefix of the
-    one with more, so a block past those is built the same way, doubling the blocks built."""
+    Built before the run for the blocks of the span the run builds requests for before its
+    clock (the minimum duration and two build leads, :data:`capacity_pack.measure.run.
+    BUILD_AHEAD_S`) at the nominal rate, and half again for a slow draw of the process. The
+    schedule with k blocks is a prefix of the one with more, so a block past those is built
+    the same way, doubling the blocks built (by the worker thread that builds the block's
+    requests, :class:`capacity_pack.measure.arrivals.BlocksAhead`)."""
 
     def __init__(self, inputs: SweepInputs, point: Point) -> None:
         self.inputs, self.point = inputs, point
         c = inputs.schedule.client
         size = extension_block_size(inputs.schedule)
-        horizon = (point.rate_rps or 0.0) * (c.warmup_seconds + c.maximum_duration_seconds)
+        span = min(c.maximum_duration_seconds, c.minimum_duration_seconds + 2 * BUILD_AHEAD_S)
+        horizon = (point.rate_rps or 0.0) * (c.warmup_seconds + span)
         self.built = 0
         self.blocks: dict[int, pd.DataFrame] = {}
         self._build(max(1, math.ceil(1.5 * horizon / size) + 2))
