@@ -107,9 +107,27 @@ def results_root(wildcards, output):
     return output[0].split(f"/{PACK.pack.name}/")[0]
 
 
+def gate_from_config(wildcards):
+    """Whether the point's in-run decision reads its attainment gate from the invocation's
+    config rather than from its params: in a searching pack, a point decided while it runs
+    (open-loop rate points on one client process). A changed gate then re-analyzes and
+    re-decides the search, which measures again only the rates whose points it leaves
+    undecided; it never re-measures a point (its confidence sequence holds at any stopping
+    time). A fixed grid has no search to measure an undecided point again: there the gate is
+    in the params, and a changed gate measures the open-loop rate points again. (Not an
+    `ancient` input file: Snakemake then skipped the checkpoint rounds a changed
+    `max_rounds` asked for in the same invocation.)"""
+    point = wildcard_point(wildcards)
+    return SEARCH is not None and (
+        sweep_inputs_lib.SweepInputs.decided_in_run(PACK, point) is not None
+    )
+
+
 def sweep_inputs_json(wildcards):
-    """The manifest content one measurement reads, as canonical JSON."""
-    return sweep_inputs_lib.SweepInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
+    """The manifest content one measurement reads, as canonical JSON (less the in-run gate
+    when the point reads it from the config: gate_from_config)."""
+    inputs = sweep_inputs_lib.SweepInputs.for_point(PACK, wildcard_point(wildcards))
+    return (inputs.without_gate() if gate_from_config(wildcards) else inputs).canonical_json()
 
 
 def sweep_threads(wildcards):

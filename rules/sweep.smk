@@ -10,6 +10,8 @@ rule sweep:
         repeat=lambda w: int(w.repeat),
         # Exactly what a measurement reads: target, model, client, request, prompts, sample gate.
         inputs=sweep_inputs_json,
+        # Whether the in-run gate comes from the config (searching packs): see gate_from_config.
+        gate_from_config=gate_from_config,
         code=stage_code_hash("sweep", *SIM_ENGINE),
     # A sharded point runs one client process per shard (capacity_pack.measure.shards).
     threads: sweep_threads

@@ -142,7 +142,7 @@ def test_the_default_packs_bracket_agrees_with_the_models_boundary(searched, sta
         # The client could not keep the schedule (a loaded host) in any of the measurements
         # the search may spend on the rate: no server result, and the pack must say so rather
         # than claim a failure; the bracket is then only a lower bound.
-        assert len(reports) == 1 + pack.sweep.search.client_bound_retries
+        assert len(reports) == 1 + pack.sweep.search.extra_repeats
         for report in reports:
             assert report["verdict"] == "inconclusive", report["verdict_reasons"]
             assert any(r.startswith("client-bound") for r in report["verdict_reasons"])

@@ -160,25 +160,49 @@ def test_the_capacity_rule_reads_every_searched_point(searched):
     assert cap["open_loop"]["cold"]["capacity_rps"] == 12
 
 
-def test_a_changed_gate_reanalyzes_and_redecides_before_it_measures(searched):
-    """A new gate re-analyzes round 1's points and re-decides round 1 first; of round 1 only
-    the open-loop rate points, whose in-run decision reads the gate, are measured again (their
-    schedules kept), and nothing of the later rounds (they follow once round 1 says what they
-    are)."""
-    workdir = searched["workdir"]
+def test_a_changed_gate_redecides_from_the_points_measured(searched):
+    """A new gate (0.8 -> 0.85) measures none of the points again: the dry run shows round 1
+    re-analyzed and re-decided with no sweep, normalize or schedule job; the run then
+    re-decides every round from the points measured (their confidence sequences hold at
+    any stopping time, whatever gate stopped them) and measures only what the new decisions
+    ask for: a rate whose repeats are undecided at the new gate (``superseded``) again, at a
+    new repeat index. The bracket stays [12, 14)."""
+    workdir, results = searched["workdir"], searched["results"]
+    target = "results/search-test/search/cold/search.json"
+    before = {
+        str(p.parent.relative_to(results / "raw")) for p in results.glob("raw/*/*/*/summary.json")
+    }
     data = knee_pack(max_rounds=3)
     data["acceptance"]["class_slo_attainment_min"] = 0.85
     write_pack(workdir, data)
     try:
-        out = run_snakemake(workdir, "-n", "results/search-test/search/cold/search.json").stdout
+        dry = run_snakemake(workdir, "-n", target).stdout
+        ran = run(workdir, target)
     finally:
         write_pack(workdir, knee_pack(max_rounds=3))
-    jobs = re.findall(r"^(?:local)?(rule|checkpoint) (\w+):", out, re.M)
+    jobs = re.findall(r"^(?:local)?(rule|checkpoint) (\w+):", dry, re.M)
     names = {name for _, name in jobs}
-    assert "schedule" not in names
-    assert ("checkpoint", "search_round") in jobs and "search" in names
-    analyzed = re.findall(r"rule analyze:.*?wildcards: point=([^,\s]+)", out, re.S)
+    assert not names & {"schedule", "sweep", "normalize"}, names
+    assert ("checkpoint", "search_round") in jobs and "analyze" in names
+    analyzed = re.findall(r"rule analyze:.*?wildcards: point=([^,\s]+)", dry, re.S)
     assert sorted(analyzed) == ["closed-c1", "closed-c4", "open-r16", "open-r8"]
-    for rule in ("sweep", "normalize"):
-        measured = re.findall(rf"rule {rule}:.*?wildcards: point=([^,\s]+)", out, re.S)
-        assert sorted(measured) == ["open-r16", "open-r8"]
+    measured = sweep_jobs(ran)
+    assert not set(measured) & before, measured
+    reports = {
+        str(p.parent.relative_to(results / "reports")): json.loads(p.read_text())
+        for p in results.glob("reports/*/*/*/slo-report.json")
+    }
+    for key in before:
+        g = reports[key]["in_run_gate"]
+        assert g is None or (g["attainment_min"] == 0.8 and not g["current"]), (key, g)
+    for key in measured:
+        point, cache, rep = key.split("/")
+        if rep != "rep0":  # a rate measured again: its earlier repeats decided nothing
+            earlier = [v for k, v in reports.items() if k.startswith(f"{point}/{cache}/")
+                       and k != key]  # fmt: skip
+            assert earlier and all(r["superseded"] or r["client_bound"] for r in earlier)
+        assert reports[key]["in_run_gate"] in (None, {"attainment_min": 0.85, "confidence": 0.95,
+                                                      "current": True})  # fmt: skip
+    doc = json.loads((results / "search" / "cold" / "search.json").read_text())
+    b = doc["open"]["bracket"]
+    assert (b["pass_rps"], b["fail_rps"]) == (12, 14), doc["open"]["tested"]

@@ -89,6 +89,21 @@ def test_a_client_bound_repeat_is_set_aside_when_another_is_a_server_result():
     assert rows[20]["set_aside_repeats"] == [0] and rows[20]["repeats"] == 1
     assert rows[24]["status"] == "inconclusive" and rows[24]["set_aside_repeats"] == []
     assert "client-bound" in rows[24]["failure_summary"]
+    assert rows[20]["set_aside_why"] == {"0": "client-bound"}
+
+
+def test_a_superseded_repeat_is_set_aside_when_another_decides():
+    """Decided in run under another gate and undecided at this one: no evidence either way."""
+    stale = ["stopped in run under another gate (0.95 at 95%): undecided at this one"]
+    reports = [
+        report(16, 0, "marginal", reasons=stale) | {"superseded": True},
+        report(16, 1, "pass"),
+        report(20, 0, "inconclusive", reasons=stale) | {"superseded": True},
+    ]
+    sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
+    rows = {r["offered_rps"]: r for r in sel["rates"]}
+    assert sel["capacity_rps"] == 16 and rows[16]["set_aside_why"] == {"0": "superseded"}
+    assert rows[20]["status"] == "inconclusive"
 
 
 def test_a_pass_above_a_failure_is_not_selected():

@@ -79,6 +79,19 @@ def run(inp: S.SearchInputs, oracle: Oracle, max_rounds: int = 6, cache: str = "
         docs.append(S.decide_round(list(measured.values()), inp, cache, len(docs) + 1))
 
 
+def void_at(rate: float, repeats: set[int] | None, **flags) -> Oracle:
+    """The knee at 36.7 RPS, but ``rate`` decides nothing at ``repeats`` (None: every one):
+    inconclusive, with ``flags`` (``client_bound`` or ``superseded``)."""
+
+    def oracle(p: sched.Point) -> dict:
+        doc = report(p, p.rate_rps < 36.7)
+        if p.rate_rps == rate and (repeats is None or p.repeat in repeats):
+            doc |= {"verdict": "inconclusive", **flags}
+        return doc
+
+    return oracle
+
+
 def rates_of(plan: dict) -> list[float]:
     return [p.rate_rps for p in plan["points"] if p.mode == "open"]
 
@@ -270,13 +283,9 @@ def test_a_client_bound_rate_is_measured_again_not_bisected_below():
     """40 RPS is client-bound at repeat 0 (no server result): the next round measures it
     again at repeat 1, and the search then finds the same bracket as with a steady client."""
 
-    def oracle(p):
-        doc = report(p, p.rate_rps < 36.7)
-        if p.rate_rps == 40 and p.repeat == 0:
-            doc |= {"verdict": "inconclusive", "client_bound": True}
-        return doc
-
-    docs, plans, order = run(inputs(initial_rps=[30.0, 40.0, 50.0]), oracle)
+    docs, plans, order = run(
+        inputs(initial_rps=[30.0, 40.0, 50.0]), void_at(40, {0}, client_bound=True)
+    )
     assert order[3] == "open-r40/cold/rep1"
     assert docs[0]["open"]["search"]["direction"] == "retry"
     assert "client-bound" in docs[0]["open"]["search"]["why"]
@@ -289,40 +298,62 @@ def test_a_client_bound_rate_is_measured_again_not_bisected_below():
 
 
 def test_an_always_client_bound_rate_is_retried_within_its_allowance_then_named():
-    def oracle(p):
-        doc = report(p, p.rate_rps < 36.7)
-        if p.rate_rps == 40:
-            doc |= {"verdict": "inconclusive", "client_bound": True}
-        return doc
-
-    docs, plans, order = run(inputs(initial_rps=[30.0, 40.0, 50.0], client_bound_retries=2), oracle)
+    docs, plans, order = run(
+        inputs(initial_rps=[30.0, 40.0, 50.0], extra_repeats=2),
+        void_at(40, None, client_bound=True),
+    )
     assert [k for k in order if k.startswith("open-r40/")] == [
         "open-r40/cold/rep0", "open-r40/cold/rep1", "open-r40/cold/rep2",
     ]  # fmt: skip
     # Then the bracket below it is searched as before, and the round says why.
-    assert "client-bound in all 3 measurements" in docs[3]["open"]["search"]["why"]
+    assert (
+        "decided nothing (client-bound) in all 3 measurements" in docs[3]["open"]["search"]["why"]
+    )
     assert docs[3]["open"]["search"]["direction"] == "bisect"
     b = docs[-1]["open"]["bracket"]
     assert b["pass_rps"] == 36.5 and b["within_resolution"]
+
+
+def test_a_superseded_rate_is_measured_again_like_a_client_bound_one():
+    """A changed gate left 40 RPS repeat 0 undecided (stopped in run by the old gate's
+    decision): the search measures it again at repeat 1 before it bisects below it."""
+
+    docs, _, order = run(inputs(initial_rps=[30.0, 40.0, 50.0]), void_at(40, {0}, superseded=True))
+    assert order[3] == "open-r40/cold/rep1"
+    first = docs[0]["open"]
+    assert first["search"]["direction"] == "retry"
+    assert "another gate" in first["search"]["why"]
+    row = next(r for r in first["tested"] if r["offered_rps"] == 40)
+    assert row["void_why"] == {"0": "superseded"} and row["deciding_repeats"] == []
+    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5
+
+
+def test_a_rate_that_decided_nothing_is_measured_again_after_max_rounds_too():
+    """The last search round's rate is client-bound: a retry round measures it again (as a
+    confirmation would be), though the search rounds are spent."""
+
+    docs, plans, order = run(
+        inputs(), void_at(38, {0}, client_bound=True), max_rounds=3
+    )  # 20/30/40, 35, 38
+    assert [p["kinds"]["open"] for p in plans] == ["search", "search", "search", "retry"]
+    assert order[-1] == "open-r38/cold/rep1"
+    assert (docs[-1]["open"]["bracket"]["pass_rps"], docs[-1]["open"]["bracket"]["fail_rps"]) == (
+        35,
+        38,
+    )
 
 
 def test_a_confirmation_counts_server_results_only():
     """Repeat 1 of the bracket's passing end is client-bound: repeat 2 confirms it instead,
     and the rate's status is taken over its server results."""
 
-    def oracle(p):
-        doc = report(p, p.rate_rps < 36.7)
-        if p.rate_rps == 36.5 and p.repeat == 1:
-            doc |= {"verdict": "inconclusive", "client_bound": True}
-        return doc
-
-    docs, plans, order = run(inputs(repeats=2), oracle)
+    docs, plans, order = run(inputs(repeats=2), void_at(36.5, {1}, client_bound=True))
     assert [k for k in order if k.startswith("open-r36.5/")] == [
         "open-r36.5/cold/rep0", "open-r36.5/cold/rep1", "open-r36.5/cold/rep2",
     ]  # fmt: skip
     row = next(r for r in docs[-1]["open"]["tested"] if r["offered_rps"] == 36.5)
-    assert row["status"] == "pass" and row["client_bound_repeats"] == [1]
-    assert row["server_repeats"] == [0, 2]
+    assert row["status"] == "pass" and row["void_repeats"] == [1]
+    assert row["deciding_repeats"] == [0, 2]
     assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5 and docs[-1]["open"]["confirm"] == []
 
 
@@ -451,7 +482,7 @@ def test_searched_points_are_not_fixed_but_are_found():
     assert ids == {"closed-c1", "closed-c8", "closed-c32", "exp-spike_smoke"}
     assert sched.find_point(pack, "open-r35", "cold", 1).rate_rps == 35
     assert sched.find_point(pack, "open-r5", "warm", 0).rate_rps == 5
-    # sweep.repeats 2 and client_bound_retries 2: a rate's repeats 0..3, a level's 0..1.
+    # sweep.repeats 2 and extra_repeats 2: a rate's repeats 0..3, a level's 0..1.
     assert sched.find_point(pack, "open-r35", "cold", 3).repeat == 3
     for point_id, repeat in (("open-r201", 0), ("open-r3.7", 0), ("open-r35", 4)):
         with pytest.raises(ManifestError, match="no point"):

@@ -479,3 +479,16 @@ def test_hash_collisions_are_settled_by_comparing_strings(tmp_path, monkeypatch)
     fast, exact = both_paths(path)
     assert fast is None  # every ID "collides": the exact path decides, and finds no duplicate
     assert analyze_csv(path, 300, "flat") == exact | {"percentile_method": "nearest_rank"}
+
+
+def test_the_in_run_gate_is_current_only_at_the_same_gate_and_confidence():
+    from capacity_pack.evidence.analysis import in_run_gate
+
+    decided = {"decision": "fail", "gate": 0.95, "confidence": 0.95}
+    assert in_run_gate(decided, 0.95, 0.95) == {
+        "attainment_min": 0.95, "confidence": 0.95, "current": True,
+    }  # fmt: skip
+    assert in_run_gate(decided, 0.9, 0.95)["current"] is False
+    assert in_run_gate(decided, 0.95, 0.9)["current"] is False
+    # No in-run decision (closed loop, a sharded point): nothing to be stale.
+    assert in_run_gate({}, 0.95, 0.95) is None

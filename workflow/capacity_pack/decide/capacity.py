@@ -5,11 +5,11 @@ Open-loop sweep, per cache state:
 - a rate *passes* when every repeat's report has verdict ``pass`` (all gates, attainment bounds
   above the threshold, enough samples, a flat queue, a valid client); a rate that passes only in
   some repeats is ``inconsistent``, one that passes only on point estimates ``marginal``, one with
-  an under-sampled class or an undecided queue trend ``inconclusive``. A client-bound repeat
-  (dispatch lateness p99 over its bound: the client, not the target, was measured) is set aside
-  when another repeat of the rate is a server result (``set_aside_repeats``; the search measures
-  such a rate again, ``capacity_pack.decide.search``); a rate whose every repeat is client-bound
-  is ``inconclusive``;
+  an under-sampled class or an undecided queue trend ``inconclusive``. A repeat that decides
+  nothing is set aside when another repeat of the rate decides (``set_aside_repeats`` and
+  why; the search measures such a rate again, ``capacity_pack.decide.search``): a client-bound
+  one (dispatch lateness p99 over its bound: the client, not the target, was measured) or a
+  superseded one (decided in run under another attainment gate, undecided at the pack's);
 - the SLO-compliant capacity is the highest tested rate that passes with every lower tested rate
   passing too (a pass above a failure is reported as non-monotonic and not selected);
 - **the bracket**: ``pass_rps`` = that capacity (``capacity_rps`` keeps the same value),
@@ -64,14 +64,24 @@ from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
 
 
-def server_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The repeats of one rate that are server results. A client-bound repeat (the load
-    generator's dispatch lateness p99 over ``client.lateness_bound_ms``) measured the client
-    falling behind its schedule, not the target, so it is set aside whenever another repeat of
-    the rate is a server result; with every repeat client-bound they are all kept, and the
-    rate is ``inconclusive``: no server result."""
-    valid = [r for r in reports if not r.get("client_bound")]
+def deciding_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The repeats of one rate that decide it. Two kinds of repeat decide nothing and are set
+    aside whenever another repeat of the rate decides: a client-bound one (the load generator's
+    dispatch lateness p99 over ``client.lateness_bound_ms``: it measured the client falling
+    behind its schedule, not the target) and a superseded one (decided in run under another
+    attainment gate and undecided at the pack's: ``capacity_pack.evidence.analysis``). With
+    no deciding repeat they are all kept, and the rate is not shown to pass."""
+    valid = [r for r in reports if not void(r)]
     return valid or list(reports)
+
+
+def void(report: dict[str, Any]) -> str | None:
+    """Why a repeat decides nothing (``client-bound`` or ``superseded``), None if it does."""
+    if report.get("client_bound"):
+        return "client-bound"
+    if report.get("superseded"):
+        return "superseded"
+    return None
 
 
 def rate_status(reports: list[dict[str, Any]]) -> str:
@@ -222,7 +232,7 @@ def failure_summary(failures: list[dict[str, Any]]) -> str:
 
 
 def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], confidence: float):
-    reps = server_reports(every)
+    reps = deciding_reports(every)
     status = rate_status(reps)
     failures = (
         [repeat_failures(r, classes) for r in reps if r["verdict"] != "pass"]
@@ -234,8 +244,9 @@ def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], conf
         "status": status,
         "repeats": len(reps),
         "verdicts": [r["verdict"] for r in reps],
-        # Client-bound repeats set aside: another repeat of the rate is a server result.
+        # Repeats that decide nothing, set aside: another repeat of the rate decides.
         "set_aside_repeats": [r["repeat"] for r in every if r not in reps],
+        "set_aside_why": {str(r["repeat"]): void(r) for r in every if r not in reps},
         "reasons": sorted({reason for r in reps for reason in r["verdict_reasons"]}),
         "per_repeat": [repeat_rates(r) for r in reps],
         "failures": failures,

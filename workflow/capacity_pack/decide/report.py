@@ -453,8 +453,9 @@ def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
             why = r.get("failure_summary") or "; ".join(r["reasons"][:3]) or "-"
             verdicts = ", ".join(r["verdicts"])
             if aside := r.get("set_aside_repeats"):
-                reps = ", ".join(str(k) for k in aside)
-                verdicts += f" (client-bound repeat {reps} set aside: no server result)"
+                why = r.get("set_aside_why") or {}
+                listed = ", ".join(f"{k} {why.get(str(k), 'client-bound')}" for k in aside)
+                verdicts += f" (repeat {listed} set aside: decides nothing)"
             lines.append(
                 f"| {r['offered_rps']:g} | {_per_repeat(r, 'offered_measured_rps')} | "
                 f"{_per_repeat(r, 'achieved_rps')} | {r['status']} | {verdicts} | "

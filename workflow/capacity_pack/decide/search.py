@@ -41,15 +41,18 @@ repeats: a rate passes only when every repeat passes, so once one repeat of it h
 no further repeat can move the bracket (its report still names the class, the repeat and the
 binding metric).
 
-**Client-bound points are measured again, not bisected below.** A repeat whose load generator
-fell behind its schedule (dispatch lateness p99 over ``client.lateness_bound_ms``) measured the
-client, not the target: a rate's status is taken over its server results only
-(:func:`capacity_pack.decide.capacity.server_reports`). When the bracket's failing end has no
-server result (every repeat of it client-bound), the next round measures it again at the next
-repeat index (a ``retry`` step, a search round) instead of bisecting below it; after
-``sweep.search.client_bound_retries`` measurements beyond ``sweep.repeats`` the search stops
-and says the bracket is a lower bound. Confirmations likewise count server results: an end
-with a client-bound repeat gets another repeat index, within the same allowance.
+**A point that decides nothing is measured again, not bisected below.** A repeat whose load
+generator fell behind its schedule (client-bound: dispatch lateness p99 over
+``client.lateness_bound_ms``) measured the client, not the target; a repeat decided in run under
+another attainment gate and undecided at the pack's (superseded: the gate changed since) was
+stopped by a rule that no longer applies. A rate's status is taken over the repeats that decide
+it (:func:`capacity_pack.decide.capacity.deciding_reports`). When the bracket's failing end
+has none, the next round measures it again at the next repeat index (a ``retry`` step: a search
+round while search rounds remain, a ``retry`` round after ``max_rounds``, as a confirmation is)
+instead of bisecting below it; after ``sweep.search.extra_repeats`` measurements beyond
+``sweep.repeats`` the search goes on below it and says the bracket is a lower bound.
+Confirmations likewise count deciding repeats. So a changed gate re-decides every round from
+the points already measured, and measures only what the new decisions ask for.
 
 **Closed loop** (``search.concurrency``). A level *meets* the SLO when every class's attainment
 meets ``acceptance.class_slo_attainment_min`` in every measured repeat (the latency constraint of
@@ -86,7 +89,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.decide.capacity import meets_latency_gates, rate_status, server_reports
+from capacity_pack.decide.capacity import (
+    deciding_reports,
+    meets_latency_gates,
+    rate_status,
+    void,
+)
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import ConcurrencySearch, Pack, search_rate_bounds
@@ -122,9 +130,7 @@ class SearchInputs(BaseModel):
     concurrency: ConcurrencySearch | None = Field(description="The closed-loop search, if any.")
     max_concurrency: int | None = Field(description="Its upward bound (None: no search).")
     repeats: int = Field(ge=1)
-    client_bound_retries: int = Field(
-        default=2, ge=0, description="sweep.search.client_bound_retries."
-    )
+    extra_repeats: int = Field(default=2, ge=0, description="sweep.search.extra_repeats.")
     attainment_min: float
 
     @classmethod
@@ -142,7 +148,7 @@ class SearchInputs(BaseModel):
             concurrency=search.concurrency,
             max_concurrency=sweep.concurrency_bound,
             repeats=sweep.repeats,
-            client_bound_retries=search.client_bound_retries,
+            extra_repeats=search.extra_repeats,
             attainment_min=pack.acceptance.class_slo_attainment_min,
         )
 
@@ -200,9 +206,9 @@ def tidy(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
 
 
 def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per tested open-loop rate: its status over the repeats that are server results
-    (:func:`capacity_pack.decide.capacity.server_reports`: a client-bound repeat is set aside
-    when another is a server result), every measured repeat, and the client-bound ones."""
+    """One row per tested open-loop rate: its status over the repeats that decide it
+    (:func:`capacity_pack.decide.capacity.deciding_reports`: a client-bound or superseded
+    repeat is set aside when another decides), every measured repeat, and the void ones."""
     by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
     for r in reports:
         if r.get("mode") == "open":
@@ -210,15 +216,16 @@ def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for rate in sorted(by_rate):
         reps = sorted(by_rate[rate], key=lambda r: r["repeat"])
-        bound = [int(r["repeat"]) for r in reps if r.get("client_bound")]
+        why = {int(r["repeat"]): v for r in reps if (v := void(r))}
         rows.append(
             {
                 "offered_rps": rate,
-                "status": rate_status(server_reports(reps)),
+                "status": rate_status(deciding_reports(reps)),
                 "repeats": [int(r["repeat"]) for r in reps],
                 "verdicts": [r["verdict"] for r in reps],
-                "client_bound_repeats": bound,
-                "server_repeats": [int(r["repeat"]) for r in reps if not r.get("client_bound")],
+                "void_repeats": sorted(why),
+                "void_why": {str(k): v for k, v in why.items()},
+                "deciding_repeats": [int(r["repeat"]) for r in reps if not void(r)],
             }
         )
     return rows
@@ -388,9 +395,9 @@ def confirmation(
     retries: int = 0,
 ) -> list[dict[str, Any]]:
     """The repeats the values ``ends`` (the bracket's passing end) still need: as many new
-    repeat indices (the lowest not measured) as the value has fewer than ``repeats`` server
-    results, within ``repeats + retries`` measurements of it (a client-bound repeat is no
-    server result)."""
+    repeat indices (the lowest not measured) as the value has fewer than ``repeats`` deciding
+    repeats, within ``repeats + retries`` measurements of it (a client-bound or superseded
+    repeat decides nothing)."""
     out = []
     for value in ends:
         if value is None:
@@ -403,35 +410,43 @@ def confirmation(
 
 
 def _new_repeats(row: dict[str, Any], repeats: int, retries: int) -> list[int]:
-    have = len(row.get("server_repeats", row["repeats"]))
+    have = len(row.get("deciding_repeats", row["repeats"]))
     room = repeats + retries - len(row["repeats"])
     want = min(max(0, repeats - have), max(0, room))
     fresh = (k for k in range(repeats + retries) if k not in row["repeats"])
     return [next(fresh) for _ in range(want)]
 
 
-def client_bound_retry(
-    rows: Sequence[dict[str, Any]], fail_rps: float | None, repeats: int, retries: int
+def void_retry(
+    rows: Sequence[dict[str, Any]], fail_rps: float | None, repeats: int, extra: int
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """(the retry, why): when the bracket's failing end has no server result (every repeat
-    client-bound), it is measured again at the next repeat index, within ``repeats + retries``
-    measurements, rather than taken as not passing; nothing otherwise."""
+    """(the retry, why): when the bracket's failing end has no repeat that decides it (each
+    client-bound, or superseded by a changed gate), it is measured again at the next repeat
+    index, within ``repeats + extra`` measurements, rather than taken as not passing."""
     if fail_rps is None:
         return [], None
     row = next(r for r in rows if r["offered_rps"] == fail_rps)
-    if row["server_repeats"] or not row["client_bound_repeats"]:
+    if row["deciding_repeats"] or not row["void_repeats"]:
         return [], None
-    fresh = [k for k in range(repeats + retries) if k not in row["repeats"]]
+    fresh = [k for k in range(repeats + extra) if k not in row["repeats"]]
     n = len(row["repeats"])
+    kinds = sorted(set(row["void_why"].values()))
     if not fresh:
         return [], (
-            f"{fail_rps:g} RPS was client-bound in all {n} measurements the search may spend "
-            "on it: the bracket is a lower bound"
+            f"{fail_rps:g} RPS decided nothing ({' or '.join(kinds)}) in all {n} measurements "
+            "the search may spend on it: the bracket is a lower bound"
         )
+    listed = ", ".join(f"{k} {row['void_why'][str(k)]}" for k in row["void_repeats"])
     why = (
-        f"{fail_rps:g} RPS was client-bound (repeat{'s' if n > 1 else ''} "
-        f"{', '.join(map(str, row['client_bound_repeats']))}: the client fell behind its "
-        "schedule, no server result): measured again"
+        f"{fail_rps:g} RPS decided nothing (repeat {listed}: "
+        + (
+            "the client fell behind its schedule, no server result"
+            if kinds == ["client-bound"]
+            else "no server result, or stopped in run under another gate and undecided at this one"
+            if len(kinds) > 1
+            else "stopped in run under another gate and undecided at this one"
+        )
+        + "): measured again"
     )
     return [{"offered_rps": fail_rps, "repeats": [fresh[0]]}], why
 
@@ -475,8 +490,8 @@ def decide_round(
     else:
         step, direction, why = rate_step(rates, inputs, first or [r["offered_rps"] for r in rates])
         low, high = bracket(rates, "offered_rps")
-        retries = inputs.client_bound_retries
-        retry, why_retry = client_bound_retry(rates, high, inputs.repeats, retries)
+        retries = inputs.extra_repeats
+        retry, why_retry = void_retry(rates, high, inputs.repeats, retries)
         if retry:
             step, direction, why = [], "retry", why_retry
         elif why_retry:
@@ -553,16 +568,19 @@ def first_round(inputs: SearchInputs, cache_state: str) -> list[Point]:
 def _step_points(doc: dict[str, Any], loop: Loop, kind: str) -> list[Point]:
     part = doc[loop]
     cache = doc["cache_state"]
+    retries = [
+        Point(mode="open", rate_rps=item["offered_rps"], cache_state=cache, repeat=k)
+        for item in part["search"].get("retry") or []
+        for k in item["repeats"]
+    ]
+    if kind == "retry":
+        return retries
     if kind == "search":
         if loop == "open":
             return [
                 Point(mode="open", rate_rps=r, cache_state=cache, repeat=0)
                 for r in part["search"]["rates"]
-            ] + [
-                Point(mode="open", rate_rps=item["offered_rps"], cache_state=cache, repeat=k)
-                for item in part["search"].get("retry") or []
-                for k in item["repeats"]
-            ]
+            ] + retries
         return [
             Point(mode="closed", concurrency=c, cache_state=cache, repeat=0)
             for c in part["search"]["levels"]
@@ -591,8 +609,8 @@ def plan_rounds(
 ) -> list[dict[str, Any]]:
     """The plans of rounds 1..n from round files 1..len(docs) (in order): round 1's, then one
     per file while the search goes on, each ``{"round", "kinds": {loop: kind}, "points"}``
-    (kind ``search``, ``confirm`` or None). ``len(plans) == len(docs)``: the search is done;
-    ``len(docs) + 1``: round len(docs)+1 is to measure ``plans[-1]["points"]``."""
+    (kind ``search``, ``retry``, ``confirm`` or None). ``len(plans) == len(docs)``: the search
+    is done; ``len(docs) + 1``: round len(docs)+1 is to measure ``plans[-1]["points"]``."""
     kinds: dict[str, str | None] = {
         "open": "search" if inputs.initial_rps else None,
         "closed": "search" if inputs.concurrency is not None else None,
@@ -621,6 +639,10 @@ def _kind(part: dict[str, Any], loop: Loop, may_search: bool) -> str | None:
     step = part["search"]
     if may_search and (step.get("rates" if loop == "open" else "levels") or step.get("retry")):
         return "search"
+    if step.get("retry"):
+        # Past max_rounds a rate that decided nothing is still measured again (as a
+        # confirmation is): it refines nothing, it stands in for a measurement.
+        return "retry"
     return "confirm" if part.get("confirm") else None
 
 

@@ -31,6 +31,14 @@ it), whatever its sample size; else ``inconclusive`` when a class is under-sampl
 trend is undecided; else ``fail`` when a gate fails; else
 ``marginal`` when a gate holds on the point estimate only (a class's attainment interval reaches
 under its threshold); else ``pass``. ``verdict_reasons`` says why, in the gates' own words.
+
+A point decided in run under another attainment gate or confidence than the one it is analyzed
+at (the pack's gate changed since it was measured: a new gate re-analyzes, it does not
+re-measure) keeps its data and its verdict at the new gate: the confidence sequence holds at
+any stopping time, whatever rule stopped the run. When that verdict is neither ``pass`` nor
+``fail`` the point was stopped too early (or extended too little) to decide at the new gate:
+it is ``superseded`` (``in_run_gate`` says which gate it ran under), and the capacity
+decision and the search set it aside and measure the rate again.
 """
 
 from __future__ import annotations
@@ -175,10 +183,38 @@ def analyze_point(
     _judge(report, classes, gates, bool(sweep_summary.get("shards")))
     in_run = sweep_summary.get("sequential") or {}
     report["in_run_decision"] = in_run.get("decision")
+    report["in_run_gate"] = in_run_gate(in_run, gates["class_slo_attainment_min"], confidence)
     if in_run.get("decision") == "futile":
         # Not shown to pass, whatever the data's own verdict: say the sweep gave up on it.
         report["verdict_reasons"].append(f"stopped in run: {in_run.get('reason')}")
+    report["superseded"] = bool(
+        report["in_run_gate"]
+        and not report["in_run_gate"]["current"]
+        and report["verdict"] not in ("pass", "fail")
+    )
+    if report["superseded"]:
+        g = report["in_run_gate"]
+        report["verdict_reasons"].append(
+            f"stopped in run under another gate ({g['attainment_min']:g} at "
+            f"{g['confidence']:.0%}): undecided at this one ({gates['class_slo_attainment_min']:g}"
+            f" at {confidence:.0%}), so its rate is measured again"
+        )
     return report
+
+
+def in_run_gate(
+    sequential: dict[str, Any], attainment_min: float, confidence: float
+) -> dict[str, Any] | None:
+    """The gate the point's in-run decision stopped or extended it by, and whether it is the
+    one the point is analyzed at (None: no in-run decision)."""
+    if not sequential or sequential.get("gate") is None:
+        return None
+    gate, conf = float(sequential["gate"]), float(sequential["confidence"])
+    return {
+        "attainment_min": gate,
+        "confidence": conf,
+        "current": abs(gate - attainment_min) < 1e-12 and abs(conf - confidence) < 1e-12,
+    }
 
 
 def _extend_class(

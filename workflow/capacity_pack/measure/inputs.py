@@ -3,10 +3,13 @@
 :class:`SweepInputs` is exactly the manifest content a measurement reads (target, model, client,
 request shape, prompts, the sample gate that drives extension blocks, and the attainment gate
 and confidence the in-run decision judges by, with the class cutoffs of the schedule's
-workload, for the open-loop rate points it applies to); the sweep rule passes it in its params,
-so a changed timeout or target re-measures every point and a changed attainment gate or
-confidence those open-loop points, while a changed error-rate or utilization threshold
-re-measures nothing. A
+workload, for the open-loop rate points it applies to); the sweep rule passes it in its
+params, so a changed timeout or target re-measures every point and a changed error-rate or
+utilization threshold nothing. In a searching pack the params hold it less the attainment
+gate (:meth:`SweepInputs.without_gate`), which the job reads from the invocation's config
+instead (the pack's ``acceptance``): a changed attainment gate or confidence
+re-analyzes and re-decides, and the search measures only what the new decisions ask for; in a
+fixed grid it re-measures the open-loop rate points. A
 sharded point's shard processes and a failure drill read the same inputs: :func:`load_settings`
 turns them into one run's :class:`~capacity_pack.measure.settings.LoadSettings`,
 :func:`sequential_settings` into its in-run decision (open-loop rate points on one client
@@ -27,6 +30,7 @@ from capacity_pack.io import canonical_json
 from capacity_pack.measure.sequential import MIN_LOOK_SAMPLES, SequentialSettings
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.plan.manifest import (
+    Acceptance,
     Client,
     Engine,
     Model,
@@ -47,6 +51,17 @@ class AttainmentGate(BaseModel):
 
     class_slo_attainment_min: float = Field(gt=0, le=1)
     attainment_confidence: float = Field(ge=0.5, le=0.999)
+
+    @classmethod
+    def of(cls, pack: Pack) -> AttainmentGate:
+        return cls.of_acceptance(pack.acceptance)
+
+    @classmethod
+    def of_acceptance(cls, acceptance: Acceptance) -> AttainmentGate:
+        return cls(
+            class_slo_attainment_min=acceptance.class_slo_attainment_min,
+            attainment_confidence=acceptance.attainment_confidence,
+        )
 
 
 class SweepInputs(BaseModel):
@@ -97,10 +112,19 @@ class SweepInputs(BaseModel):
         every shard's counts at once), so only their measurements follow a changed gate."""
         if point.mode != "open" or pack.client.shards > 1:
             return None
-        return AttainmentGate(
-            class_slo_attainment_min=pack.acceptance.class_slo_attainment_min,
-            attainment_confidence=pack.acceptance.attainment_confidence,
-        )
+        return AttainmentGate.of(pack)
+
+    def without_gate(self) -> SweepInputs:
+        """These inputs less the in-run decision's gate: what a searching pack's sweep rule
+        params hold. The pipeline hands the gate over apart (:meth:`with_gate`, from the
+        invocation's config), so a changed gate re-measures no point: the confidence
+        sequence is valid at any stopping time, so a point measured under one gate is
+        evidence at another, and a changed gate re-analyzes (capacity_pack.evidence.analysis:
+        ``superseded``)."""
+        return self.model_copy(update={"attainment": None})
+
+    def with_gate(self, gate: AttainmentGate | None) -> SweepInputs:
+        return self.model_copy(update={"attainment": gate})
 
     def canonical_json(self) -> str:
         data = self.model_dump(mode="json")

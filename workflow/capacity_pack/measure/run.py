@@ -43,7 +43,8 @@ up to ``maximum_duration_s``; every block is built, requests and all, ahead of i
 and never by the loop: before the clock up to the minimum duration and two build leads
 (``BUILD_AHEAD_S``), then by a worker thread a lead ahead of the clock
 (:class:`capacity_pack.measure.arrivals.BlocksAhead`), so appending one costs the loop
-nothing and a point decided early pays only for the blocks it could have used. Closed-loop extension blocks run after the previous block has ended, as before.
+nothing and a point decided early pays only for the blocks it could have used. Closed-loop
+extension blocks run after the previous block has ended, as before.
 
 The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
 and its own CPU time from the clock's start (request building before it is not counted); when

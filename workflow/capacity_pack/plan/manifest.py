@@ -763,14 +763,15 @@ class RateSearch(_Model):
         ge=MIN_OPEN_LOOP_RPS,
         description="Bound of the upward search (default 4 x round 1's highest rate).",
     )
-    client_bound_retries: int = Field(
+    extra_repeats: int = Field(
         default=2,
         ge=0,
         le=10,
         description="Measurements beyond sweep.repeats the search may spend on an open-loop "
-        "rate whose repeats were client-bound (the load generator fell behind its schedule: "
-        "no server result): such a rate is measured again at the next repeat index instead "
-        "of being taken as not passing.",
+        "rate whose repeats decided nothing (client-bound: the load generator fell behind its "
+        "schedule; or superseded: decided in run under another attainment gate and undecided "
+        "at the pack's): such a rate is measured again at the next repeat index instead of "
+        "being taken as not passing.",
     )
     concurrency: ConcurrencySearch | None = Field(
         default=None, description="Search the closed loop too (its operating point)."

@@ -268,14 +268,14 @@ def points(pack: Pack) -> list[Point]:
 
 def searchable_point(pack: Pack, point: Point) -> bool:
     """Whether the pack's search may measure ``point``: a searched mode, a cache state and a
-    repeat of the sweep (for a rate, also one of the ``search.client_bound_retries`` beyond
+    repeat of the sweep (for a rate, also one of the ``search.extra_repeats`` beyond
     them), a rate within the search's bounds (any rate with ``initial: auto`` below an
     explicit ``max_rps``) or a level up to the closed-loop search's bound."""
     sweep, search = pack.sweep, pack.sweep.search
     if search is None or point.cache_state not in sweep.cache_states:
         return False
-    # An open-loop rate may be measured again when its repeats were client-bound.
-    retries = search.client_bound_retries if point.mode == "open" else 0
+    # An open-loop rate may be measured again when its repeats decided nothing.
+    retries = search.extra_repeats if point.mode == "open" else 0
     if not 0 <= point.repeat < sweep.repeats + retries:
         return False
     if point.mode == "open":

@@ -15,10 +15,11 @@ from typing import Any
 import pandas as pd
 
 from capacity_pack.io import write_json_atomic
-from capacity_pack.measure.inputs import SweepInputs
+from capacity_pack.measure.inputs import AttainmentGate, SweepInputs
 from capacity_pack.measure.interrupt import Interrupted
 from capacity_pack.measure.lock import LockSettings, hold_target
 from capacity_pack.measure.sweep import measure_point
+from capacity_pack.plan.manifest import Acceptance
 from capacity_pack.plan.schedule import Point
 
 
@@ -34,16 +35,21 @@ def run(
     log: logging.Logger,
     progress: bool = False,
     lock: LockSettings | Mapping[str, Any] | None = None,
+    gate: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure ``point`` on ``schedule`` (a parquet path or the frame); the records and metrics
     go beside ``records``, the summary to ``summary``, which is returned. Interrupted (SIGINT,
     SIGTERM), it writes them all the same and raises
     :class:`~capacity_pack.measure.interrupt.Interrupted` (exit status 130 or 143). ``lock``:
     whether to wait for a busy target (:class:`~capacity_pack.measure.lock.LockSettings`, or a
-    Snakemake config holding its keys)."""
+    Snakemake config holding its keys); ``gate``: the pack's ``acceptance`` section, whose
+    attainment gate and confidence the in-run decision judges by instead of the inputs' (a
+    searching pack's rule params hold none: ``SweepInputs.without_gate``)."""
     pt = Point.parse(point, cache_state, int(repeat))
     if isinstance(inputs, str):
         inputs = SweepInputs.model_validate_json(inputs)
+    if gate is not None:
+        inputs = inputs.with_gate(AttainmentGate.of_acceptance(Acceptance.model_validate(gate)))
     frame = schedule if isinstance(schedule, pd.DataFrame) else pd.read_parquet(schedule)
     pack = inputs.schedule.pack.name
     try:
