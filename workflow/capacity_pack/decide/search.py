@@ -413,8 +413,12 @@ def _new_repeats(row: dict[str, Any], repeats: int, retries: int) -> list[int]:
     have = len(row.get("deciding_repeats", row["repeats"]))
     room = repeats + retries - len(row["repeats"])
     want = min(max(0, repeats - have), max(0, room))
-    fresh = (k for k in range(repeats + retries) if k not in row["repeats"])
-    return [next(fresh) for _ in range(want)]
+    return _unused_repeats(row, repeats + retries)[:want]
+
+
+def _unused_repeats(row: dict[str, Any], limit: int) -> list[int]:
+    """The repeat indices below ``limit`` not measured yet for ``row``'s value, in order."""
+    return [k for k in range(limit) if k not in row["repeats"]]
 
 
 def void_retry(
@@ -428,7 +432,7 @@ def void_retry(
     row = next(r for r in rows if r["offered_rps"] == fail_rps)
     if row["deciding_repeats"] or not row["void_repeats"]:
         return [], None
-    fresh = [k for k in range(repeats + extra) if k not in row["repeats"]]
+    fresh = _unused_repeats(row, repeats + extra)
     n = len(row["repeats"])
     kinds = sorted(set(row["void_why"].values()))
     if not fresh:
