@@ -25,6 +25,10 @@ A job's log starts empty at every run of the job (mode ``w``): Snakemake reruns 
 after removing its outputs, so the log tells of that run only. Appending kept an earlier run's
 traceback, and any secret it held, after a later good run, and made that good run's log read
 like a failure; the history of runs is in Snakemake's main logs (``.snakemake/log/``).
+
+httpx and httpcore log at WARNING and above only: httpx writes one INFO line per request, which
+in a sweep job is one redacted line per measured request, written from the load generator's
+event loop, repeating what the request records already hold.
 """
 
 from __future__ import annotations
@@ -153,6 +157,9 @@ def redact_console() -> None:
     install_excepthooks()
 
 
+QUIET_LIBRARIES = ("httpx", "httpcore")
+
+
 @contextlib.contextmanager
 def job_logging(path: str | Path, name: str = "capacity_pack") -> Iterator[logging.Logger]:
     """Send the job's logging, standard error and failure to ``path`` (emptied first), redacted;
@@ -165,6 +172,8 @@ def job_logging(path: str | Path, name: str = "capacity_pack") -> Iterator[loggi
         root = logging.getLogger()
         root.addHandler(handler)
         root.setLevel(logging.INFO)
+        for chatty in QUIET_LIBRARIES:
+            logging.getLogger(chatty).setLevel(logging.WARNING)
         old_stderr, old_stdout = sys.stderr, sys.stdout
         err, out = RedactingWriter(fh), RedactingWriter(old_stdout)
         sys.stderr, sys.stdout = err, out

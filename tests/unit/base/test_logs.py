@@ -107,3 +107,34 @@ def test_the_traceback_python_prints_for_a_job_script_is_redacted(tmp_path: Path
     assert "ValueError: cannot reach http://alice:[redacted]@127.0.0.1:9" in res.stderr
     assert "Traceback (most recent call last)" in res.stderr
     assert PASSWORD not in res.stderr + res.stdout + (tmp_path / "job.log").read_text()
+
+
+def test_a_jobs_log_holds_no_line_per_http_request(tmp_path: Path) -> None:
+    # A sweep job's requests are in its records; its log must not repeat each one.
+    import http.server
+    import threading
+
+    import httpx
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    log_path = tmp_path / "job.log"
+    try:
+        with job_logging(log_path) as log:
+            for _ in range(3):
+                assert httpx.get(f"http://127.0.0.1:{srv.server_port}/health").status_code == 200
+            log.info("measured 3 requests")
+    finally:
+        srv.shutdown()
+    text = log_path.read_text()
+    assert "measured 3 requests" in text
+    assert "HTTP Request" not in text and "/health" not in text
