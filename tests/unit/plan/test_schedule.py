@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from capacity_pack.plan import schedule as S
+from capacity_pack.plan import schedule_table as T
 from capacity_pack.plan.manifest import ManifestError, load_pack, validate_pack
 from capacity_pack.tables import TableValidationError
 from tests.paths import DEFAULT, ROOT, TUTORIAL
@@ -63,7 +64,7 @@ def test_same_manifest_and_point_give_byte_identical_files(tmp_path):
     digests = []
     for k in range(2):
         out = tmp_path / f"s{k}.parquet"
-        S.write_schedule(S.build_schedule(pack, point), pack, point, out, out.with_suffix(".json"))
+        T.write_schedule(S.build_schedule(pack, point), pack, point, out, out.with_suffix(".json"))
         digests.append(out.read_bytes())
     assert digests[0] == digests[1]
     # A fresh process (no shared RNG state) gives the same bytes too.
@@ -289,7 +290,7 @@ def test_schedule_validation_reports_every_failure():
     frame.loc[5, "input_tokens"] = 0
     frame.loc[7, "request_id"] = frame.loc[8, "request_id"]
     with pytest.raises(TableValidationError) as err:
-        S.validate_schedule(frame, pack.class_names, "sched.parquet")
+        T.validate_schedule(frame, pack.class_names, "sched.parquet")
     text = str(err.value)
     assert text.startswith("sched.parquet:")
     assert "mystery" in text and "input_tokens" in text and "request_id" in text
@@ -304,7 +305,7 @@ def test_every_k6_test_type_builds_a_valid_schedule(tmp_path):
             continue
         frame = S.build_schedule(pack, point)
         out = tmp_path / f"{point.point_id}.parquet"
-        summary = S.write_schedule(frame, pack, point, out, out.with_suffix(".json"))
+        summary = T.write_schedule(frame, pack, point, out, out.with_suffix(".json"))
         expected = summary["experiment"]["expected_requests"]
         assert summary["phase_counts"]["measure"] == max(1, round(expected))
     # The breakpoint ramp really ramps: the last fifth is much denser than the first.

@@ -43,17 +43,9 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import pandera.pandas as pa
-from pandera.typing import Series
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.io import (
-    atomic_path,
-    canonical_json,
-    file_sha256,
-    sha256_of_obj,
-    write_json_atomic,
-)
+from capacity_pack.io import canonical_json, sha256_of_obj
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import (
     Client,
@@ -67,7 +59,6 @@ from capacity_pack.plan.manifest import (
     sample_lengths,
     stratified_counts,
 )
-from capacity_pack.tables import validate_table
 
 Mode = Literal["open", "closed", "exp"]
 PHASES = ("warmup", "measure", "extension")
@@ -752,43 +743,8 @@ def _trace_schedule(inputs: ScheduleInputs, point: Point, entropy: list[int]) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation, summary, output
+# Summary (the table's schema and writer: capacity_pack.plan.schedule_table)
 # ---------------------------------------------------------------------------------------------
-
-
-class ScheduleTable(pa.DataFrameModel):
-    """One row per scheduled request of one point."""
-
-    request_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
-    seq: Series[np.int64] = pa.Field(ge=0, unique=True)
-    block: Series[np.int64] = pa.Field(ge=0)
-    phase: Series[str] = pa.Field(isin=list(PHASES))
-    class_: Series[str] = pa.Field(alias="class")
-    input_tokens: Series[np.int64] = pa.Field(gt=0)
-    output_tokens: Series[np.int64] = pa.Field(gt=0)
-    scheduled_offset_ns: Series[np.int64] = pa.Field(ge=0)
-    prefix_id: Series[np.int32] = pa.Field(ge=-1)
-    prefix_tokens: Series[np.int32] = pa.Field(ge=0)
-    prompt_seed: Series[np.int64] = pa.Field(ge=0)
-    cancel_after_ns: Series[np.int64] = pa.Field(ge=-1)
-
-    class Config:
-        strict = True
-        coerce = True
-
-    @pa.dataframe_check(error="scheduled_offset_ns must be non-decreasing in schedule order")
-    def offsets_non_decreasing(cls, df: pd.DataFrame) -> pd.Series:
-        return df["scheduled_offset_ns"].diff().fillna(0) >= 0
-
-    @pa.dataframe_check(error="a shared prefix must be shorter than its prompt")
-    def prefix_shorter_than_prompt(cls, df: pd.DataFrame) -> pd.Series:
-        return df["prefix_tokens"] < df["input_tokens"]
-
-
-def validate_schedule(frame: pd.DataFrame, class_names: list[str], source: str) -> pd.DataFrame:
-    """Validate lazily against :class:`ScheduleTable` plus the pack's class names."""
-    schema = ScheduleTable.to_schema().update_column("class", checks=[pa.Check.isin(class_names)])
-    return validate_table(frame, schema, source)
 
 
 def summarize(frame: pd.DataFrame, inputs: ScheduleInputs, point: Point) -> dict[str, Any]:
@@ -845,28 +801,6 @@ def summarize(frame: pd.DataFrame, inputs: ScheduleInputs, point: Point) -> dict
         summary["distinct_prefixes_used"] = int(
             frame.loc[frame["prefix_id"] >= 0, "prefix_id"].nunique()
         )
-    return summary
-
-
-def write_schedule(
-    frame: pd.DataFrame,
-    source: Pack | ScheduleInputs,
-    point: Point,
-    parquet_path: str | Path,
-    summary_path: str | Path,
-) -> dict[str, Any]:
-    """Validate, then write the parquet (deterministic bytes) and the JSON summary atomically."""
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    inputs = as_inputs(source, point)
-    frame = validate_schedule(frame, inputs.class_names, f"schedule {point.key}")
-    table = pyarrow.Table.from_pandas(frame, preserve_index=False)
-    with atomic_path(parquet_path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-    summary = summarize(frame, inputs, point)
-    summary["schedule_sha256"] = file_sha256(parquet_path)
-    write_json_atomic(summary_path, summary)
     return summary
 
 

@@ -6,7 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, write_schedule
+from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule
+from capacity_pack.plan.schedule_table import write_schedule
 
 
 def run(
