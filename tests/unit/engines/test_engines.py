@@ -377,6 +377,25 @@ def test_signals_sum_over_labels_and_count_one_name_per_signal():
     assert parse_metrics(tgi_text) == {"queue_depth": 1.0}
 
 
+def test_llamacpp_prefix_cache_hits_from_a_recorded_exposition_of_its_build():
+    # llama-server b1-0c1e570 (the real-engine pack's build) counts the prompt tokens it took
+    # from a slot's cache and, apart, those it computed: queries = hits + misses.
+    from capacity_pack.engines.registry import metric_map
+    from capacity_pack.engines.signals import read_signals
+    from tests.paths import DATA
+
+    text = (DATA / "engines" / "llamacpp-b1-0c1e570.metrics.txt").read_text()
+    signals = parse_metrics(text)
+    assert signals["prefix_cache_hits"] == 21 and signals["prefix_cache_misses"] == 23
+    assert signals["prefix_cache_queries"] == 44 and signals["prompt_tokens"] == 23
+    emap = metric_map("llamacpp")
+    assert emap is not None and emap.prefix_hits == "llamacpp:prompt_tokens_cached_total"
+    values, missing = read_signals(text, emap, map_name="llamacpp", url="http://127.0.0.1:1")
+    assert values["prefix_cache_queries"] == 44 and values["prefix_cache_hits"] == 21
+    # This build has no KV gauge (it left /metrics in 2025); the hits are no longer missing.
+    assert [m.split(":")[0] for m in missing] == ["kv_usage"]
+
+
 def test_strict_reading_checks_histograms():
     ok = (
         'h_bucket{le="0.1",a="x"} 1\nh_bucket{le="+Inf",a="x"} 3\nh_count{a="x"} 3\n'

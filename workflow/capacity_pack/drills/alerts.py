@@ -391,11 +391,17 @@ def cold_replica(r: RuleFile) -> None:
             f"{agg('sum', rl, rate(m.prefix_queries, w))}"
         )
         fleet = f"sum({rate(m.prefix_hits, w)}) / sum({rate(m.prefix_queries, w)})"
+    elif m.prefix_hits is not None and m.prefix_misses is not None:
+        # llama.cpp counts the prompt tokens it computed, not the ones it looked up.
+        hits, misses = rate(m.prefix_hits, w), rate(m.prefix_misses, w)
+        per_hits = agg("sum", rl, hits)
+        per = f"{per_hits} / ({per_hits} + {agg('sum', rl, misses)})"
+        fleet = f"sum({hits}) / (sum({hits}) + sum({misses}))"
     elif m.prefix_hit_rate is not None:
         per = agg("avg", rl, f"avg_over_time({m.prefix_hit_rate}[{w}])")
         fleet = f"avg(avg_over_time({m.prefix_hit_rate}[{w}]))"
     else:
-        r.skip("ColdReplica", "cold_start", "no prefix-cache hit/query counters or hit-rate gauge")
+        r.skip("ColdReplica", "cold_start", "no prefix-cache hit/query (or miss) counters or gauge")
         return
     if not rl:
         r.skip("ColdReplica", "cold_start", "no replica label: no per-replica hit rate to compare")

@@ -225,12 +225,18 @@ def admission(s: Scope) -> list[tuple[str, str]]:
 
 
 def hit_rate(s: Scope) -> list[tuple[str, str]]:
-    """Per replica and fleet: hits / queries of the counters, else the mean hit-rate gauge."""
+    """Per replica and fleet: hits / queries of the counters (queries = hits + misses where the
+    engine counts misses), else the mean hit-rate gauge."""
     m, rl = s.m, s.rl
     if m.prefix_hits is not None and m.prefix_queries is not None:
         hits, queries = rate(s.es(m.prefix_hits), RATE), rate(s.es(m.prefix_queries), RATE)
         per = f"{agg('sum', rl, hits)} / {agg('sum', rl, queries)}"
         fleet = f"sum({hits}) / sum({queries})"
+    elif m.prefix_hits is not None and m.prefix_misses is not None:
+        hits, misses = rate(s.es(m.prefix_hits), RATE), rate(s.es(m.prefix_misses), RATE)
+        per_hits = agg("sum", rl, hits)
+        per = f"{per_hits} / ({per_hits} + {agg('sum', rl, misses)})"
+        fleet = f"sum({hits}) / (sum({hits}) + sum({misses}))"
     elif m.prefix_hit_rate is not None:
         per = agg("avg", rl, s.es(m.prefix_hit_rate))
         fleet = f"avg({s.es(m.prefix_hit_rate)})"

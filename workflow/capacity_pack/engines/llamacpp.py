@@ -7,8 +7,11 @@ when built outside a git checkout), ``total_slots`` and ``default_generation_set
 
 Metrics: a deferred request waits for a free slot, a processing one holds a slot.
 ``kv_cache_usage_ratio`` left ``/metrics`` in mid-2025 (ggml-org/llama.cpp #13660), so newer
-builds expose no KV-usage gauge and the signal reads as missing there; no build exposes
-prefix-cache hits, preemptions or latency histograms.
+builds expose no KV-usage gauge and the signal reads as missing there; none exposes preemptions
+or latency histograms. Prefix-cache hits are ``llamacpp:prompt_tokens_cached_total`` (prompt
+tokens reused from a slot's cache: in the b1-0c1e570 build the real-engine pack uses; a build
+without it reads as missing evidence) and the misses
+``llamacpp:prompt_tokens_total`` (which excludes the cached ones): queries = hits + misses.
 
 Cache (``cache_reset: llamacpp``): ``POST /slots/{id}?action=erase`` for each of ``/props``'s
 ``total_slots``, once no slot is processing (``GET /slots``; the metrics when the server runs
@@ -166,6 +169,10 @@ ENGINE = register(
             "kv_usage": ("llamacpp:kv_cache_usage_ratio",),
             "prompt_tokens": ("llamacpp:prompt_tokens_total",),
             "generation_tokens": ("llamacpp:tokens_predicted_total",),
+            # Prompt tokens taken from a slot's cache, and those computed (the counter above
+            # excludes the cached ones): queries = hits + misses (capacity_pack.engines.signals).
+            "prefix_cache_hits": ("llamacpp:prompt_tokens_cached_total",),
+            "prefix_cache_misses": ("llamacpp:prompt_tokens_total",),
         },
         metrics=EngineMetrics(
             waiting="llamacpp:requests_deferred",
@@ -173,6 +180,8 @@ ENGINE = register(
             kv_usage="llamacpp:kv_cache_usage_ratio",
             prompt_tokens="llamacpp:prompt_tokens_total",
             generation_tokens="llamacpp:tokens_predicted_total",
+            prefix_hits="llamacpp:prompt_tokens_cached_total",
+            prefix_misses="llamacpp:prompt_tokens_total",
         ),
         resets=(SlotErase(),),
         cold_evidence=slot_evidence,

@@ -56,6 +56,7 @@ SIGNALS: dict[str, str] = {
     "kv_usage": "kv_usage",
     "prefix_cache_hits": "prefix_hits",
     "prefix_cache_queries": "prefix_queries",
+    "prefix_cache_misses": "prefix_misses",
     "prefix_cache_hit_rate": "prefix_hit_rate",
 }
 
@@ -73,10 +74,17 @@ class EngineMetrics(BaseModel):
     running: str | None = Field(default=None, description="Gauge: requests in the running batch.")
     kv_usage: str | None = Field(default=None, description="Gauge: KV-cache usage, 0..1.")
     prefix_hits: str | None = Field(
-        default=None, description="Counter: prefix-cache hits (tokens), paired with prefix_queries."
+        default=None,
+        description="Counter: prefix-cache hits (tokens), paired with prefix_queries or "
+        "prefix_misses.",
     )
     prefix_queries: str | None = Field(
         default=None, description="Counter: prefix-cache queries (tokens), paired with prefix_hits."
+    )
+    prefix_misses: str | None = Field(
+        default=None,
+        description="Counter: prompt tokens computed, not taken from the prefix cache, paired with "
+        "prefix_hits where the engine counts no queries (llama.cpp): queries = hits + misses.",
     )
     prefix_hit_rate: str | None = Field(
         default=None, description="Gauge: prefix-cache hit rate 0..1, when no counters exist."
@@ -130,8 +138,11 @@ class EngineMetrics(BaseModel):
             self.finish_reason_label is None or self.abort_reason is None
         ):
             raise ValueError("request_success needs finish_reason_label and abort_reason")
-        if (self.prefix_hits is None) != (self.prefix_queries is None):
-            raise ValueError("prefix_hits and prefix_queries come as a pair")
+        pairs = (self.prefix_queries is not None) + (self.prefix_misses is not None)
+        if (self.prefix_hits is not None and pairs != 1) or (self.prefix_hits is None and pairs):
+            raise ValueError(
+                "prefix_hits comes with exactly one of prefix_queries and prefix_misses"
+            )
         for name in ("ttft_buckets", "itl_buckets"):
             bounds = getattr(self, name)
             if bounds is not None and (

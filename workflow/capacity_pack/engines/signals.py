@@ -12,6 +12,11 @@ The names come from the registered engines (each module's ``signals``;
   does not expose or the scrape lacks, as a sentence of missing evidence; nothing is estimated
   in its place. A signal the map names is also read under the older names the same engine's
   module lists (vLLM's ``gpu_cache_usage_perc`` before ``kv_cache_usage_perc``).
+
+Prefix-cache queries (prompt tokens looked up) are read as such where the engine counts them
+(vLLM, the simulator); llama.cpp counts the hits (``llamacpp:prompt_tokens_cached_total``) and
+the prompt tokens it computed (``llamacpp:prompt_tokens_total``, excluding the cached ones), so
+there ``prefix_cache_queries`` = hits + misses (:func:`with_queries`).
 """
 
 from __future__ import annotations
@@ -32,11 +37,22 @@ def _first_present(names: dict[str, tuple[str, ...]], sums: dict[str, float]) ->
     return values
 
 
+def with_queries(values: dict[str, float]) -> dict[str, float]:
+    """``values`` with ``prefix_cache_queries`` = hits + misses where the engine counts misses
+    instead of queries."""
+    if "prefix_cache_queries" not in values and {
+        "prefix_cache_hits",
+        "prefix_cache_misses",
+    } <= set(values):
+        values["prefix_cache_queries"] = values["prefix_cache_hits"] + values["prefix_cache_misses"]
+    return values
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Canonical signals from Prometheus text, summed over label sets; tolerant of any engine."""
     names = dict(metric_names())
     sums = sample_sums(text, _all_names(names))
-    return _first_present(names, sums)
+    return with_queries(_first_present(names, sums))
 
 
 def _all_names(names: dict[str, tuple[str, ...]]) -> frozenset[str]:
@@ -60,7 +76,7 @@ def read_signals(
             if prefix is not None and n.startswith(prefix.group()) and n != primary
         ]
         names[signal] = (primary, *older)
-    values = _first_present(names, sample_sums(text, _all_names(names)))
+    values = with_queries(_first_present(names, sample_sums(text, _all_names(names))))
     missing = []
     for signal in ("queue_depth", "running", "kv_usage"):
         if signal in values:
