@@ -203,6 +203,10 @@ def test_mlflow_holds_parent_and_child_runs(ran):
         elif tags["capacity_pack.stage"] == "analysis":
             assert "interactive.attainment" in child.data.metrics
             assert tags["capacity_pack.verdict"] in {"pass", "marginal", "fail", "inconclusive"}
+            # The gate metric means what the verdict says (a marginal point is no pass).
+            passed = child.data.metrics["verdict_pass"]
+            assert passed == float(tags["capacity_pack.verdict"] == "pass")
+            assert passed <= child.data.metrics["point_estimate_gates_pass"]
         else:
             assert child.data.metrics["requests_recorded"] > 0
             assert "server_prefix_hit_rate" in child.data.metrics

@@ -181,6 +181,7 @@ def analyze_point(
         percentile_method="nearest_rank",
     )
     _judge(report, classes, gates, bool(sweep_summary.get("shards")))
+    report["verdict_pass"] = report["verdict"] == "pass"
     in_run = sweep_summary.get("sequential") or {}
     report["in_run_decision"] = in_run.get("decision")
     report["in_run_gate"] = in_run_gate(in_run, gates["class_slo_attainment_min"], confidence)
@@ -267,14 +268,18 @@ def _extend_class(
 
 
 def _judge(report: dict[str, Any], classes: list[ClassSpec], gates: Gates, sharded: bool) -> None:
-    """The optional gates' result, gate_pass, the verdict, its reasons and the notes."""
+    """The optional gates' result, point_estimate_gates_pass, the verdict, ``verdict_pass``, its
+    reasons and the notes."""
     entries = [report["classes"][c.name] for c in classes]
     optional = [g for g in gates.active("class") if g.optional]
     report["optional_gates_pass"] = (
         all(e[g.passes_key] for g in optional for e in entries) if optional else None
     )
     gate = report["capacity_gate_pass"] and (report["optional_gates_pass"] is not False)
-    report["gate_pass"] = bool(gate)
+    # Every gate on its point estimate (the seed analyzer's capacity_gate_pass, plus the
+    # optional gates): necessary for a pass, not sufficient; the verdict also asks the
+    # confidence sequence and the evidence (docs/metrics.md, "Point statistics").
+    report["point_estimate_gates_pass"] = bool(gate)
     marginal = [
         msg
         for c, e in zip(classes, entries, strict=True)
@@ -363,7 +368,8 @@ def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
         "request_throughput_rps": summary["request_throughput_rps"],
         "output_throughput_tps": summary["output_throughput_tps"],
         "measured_window_s": summary["measured_window_s"],
-        "gate_pass": float(summary["gate_pass"]),
+        "verdict_pass": float(summary["verdict_pass"]),
+        "point_estimate_gates_pass": float(summary["point_estimate_gates_pass"]),
         "queue_trend_flat": float(summary["queue_trend"] == "flat"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "little_relative_gap": summary["littles_law"].get("relative_gap"),
