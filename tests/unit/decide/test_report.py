@@ -1,5 +1,6 @@
 """The pack README states the capacity as a bracket, the achieved rates and the closed-loop
-operating point's status; the throughput plot draws the bracket."""
+operating point's status; the throughput plot draws the bracket; the time-series plot draws
+only the signals the engine exposes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from capacity_pack.decide.capacity import build_capacity, build_plan  # noqa: E4
 from capacity_pack.decide.report import (  # noqa: E402
     bracket_sentence,
     plot_throughput,
+    plot_timeseries,
     render_readme,
 )
 from capacity_pack.plan.manifest import freeze, load_pack  # noqa: E402
@@ -107,3 +109,42 @@ def test_the_throughput_plot_draws_the_bracket(tmp_path, monkeypatch):
     path = tmp_path / "throughput.png"
     plot_throughput(sel, path)
     assert spans == [(34.0, 36.0)] and path.stat().st_size > 10_000
+
+
+def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path, monkeypatch):
+    import matplotlib.figure
+    import pandas as pd
+
+    seen: dict[str, object] = {}
+    legend, suptitle = matplotlib.figure.Figure.legend, matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "legend",
+        lambda self, handles, labels, **kw: (
+            seen.update(labels=labels) or legend(self, handles, labels, **kw)
+        ),
+    )
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "suptitle",
+        lambda self, t, **kw: seen.update(title=t) or suptitle(self, t, **kw),
+    )
+
+    def scrape(metrics):  # like llama.cpp: queue and running, no KV gauge
+        return pd.DataFrame(
+            [
+                {"source": "server", "metric": m, "t_offset_ns": t * 10**9, "value": float(t)}
+                for m in metrics
+                for t in range(5)
+            ]
+        )
+
+    path = tmp_path / "timeseries.png"
+    missing = plot_timeseries({"open-r2/cold/rep0": scrape(["queue_depth", "running"])}, path)
+    assert missing == ["KV usage 0..1"] and path.stat().st_size > 5_000
+    assert seen["labels"] == ["queue depth (left axis)", "running requests (left axis)"]
+    assert "not exposed by this engine, not drawn: KV usage 0..1" in str(seen["title"])
+    everything = scrape(["queue_depth", "running", "kv_usage"])
+    assert plot_timeseries({"open-r2/cold/rep0": everything}, path) == []
+    assert seen["labels"][-1] == "KV usage 0..1 (right axis)"
+    assert "not exposed" not in str(seen["title"])

@@ -13,7 +13,8 @@ Plots (matplotlib, PNG, cold and warm side by side):
 - ``attainment.png``: per-class joint attainment with its confidence interval, and the gate;
 - ``latency.png``: P95 TTFT and P95 TPOT per class against their cutoffs;
 - ``closed_loop.png``: the latency-throughput curve with the chosen operating point;
-- ``timeseries.png``: queue depth and KV usage over time, one panel per open-loop point.
+- ``timeseries.png``: queue depth, running requests and KV usage over time, one panel per
+  open-loop point (a signal the engine does not expose is not drawn; the title names it).
 """
 
 from __future__ import annotations
@@ -176,8 +177,25 @@ def plot_closed_loop(curves: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> None:
+#: The server signals the time-series plot draws: metric, label, axis, colour.
+TIMESERIES = (
+    ("queue_depth", "queue depth", "left", "tab:red"),
+    ("running", "running requests", "left", "tab:blue"),
+    ("kv_usage", "KV usage 0..1", "right", "tab:green"),
+)
+
+
+def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> list[str]:
+    """The server signals of :data:`TIMESERIES` over time, one panel per open-loop point.
+
+    A signal that no point's scrape holds (an engine without a KV gauge, such as llama.cpp) is
+    not drawn: no empty line in the legend. The title names it; its label is returned."""
     plt = _plt()
+    present = {
+        m for s in series.values() for m in s.loc[s["source"] == "server", "metric"].unique()
+    }
+    drawn = [t for t in TIMESERIES if t[0] in present]
+    missing = [label for metric, label, _, _ in TIMESERIES if metric not in present]
     keys = sorted(series)
     cols = min(3, max(1, len(keys)))
     rows = max(1, (len(keys) + cols - 1) // cols)
@@ -185,23 +203,29 @@ def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> None:
     for ax, key in zip(axes.flat, keys, strict=False):
         s = series[key]
         srv = s[s["source"] == "server"]
-        q = srv[srv["metric"] == "queue_depth"]
-        kv = srv[srv["metric"] == "kv_usage"]
-        ax.plot(q["t_offset_ns"] / 1e9, q["value"], color="tab:red", label="queue depth")
-        ax2 = ax.twinx()
-        ax2.plot(kv["t_offset_ns"] / 1e9, kv["value"], color="tab:green", label="KV usage")
-        ax2.set_ylim(0, 1.05)
+        right = ax.twinx() if any(axis == "right" for _, _, axis, _ in drawn) else None
+        for metric, label, axis, color in drawn:
+            m = srv[srv["metric"] == metric]
+            on = right if axis == "right" and right is not None else ax
+            on.plot(m["t_offset_ns"] / 1e9, m["value"], color=color, label=label)
+        if right is not None:
+            right.set_ylim(0, 1.05)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("s")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], color="tab:red"), plt.Line2D([], [], color="tab:green")]
-    labels = ["queue depth (left axis)", "KV usage 0..1 (right axis)"]
-    fig.legend(handles, labels, loc="lower center", ncol=2)
-    fig.suptitle("Queue depth and KV usage over time, open-loop points")
-    fig.subplots_adjust(hspace=0.55, wspace=0.35)
+    handles = [plt.Line2D([], [], color=color) for _, _, _, color in drawn]
+    labels = [f"{label} ({axis} axis)" for _, label, axis, _ in drawn]
+    fig.legend(handles, labels, loc="lower center", ncol=max(1, len(drawn)))
+    title = "Server signals over time, open-loop points"
+    if missing:
+        title += f"\nnot exposed by this engine, not drawn: {', '.join(missing)}"
+    fig.suptitle(title)
+    # A second title line needs the room above the top row's panel titles.
+    fig.subplots_adjust(hspace=0.55, wspace=0.35, top=0.84 if missing else 0.9)
     _save(fig, path)
+    return missing
 
 
 def write_pack(
