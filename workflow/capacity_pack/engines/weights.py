@@ -17,13 +17,12 @@ size and modification time (``$XDG_CACHE_HOME/capacity-pack/weights-sha256.json`
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from pathlib import Path
 
-#: Read size for hashing: large enough that Python's per-call cost vanishes.
-CHUNK_BYTES = 8 << 20
+from capacity_pack.io import file_sha256 as sha256_of_file
+from capacity_pack.io import write_json_atomic
 
 
 def cache_path() -> Path:
@@ -47,14 +46,10 @@ def file_sha256(path: str | Path) -> str | None:
     cache = _read_cache()
     if key in cache:
         return cache[key]
-    digest = hashlib.sha256()
     try:
-        with resolved.open("rb") as fh:
-            while chunk := fh.read(CHUNK_BYTES):
-                digest.update(chunk)
+        value = sha256_of_file(resolved)
     except OSError:
         return None
-    value = digest.hexdigest()
     # Entries of other versions of the same file are dropped: they can never match again.
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{resolved}|")}
     cache[key] = value
@@ -84,6 +79,4 @@ def _write_cache(cache: dict[str, str]) -> None:
     path = cache_path()
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=0, sort_keys=True))
-        tmp.replace(path)
+        write_json_atomic(path, cache)
