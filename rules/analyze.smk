@@ -1,5 +1,6 @@
 rule analyze:
     """Per-class SLO report of one point: the acceptance gates plus CIs, trend, Little's Law."""
+    priority: CHAIN_PRIORITY
     input:
         requests=stage_output("normalize", "requests"),
         chunks=stage_output("normalize", "chunks"),

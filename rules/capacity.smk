@@ -1,5 +1,6 @@
 rule capacity:
     """Capacity per cache state across repeats, the closed-loop operating point, the plan."""
+    priority: CHAIN_PRIORITY
     input:
         # Functions: with sweep.search, the searched points are known only round by round.
         reports=lambda w: report_targets(),

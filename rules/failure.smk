@@ -18,6 +18,7 @@ rule dashboard:
 
 rule failure_drill:
     """Run one failure drill at the capacity point: inject, scrape, record every request."""
+    priority: CHAIN_PRIORITY
     input:
         capacity=stage_output("capacity", "capacity"),
         reports=lambda w: open_report_targets(),

@@ -1,5 +1,6 @@
 rule normalize:
     """Validate and reconcile one point's records into requests/chunks/metrics tables."""
+    priority: CHAIN_PRIORITY
     input:
         **stage_outputs("sweep"),
         schedule=stage_output("schedule", "schedule"),

@@ -1,5 +1,6 @@
 rule schedule:
     """Seeded arrival schedule of one point (rate or concurrency x cache state x repeat)."""
+    priority: CHAIN_PRIORITY
     output:
         **stage_outputs("schedule"),
     params:

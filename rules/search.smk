@@ -12,6 +12,7 @@
 # max_rounds: raising it leaves every round file as it is and only adds rounds.
 checkpoint search_round:
     """One round of a cache state's SLO-boundary search: the bracket so far, the next round."""
+    priority: CHAIN_PRIORITY
     input:
         reports=search_round_reports,
         rounds=earlier_round_files,
@@ -34,6 +35,7 @@ checkpoint search_round:
 
 rule search:
     """A cache state's finished search: each round's points and kind, why it stopped, the bracket."""
+    priority: CHAIN_PRIORITY
     input:
         # The last round's file needs every point's report: requesting the rounds measures all.
         rounds=search_round_files,

@@ -1,5 +1,6 @@
 rule sweep:
     """Measure one point against the target; every attempted request is recorded."""
+    priority: CHAIN_PRIORITY
     input:
         schedule=stage_output("schedule", "schedule"),
     output:

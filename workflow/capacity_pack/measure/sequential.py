@@ -29,19 +29,18 @@ trials would fail a point that meets its gate.
 - no class ``fail``, but some class cannot pass by the maximum duration (**futile**, judged from
   the warm-up's end, as ``fail`` is): at the rate it has run so far it would have
   n_c' = n_c (T - w) / (t - w) requests by then (T the maximum duration, w the warm-up, t now,
-  from the
-  clock's start), and even if the n_c' - n_c still to come met the SLO at u_c, the upper end of
-  its confidence sequence now, the bound at (k_c + u_c (n_c' - n_c)) / deff_c of n_c' / deff_c
-  would not pass: the point stops, **futile** (not shown to pass). A non-binding futility bound,
-  as in group-sequential designs: it can only turn a late pass into "not shown to pass", never
-  make a pass, so the false-pass rate above is untouched; the points it saves are those near the
-  SLO boundary, which would otherwise run to the maximum duration undecided. The minimum
-  duration guards a pass (a window long enough to show the queue's behaviour) and so is not
-  waited for here: a point stopped as futile is never shown to pass. The start of a run is its
-  easiest part (an empty queue; the warm state's cache is filled before the clock), so an early
-  look sees a class at its best, not its worst. Measured on the default pack's recorded points
-  (docs/performance.md): the points found futile after the minimum duration were futile 3-6 s
-  earlier, and no point that passed would have been stopped;
+  from the clock's start), and even if the n_c' - n_c still to come met the SLO at u_c, the
+  upper end of its confidence sequence now, the bound at (k_c + u_c (n_c' - n_c)) / deff_c of
+  n_c' / deff_c would not pass: the point stops, **futile** (not shown to pass). A non-binding
+  futility bound, as in group-sequential designs: it can only turn a late pass into "not shown
+  to pass", never make a pass, so the false-pass rate above is untouched; the points it saves
+  are those near the SLO boundary, which would otherwise run to the maximum duration undecided.
+  The minimum duration guards a pass (a window long enough to show the queue's behaviour) and so
+  is not waited for here: a point stopped as futile is never shown to pass. The start of a run
+  is its easiest part (an empty queue; the warm state's cache is filled before the clock), so an
+  early look sees a class at its best, not its worst. Measured on the default pack's recorded
+  points (docs/performance.md): the points found futile after the minimum duration were futile
+  3-6 s earlier, and no point that passed would have been stopped;
 - otherwise it continues, and extends while time remains (:func:`wants_extension`).
 
 A stop ends the arrivals only: requests in flight finish and are recorded, nothing is
