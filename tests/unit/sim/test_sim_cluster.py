@@ -573,3 +573,54 @@ def test_supervisor_leaves_replicas_removed_on_purpose_dead():
         (0, "restart_scheduled"),
     ]
     assert c.events[0]["detail"] == "process dead (exit status 0)"
+
+
+def test_a_replica_command_needs_json_argv_with_a_port_placeholder():
+    from click.testing import CliRunner
+
+    from capacity_pack.sim.cli import sim
+
+    runner = CliRunner()
+    for given, expected in (
+        ("not json", "--replica-command: not JSON"),
+        ('{"a": 1}', "expected a JSON list of strings"),
+        ('["server", "--port", "8000"]', "no {port} placeholder"),
+    ):
+        res = runner.invoke(sim, ["cluster", "--replicas", "1", "--replica-command", given])
+        assert res.exit_code != 0 and expected in res.output, res.output
+    with pytest.raises(ValueError, match=r"\{port\} placeholder"):
+        Cluster(1, [], replica_command=["server"])
+
+
+def test_command_replicas_behind_the_router(tmp_path):
+    """Replicas that are any server started by a command (here the simulated engine as a plain
+    process on the router's port): routed, health-checked, killed and restarted on their port."""
+    command = [sys.executable, "-m", "capacity_pack.sim", "serve", "--model-name", "m",
+               "--host", "{host}", "--port", "{port}"]  # fmt: skip
+    with SimProcess(
+        "--replicas", "2", "--replica-command", json.dumps(command), "--health-interval-s", "0.1",
+        "--restart-after-s", "0.2", "--no-upstream-keep-alive", command="cluster",
+    ) as router:  # fmt: skip
+        h = router.control_headers
+        body = {"model": "m", "prompt": "hello there", "max_tokens": 3, "ignore_eos": True}
+        seen = set()
+        for _ in range(4):
+            r = httpx.post(f"{router.url}/v1/completions", json=body, timeout=30)
+            assert r.status_code == 200
+            seen.add(r.headers["x-sim-replica"])
+        assert seen == {"0", "1"}
+        before = httpx.get(f"{router.url}/cluster/replicas", headers=h).json()["replicas"]
+        assert httpx.post(f"{router.url}/cluster/replicas/0/kill", headers=h).status_code == 202
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            now = httpx.get(f"{router.url}/cluster/replicas", headers=h).json()["replicas"]
+            if now[0]["starts"] == 2 and now[0]["healthy"]:
+                break
+            time.sleep(0.1)
+        assert now[0]["starts"] == 2 and now[0]["healthy"], now
+        assert now[0]["port"] == before[0]["port"]  # restarted on its own port
+        events = [
+            e["event"]
+            for e in httpx.get(f"{router.url}/cluster/events", headers=h).json()["events"]
+        ]
+        assert "killed" in events and "restarted" in events

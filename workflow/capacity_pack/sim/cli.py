@@ -360,6 +360,23 @@ def serve(
     )
 
 
+def _replica_command(text: str | None) -> list[str] | None:
+    """``--replica-command``'s JSON argv, checked."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        argv = json.loads(text)
+    except ValueError as err:
+        raise _Fail(f"--replica-command: not JSON ({err})") from None
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise _Fail("--replica-command: expected a JSON list of strings (an argv)")
+    if not any("{port}" in a for a in argv):
+        raise _Fail("--replica-command: no {port} placeholder (the router picks each port)")
+    return argv
+
+
 @sim.command()
 @click.option("--replicas", type=click.IntRange(min=1), required=True, help="Replica count.")
 @click.option(
@@ -461,6 +478,33 @@ def serve(
     "before it serves; the initial replicas are taken as already running.",
 )
 @click.option(
+    "--replica-command",
+    default=None,
+    metavar="JSON",
+    help="Replicas are this command, not simulated engines: a JSON list (argv) with {port} and "
+    "optionally {host} and {tmpdir} placeholders, e.g. an llama-server line.",
+)
+@click.option(
+    "--ready-path",
+    default="/health",
+    show_default=True,
+    help="A command replica is ready (and healthy) while GET of this path answers 200.",
+)
+@click.option(
+    "--replica-startup-timeout-s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Most seconds the initial replicas may take to become healthy.",
+)
+@click.option(
+    "--upstream-keep-alive/--no-upstream-keep-alive",
+    default=True,
+    show_default=True,
+    help="Reuse connections to the replicas (off: one per request, for a server that drops "
+    "reused connections).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="warning",
@@ -489,6 +533,10 @@ def cluster(
     retries: int,
     restart_after_s: float | None,
     cold_start_s: float,
+    replica_command: str | None,
+    ready_path: str,
+    replica_startup_timeout_s: float,
+    upstream_keep_alive: bool,
     log_level: str,
     **fault_kwargs,
 ) -> None:
@@ -499,7 +547,9 @@ def cluster(
     from capacity_pack.sim.cluster import Cluster, cluster_app, parse_schedule
 
     _check_bind(host, allow_remote)
-    _load(profile)  # fail here, once, rather than in every replica
+    command = _replica_command(replica_command)
+    if command is None:
+        _load(profile)  # fail here, once, rather than in every replica
     try:
         actions = [("kill", i, t) for i, t in parse_schedule(kills, "kill", replicas)]
         actions += [("restart", i, t) for i, t in parse_schedule(restarts, "restart", replicas)]
@@ -527,7 +577,12 @@ def cluster(
         restart_after_s=restart_after_s,
         add_at_s=adds,
         cold_start_s=cold_start_s,
+        replica_command=command,
+        ready_path=ready_path,
+        upstream_keep_alive=upstream_keep_alive,
+        startup_timeout_s=replica_startup_timeout_s,
     )
+    what = f"`{command[0]}`" if command else profile
     _serve(
         cluster_app(the_cluster),
         host,
@@ -535,7 +590,7 @@ def cluster(
         port_file=port_file,
         token_file=token_file,
         allowed_hosts=allowed_hosts,
-        announce=f"capacity-pack sim cluster: {replicas} x {profile} ({policy})",
+        announce=f"capacity-pack sim cluster: {replicas} x {what} ({policy})",
         log_level=log_level,
         graceful_s=5.0,
     )

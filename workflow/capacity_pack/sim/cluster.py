@@ -67,6 +67,18 @@ and a page that finds a replica's port gets 401 there too.
 
 Replica processes die with the router (``PR_SET_PDEATHSIG`` on Linux) so that a killed router
 leaves no orphans behind.
+
+**Other engines as replicas** (``--replica-command``): the replicas need not be simulated. Given
+an argv with ``{port}`` (and optionally ``{host}``, ``{tmpdir}``) placeholders, each replica is
+that command on a free loopback port the router picks (kept across restarts) and its own
+temporary directory, ready when ``GET`` of ``ready_path`` answers 200 (llama.cpp's
+``llama-server``, vLLM, SGLang: ``/health``); its output goes to ``replica-<i>.log`` in the
+cluster's directory. Routing, admission control, retries, health checks, supervision, link
+emulation, kills, restarts and scale-out are the same; a restarted replica's load time is its
+own (``cold_start_s`` delays only simulated replicas), ``/sim/*`` has nothing to reach, and
+``/tokenize``, ``/detokenize`` and ``/props`` are relayed as the completions are (uncounted).
+``upstream_keep_alive`` False opens a connection per forwarded request, for a server that drops
+reused connections (llama-server does after a few streamed responses).
 """
 
 from __future__ import annotations
@@ -312,6 +324,9 @@ class Cluster:
         restart_after_s: float | None = None,
         add_at_s: Sequence[float] = (),
         cold_start_s: float = 0.0,
+        replica_command: Sequence[str] | None = None,
+        ready_path: str = "/health",
+        upstream_keep_alive: bool = True,
     ) -> None:
         if replicas < 1:
             raise ValueError("a cluster needs at least one replica")
@@ -329,6 +344,13 @@ class Cluster:
         self.retries = retries
         self.restart_after_s = restart_after_s
         self.cold_start_s = cold_start_s
+        self.replica_command = list(replica_command) if replica_command else None
+        if self.replica_command is not None and not any(
+            "{port}" in a for a in self.replica_command
+        ):
+            raise ValueError("a replica command needs a {port} placeholder")
+        self.ready_path = ready_path
+        self.upstream_keep_alive = upstream_keep_alive
         self._up = False  # set once the initial replicas serve: later spawns start cold
         self._tmp = tempfile.TemporaryDirectory(prefix="capacity-pack-cluster-")
         self._base = workdir or Path(self._tmp.name)
@@ -364,7 +386,10 @@ class Cluster:
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=2.0, read=None, write=10.0, pool=None),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+            limits=httpx.Limits(
+                max_connections=4096,
+                max_keepalive_connections=512 if self.upstream_keep_alive else 0,
+            ),
             trust_env=False,
         )
         try:
@@ -411,6 +436,9 @@ class Cluster:
         self._tmp.cleanup()
 
     def _spawn(self, r: Replica) -> None:
+        if self.replica_command is not None:
+            self._spawn_command(r)
+            return
         with contextlib.suppress(FileNotFoundError):
             r.port_file.unlink()
         argv = [
@@ -444,20 +472,59 @@ class Cluster:
         port = r.port if r.port else "a free port"
         self._event(r.index, "spawned", f"pid {r.proc.pid} on {port}, start {r.starts}")
 
+    def _spawn_command(self, r: Replica) -> None:
+        """Replica ``r`` as the configured command on its own port and directory."""
+        if r.port is None:
+            r.port = _free_port()
+        workdir = self._base / f"replica-{r.index}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        values = {"{port}": str(r.port), "{host}": "127.0.0.1", "{tmpdir}": str(workdir)}
+        argv = []
+        for a in self.replica_command or []:
+            for key, value in values.items():
+                a = a.replace(key, value)
+            argv.append(a)
+        with open(self.replica_log(r.index), "ab") as out:
+            r.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, TOKEN_ENV: r.token},
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        r.starts += 1
+        self._set(r, "starting", False, "restart")
+        self._event(r.index, "spawned", f"pid {r.proc.pid} on {r.port}, start {r.starts}")
+
+    def replica_log(self, index: int) -> Path:
+        """Where a command replica's output goes (appended across its restarts)."""
+        return self._base / f"replica-{index}.log"
+
+    def _log_tail(self, index: int, chars: int = 1500) -> str:
+        with contextlib.suppress(FileNotFoundError):
+            return self.replica_log(index).read_text(errors="replace")[-chars:]
+        return ""
+
     async def _await_up(self, r: Replica) -> None:
         assert r.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if r.proc.poll() is not None:
-                raise RuntimeError(f"replica {r.index} exited with status {r.proc.returncode}")
-            if r.port_file.is_file():
+                tail = self._log_tail(r.index) if self.replica_command is not None else ""
+                raise RuntimeError(
+                    f"replica {r.index} exited with status {r.proc.returncode}"
+                    + (f":\n{tail}" if tail else "")
+                )
+            if r.port is None and r.port_file.is_file():
                 text = r.port_file.read_text().strip()
                 if text:
                     r.port = int(text)
-                    ok, why = await self._check(r)
-                    if ok:
-                        self._set(r, "up", True, why)
-                        return
+            if r.port is not None:
+                ok, why = await self._check(r)
+                if ok:
+                    self._set(r, "up", True, why)
+                    return
             await asyncio.sleep(0.05)
         raise RuntimeError(
             f"replica {r.index} did not become healthy in {self.startup_timeout_s} s"
@@ -501,7 +568,7 @@ class Cluster:
                 # The probe crosses the emulated link both ways, as a completion does.
                 if r.link.latency_s:
                     await asyncio.sleep(r.link.latency_s)
-                resp = await self._client.get(f"{r.url}/health")
+                resp = await self._client.get(f"{r.url}{self.ready_path}")
                 if r.link.latency_s:
                     await asyncio.sleep(r.link.latency_s)
         except TimeoutError:
@@ -818,7 +885,8 @@ class Cluster:
             except httpx.HTTPError:
                 return None
 
-        texts = await asyncio.gather(*(scrape(r) for r in list(self.replicas)))
+        scraped = list(self.replicas)  # a replica added meanwhile is in the next scrape
+        texts = await asyncio.gather(*(scrape(r) for r in scraped))
         x = m.Exposition()
         lab = [(r, [("replica", str(r.index))]) for r in self.replicas]
         x.gauge(
@@ -887,13 +955,21 @@ class Cluster:
             [([], self.no_replica_total)],
         )
         merged: dict[str, m.MetricFamily] = {}
-        for text in texts:
+        for r, text in zip(scraped, texts, strict=True):
             if text is None:
                 continue
             try:
                 families = m.parse(text)
-            except m.ExpositionError:
+            except m.ExpositionError as err:
+                log.warning("replica %d: /metrics not merged: %s", r.index, err)
                 continue
+            if self.replica_command is not None:
+                # A simulated replica labels its series engine="i" itself (vLLM's data-parallel
+                # label); another engine's are labelled here, so replicas stay apart.
+                for fam in families.values():
+                    for sample in fam.samples:
+                        if sample.label("engine") is None:
+                            sample.labels.append(("engine", str(r.index)))
             for name, fam in families.items():
                 if name in merged:
                     merged[name].samples.extend(fam.samples)
@@ -902,6 +978,14 @@ class Cluster:
         for fam in merged.values():
             x.raw_family(fam)
         return x.text()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -1053,6 +1137,10 @@ def cluster_app(cluster: Cluster) -> Starlette:
         Route("/v1/chat/completions", cluster.proxy, methods=["POST"]),
         Route("/v1/models", cluster.proxy, methods=["GET"]),
         Route("/version", cluster.proxy, methods=["GET"]),
+        # Engine routes a load generator may need from a command replica (llama.cpp's).
+        Route("/tokenize", cluster.proxy, methods=["POST"]),
+        Route("/detokenize", cluster.proxy, methods=["POST"]),
+        Route("/props", cluster.proxy, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ping", health, methods=["GET", "POST"]),
         Route("/metrics", metrics, methods=["GET"]),

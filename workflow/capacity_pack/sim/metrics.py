@@ -219,6 +219,11 @@ def _parse_labels(text: str, lineno: int) -> list[tuple[str, str]]:
 
 
 def _family_of(sample_name: str, families: dict[str, MetricFamily]) -> MetricFamily | None:
+    # The text format (0.0.4) names a counter's sample as its family, usually ending in _total;
+    # an engine's counter without the suffix (llama.cpp's llamacpp:n_tokens_max) is one too.
+    fam = families.get(sample_name)
+    if fam is not None and fam.type in ("counter", "gauge", "untyped"):
+        return fam
     for fam in families.values():
         for suffix in _SUFFIXES.get(fam.type, ("",)):
             base = fam.name.removesuffix("_total") if fam.type == "counter" else fam.name
