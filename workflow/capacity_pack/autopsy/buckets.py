@@ -26,10 +26,11 @@ so).
 Counterfactuals, priced against the measured critical path (never spec sheets), each with its
 arithmetic, new wall clock = wall clock - saved:
 
-- (a) an accelerator ``speedup`` x faster: an open-loop point's duration is fixed by its arrival
-  schedule, so only its drain tail (last end - last due) shrinks, and a closed-loop point's
-  whole load span: saved = (1 - 1/speedup) x (drain tails on the path + closed-loop load spans
-  on the path);
+- (a) the target's processor (an accelerator, or a CPU server's CPU: ``engine.device``,
+  :mod:`capacity_pack.plan.words`) ``speedup`` x faster: an open-loop point's duration is fixed
+  by its arrival schedule, so only its drain tail (last end - last due) shrinks, and a
+  closed-loop point's whole load span: saved = (1 - 1/speedup) x (drain tails on the path +
+  closed-loop load spans on the path);
 - (b) ``budget_fraction`` of the measurement budget: saved = (1 - fraction) x measurement load
   spans on the path (a decision cost: weaker sample gates);
 - (c) ``targets`` independent targets: saved = (1 - 1/K) x the measurement jobs' work on the path
@@ -54,6 +55,7 @@ import pandas as pd
 from pydantic import Field
 
 from capacity_pack.autopsy.sources import MEASUREMENT_RULES, StrictModel
+from capacity_pack.plan.words import TargetWords
 
 DOMINANT_SHARE = 0.10
 SUM_TOLERANCE_S = 1e-6
@@ -209,20 +211,25 @@ def _sum_text(values: Iterable[float], limit: int = 6) -> str:
     return shown + (f" + ... ({len(vals)} terms)" if len(vals) > limit else "")
 
 
-def _faster_accelerator(
-    wall: float, mode: np.ndarray, tail_on_path: np.ndarray, intrinsic: np.ndarray, speedup: float
+def _faster_processor(
+    wall: float,
+    mode: np.ndarray,
+    tail_on_path: np.ndarray,
+    intrinsic: np.ndarray,
+    speedup: float,
+    words: TargetWords,
 ) -> Counterfactual:
     is_open, is_closed = mode == "open", mode == "closed"
     unknown = ~(is_open | is_closed)
     tails, closed = tail_on_path[is_open], intrinsic[is_closed]
     saved = (1.0 - 1.0 / speedup) * (math.fsum(tails) + math.fsum(closed))
     return Counterfactual(
-        name=f"a {speedup:g}x faster accelerator",
+        name=f"a {speedup:g}x faster {words.processor}",
         assumption=(
             "an open-loop point's duration is fixed by its arrival schedule, so only its drain "
             "tail (last end - last due) shrinks; a closed-loop point's whole load span "
             f"shrinks; both by 1 - 1/{speedup:g}; analysis, start-up and plumbing do not "
-            "run on the accelerator"
+            f"run on the target's {words.processor}"
         ),
         arithmetic=(
             f"open loop: {int(is_open.sum())} jobs on the path, drain tails on the path "
@@ -236,8 +243,12 @@ def _faster_accelerator(
         new_wall_s=wall - saved,
         provenance="derived",
         caveat=(
-            "priced against the measured service times of the target that ran; for a "
-            "simulated target they are the simulator's model, not an accelerator's"
+            "priced against the measured service times of the target that ran"
+            + (
+                "; for a simulated target they are the simulator's model, not an accelerator's"
+                if words.simulated
+                else ""
+            )
             + (
                 f"; {int(unknown.sum())} measurement jobs without records not priced"
                 if unknown.any()
@@ -322,8 +333,11 @@ def counterfactuals(
     speedup: float = 2.0,
     budget_fraction: float = 0.5,
     targets: int = 2,
+    words: TargetWords | None = None,
 ) -> list[Counterfactual]:
-    """The four standard interventions, priced on the critical path's measured spans."""
+    """The four standard interventions, priced on the critical path's measured spans; ``words``
+    name the target's processor (default: a simulated GPU's)."""
+    words = words or TargetWords(simulated=True, processor="accelerator", unit="GPU")
     wall = float(attributed["seg_end"].iloc[-1]) if len(attributed) else 0.0
     meas = attributed[attributed["rule"].isin(MEASUREMENT_RULES) & attributed["status"].ne("error")]
     w = windows.reindex(meas["job"].to_numpy()) if len(windows) else pd.DataFrame(index=meas["job"])
@@ -337,7 +351,7 @@ def counterfactuals(
     slot_gated = int(attributed["gate"].eq("target_slot").sum())
     track_work = attributed.loc[attributed["rule"].eq("track"), "work_s"].to_numpy(float)
     return [
-        _faster_accelerator(wall, mode, tail_on_path, intrinsic, speedup),
+        _faster_processor(wall, mode, tail_on_path, intrinsic, speedup, words),
         _smaller_budget(wall, intrinsic, budget_fraction),
         _more_targets(wall, meas["work_s"].to_numpy(float), slot_gated, targets),
         _no_tracking(wall, track_work),

@@ -31,6 +31,7 @@ from pydantic import Field
 from capacity_pack.autopsy.clocks import CLOCK_DRIFT_TOL_FRAC, CLOCK_DRIFT_TOL_MS
 from capacity_pack.autopsy.sources import LOG_RESOLUTION_S, Invocation, StrictModel
 from capacity_pack.autopsy.timeline import BENCH_TOLERANCE_S
+from capacity_pack.plan.words import TargetWords
 
 # The MLflow stage a `track` job logs, by the rule whose jobs it tracks.
 STAGE_RULES = {
@@ -315,23 +316,6 @@ ALWAYS_MISSING = (
         telemetry="stamps around each top-level Snakefile step",
     ),
     MissingEvidence(
-        gap="CPU of the simulated target's processes",
-        why=(
-            "the benchmark gives one cpu_time/mean_load per job and the sweep's client_cpu_s "
-            "covers the load generator only; the simulator's child processes are not "
-            "attributed, so client-bound and target-bound time cannot be told apart by CPU"
-        ),
-        telemetry="per-process CPU (client, router, engine replicas) over the load span",
-    ),
-    MissingEvidence(
-        gap="accelerator telemetry",
-        why=(
-            "no GPU utilization or memory-bandwidth series: for a simulated target there is "
-            "no accelerator, so counterfactual (a) is priced on the simulator's service times"
-        ),
-        telemetry="DCGM/nvidia-smi utilization and memory bandwidth at 1 s on a real target",
-    ),
-    MissingEvidence(
         gap="job times in MLflow",
         why=(
             "MLflow child runs are logged by `track` jobs after the fact: their start/end is "
@@ -428,12 +412,61 @@ def _source_gaps(
     return out
 
 
+def _target_gaps(words: TargetWords) -> list[MissingEvidence]:
+    """What no run records about the target itself, in the target's own words."""
+    processes = "the simulator's child processes" if words.simulated else "the server's processes"
+    telemetry = (
+        MissingEvidence(
+            gap="accelerator telemetry",
+            why=(
+                "no GPU utilization or memory-bandwidth series: for a simulated target there is "
+                "no accelerator, so counterfactual (a) is priced on the simulator's service times"
+            ),
+            telemetry="DCGM/nvidia-smi utilization and memory bandwidth at 1 s on a real target",
+        )
+        if words.simulated
+        else MissingEvidence(
+            gap=f"{words.processor} telemetry of the target",
+            why=(
+                f"no {words.processor} utilization or memory-bandwidth series of the serving "
+                f"{words.unit}: counterfactual (a) is priced on the measured service times alone"
+            ),
+            telemetry=(
+                "per-core utilization and memory bandwidth of the server host at 1 s (e.g. "
+                "node_exporter, perf stat)"
+                if words.processor == "CPU"
+                else "DCGM/nvidia-smi utilization and memory bandwidth at 1 s"
+            ),
+        )
+    )
+    return [
+        MissingEvidence(
+            gap=f"CPU of {words.target}'s processes",
+            why=(
+                "the benchmark gives one cpu_time/mean_load per job and the sweep's client_cpu_s "
+                f"covers the load generator only; {processes} are not attributed, so "
+                "client-bound and target-bound time cannot be told apart by CPU"
+            ),
+            telemetry="per-process CPU (client, router, engine replicas) over the load span",
+        ),
+        telemetry,
+    ]
+
+
 def missing_evidence(
     tl: pd.DataFrame,
     win: pd.DataFrame,
     reused: list[str],
     runs: pd.DataFrame | None,
     commits: pd.DataFrame,
+    words: TargetWords | None = None,
 ) -> list[MissingEvidence]:
-    """What the autopsy could not reconstruct, and what to record next run to close it."""
-    return [*ALWAYS_MISSING, *_job_gaps(tl, reused), *_source_gaps(win, runs, commits)]
+    """What the autopsy could not reconstruct, and what to record next run to close it;
+    ``words`` name the target (default: a simulated GPU)."""
+    words = words or TargetWords(simulated=True, processor="accelerator", unit="GPU")
+    return [
+        *ALWAYS_MISSING,
+        *_target_gaps(words),
+        *_job_gaps(tl, reused),
+        *_source_gaps(win, runs, commits),
+    ]

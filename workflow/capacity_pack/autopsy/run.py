@@ -61,6 +61,7 @@ from capacity_pack.autopsy.timeline import (
     reused_inputs,
     shadow_jobs,
 )
+from capacity_pack.plan.words import TargetWords
 
 SCHEMA = "capacity_pack.autopsy.run/1"
 TIMELINE_FIELDS = """job jobid attempt rule label status log_start log_end bench_s bench_cpu_time
@@ -250,11 +251,14 @@ def run_autopsy(
     speedup: float = 2.0,
     budget_fraction: float = 0.5,
     targets: int = 2,
+    words: TargetWords | None = None,
 ) -> dict[str, Any]:
     """The JSON-able autopsy of the latest invocation of ``pack_name`` (or of ``log_path``).
 
     ``results_dir`` is the results root (holding ``<pack_name>/``) or the pack folder itself;
-    ``repo_dir`` is Snakemake's working directory (the log's paths are relative to it).
+    ``repo_dir`` is Snakemake's working directory (the log's paths are relative to it);
+    ``words`` name the target (:func:`capacity_pack.plan.words.target_words`; default: a
+    simulated GPU's).
     """
     results_dir, repo_dir = Path(results_dir), Path(repo_dir)
     inv = parse_snakemake_log(log_path) if log_path else latest_invocation(log_dir, pack_name)
@@ -267,7 +271,13 @@ def run_autopsy(
     totals = bucket_totals(att)
     wall = float(att["seg_end"].iloc[-1]) if len(att) else 0.0
     cfs = counterfactuals(
-        att, win, inv.started, speedup=speedup, budget_fraction=budget_fraction, targets=targets
+        att,
+        win,
+        inv.started,
+        speedup=speedup,
+        budget_fraction=budget_fraction,
+        targets=targets,
+        words=words,
     )
     runs = _read_mlflow(mlflow_db)
     mlflow_stages = mlflow_section(runs, tl, inv.started) if runs is not None else []
@@ -296,6 +306,8 @@ def run_autopsy(
         "git": _git_section(inv, runs, commits),
         "missing_evidence": [
             m.model_dump()
-            for m in missing_evidence(tl, win, reused_inputs(tl, pack_name), runs, commits)
+            for m in missing_evidence(
+                tl, win, reused_inputs(tl, pack_name), runs, commits, words=words
+            )
         ],
     }

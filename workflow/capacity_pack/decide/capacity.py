@@ -125,6 +125,11 @@ def repeat_rates(report: dict[str, Any]) -> dict[str, Any]:
         "measured_window_s": window,
         "attempted": report.get("attempted"),
         "successful": report.get("successful"),
+        # The cache state made visible: the server's prefix-cache hit rate and the client's
+        # cached share of prompt tokens, with where each came from.
+        "prefix_cache_hit_rate": report.get("prefix_cache_hit_rate"),
+        "client_cached_token_fraction": report.get("client_cached_token_fraction"),
+        "prefix_cache_sources": report.get("prefix_cache_sources"),
     }
 
 
@@ -595,7 +600,10 @@ def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) ->
         else:
             memory_error = None
     else:
-        memory_error = "no memory inputs (plan.memory) for a non-simulated target"
+        memory_error = (
+            "no memory inputs (plan.memory): declare the model shape and the device memory to "
+            "size by KV memory"
+        )
     plan = sizing.combine(thr, mem_plan)
     plan["capacity_cache_state"] = state
     plan["p95_e2e_s_at_capacity"] = p95_e2e_s
@@ -708,7 +716,7 @@ def preflight_fit(pack) -> dict[str, Any]:
     context = max_context_tokens(pack)
     if mem is None:
         return {"checked": False, "context_tokens": context,
-                "reason": "no model shape or accelerator declared (plan.memory)"}  # fmt: skip
+                "reason": "no model shape or device memory declared (plan.memory)"}  # fmt: skip
     kv_gb = mem["kv_bytes_per_token"] * context / 1e9
     result = sizing.fit_probe(
         mem["accelerator_memory_gb"] * mem["memory_utilization"],

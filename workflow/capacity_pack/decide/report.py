@@ -29,6 +29,7 @@ import pandas as pd
 
 from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
+from capacity_pack.plan.words import target_words
 
 STATE_STYLE = {"cold": ("tab:blue", "o"), "warm": ("tab:orange", "s")}
 
@@ -380,6 +381,7 @@ def bracket_sentence(sel: dict[str, Any]) -> str:
 
 
 def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
+    w = target_words(m)
     primary = capacity["primary_cache_state"]
     sel = capacity["open_loop"].get(primary, {})
     cap = sel.get("capacity_rps")
@@ -394,14 +396,16 @@ def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
             f"The pack takes {cap:g} RPS for {m['engine']['placement']['replicas']} replica(s), "
             f"i.e. **{sel['capacity_per_replica_rps']:g} RPS per replica** (the plan's figure). "
             f"Measured goodput at {cap:g} RPS: {_fmt(goodput)} RPS (the least over its repeats), "
-            f"i.e. {_fmt(sel['goodput_per_gpu_rps'])} RPS per GPU (goodput per GPU, DistServe's "
-            f"sense, as measured; nominally {_fmt(sel['capacity_per_gpu_nominal_rps'])})."
+            f"i.e. {_fmt(sel['goodput_per_gpu_rps'])} RPS per {w.unit} (goodput per {w.unit}"
+            + (", DistServe's sense" if w.unit == "GPU" else "")
+            + f", as measured; nominally {_fmt(sel['capacity_per_gpu_nominal_rps'])})."
         )
     lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
     return lines
 
 
 def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    w = target_words(m)
     if plan.get("required_replicas") is None:
         return ["## Replica plan", "", plan["reason"], ""] if plan.get("reason") else []
     lines = [
@@ -409,7 +413,7 @@ def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         "",
         f"For a peak of **{m['plan']['peak_rps']:g} RPS** at a target utilization of "
         f"{plan['throughput']['target_utilization']:g}: "
-        f"**{plan['required_replicas']} replicas, {plan['required_gpus']} GPUs** "
+        f"**{plan['required_replicas']} replicas, {plan['required_gpus']} {w.units}** "
         f"(bound by {plan['bound_by']}; {plan['throughput']['replicas_for_load']} replicas "
         f"for the load by throughput"
         + (f", {plan['memory']['replicas_for_memory']} by KV memory" if plan.get("memory")
@@ -424,7 +428,8 @@ def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     if plan.get("cost"):
         c = plan["cost"]
-        lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour; "
+        lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour ({plan['required_gpus']} "
+                  f"{w.units} at plan.price_per_gpu_hour, read as the price of one {w.unit}-hour); "
                   f"{_fmt(c['cost_per_request'])} per successful request; "
                   f"{_fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
     if plan.get("effective_bandwidth"):
@@ -457,6 +462,17 @@ def _per_repeat(row: dict[str, Any], key: str) -> str:
     return " / ".join(_fmt(p[key]) for p in row.get("per_repeat", [])) or "n/a"
 
 
+def _cache_sources(capacity: dict[str, Any]) -> dict[str, Any] | None:
+    """The first repeat's record of where the prefix-cache figures came from (one engine, one
+    map: every repeat's is the same)."""
+    for s in capacity["open_loop"].values():
+        for r in s["rates"]:
+            for p in r.get("per_repeat", []):
+                if p.get("prefix_cache_sources"):
+                    return p["prefix_cache_sources"]
+    return None
+
+
 def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
     lines = [
         "## Evidence",
@@ -467,11 +483,20 @@ def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
         "over the repeats.",
         "",
     ]
+    sources = _cache_sources(capacity)
+    if sources:
+        lines += [
+            "Prefix cache, per repeat: the server's hit rate "
+            f"({sources.get('server') or 'not exposed by this engine'}) and the client's cached "
+            f"share of prompt tokens ({sources.get('client') or 'not reported by this engine'}); "
+            "n/a where the side has no figure.",
+            "",
+        ]
     for state, s in capacity["open_loop"].items():
         lines += [f"### Open loop, {state} cache", "",
-                  "| nominal RPS | offered RPS | achieved RPS | status | verdicts | "
-                  "goodput RPS (mean, min-max) | limited by |",
-                  "|---:|---|---|---|---|---|---|"]  # fmt: skip
+                  "| nominal RPS | offered RPS | achieved RPS | server hit rate | client cached "
+                  "share | status | verdicts | goodput RPS (mean, min-max) | limited by |",
+                  "|---:|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in s["rates"]:
             g = r["variation"]["observed_goodput_rps"]
             why = r.get("failure_summary") or "; ".join(r["reasons"][:3]) or "-"
@@ -482,7 +507,8 @@ def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
                 verdicts += f" (repeat {listed} set aside: decides nothing)"
             lines.append(
                 f"| {r['offered_rps']:g} | {_per_repeat(r, 'offered_measured_rps')} | "
-                f"{_per_repeat(r, 'achieved_rps')} | {r['status']} | {verdicts} | "
+                f"{_per_repeat(r, 'achieved_rps')} | {_per_repeat(r, 'prefix_cache_hit_rate')} | "
+                f"{_per_repeat(r, 'client_cached_token_fraction')} | {r['status']} | {verdicts} | "
                 f"{_fmt(g['mean'])} ({_fmt(g['min'])}-{_fmt(g['max'])}) | {why} |"
             )
         lines.append("")

@@ -58,10 +58,9 @@ from capacity_pack.drills.queries import (
     agg,
     any_of,
     duration,
-    engine_metrics,
     le,
-    metric_map_name,
     num,
+    pack_metrics,
     rate,
     round_up,
     sel,
@@ -544,7 +543,7 @@ def alert_rules(
     ``clause``: the rule exists without that part) and ``reason``. Prometheus rejects unknown
     keys in a rule file, so the omissions are returned beside it rather than inside it.
     """
-    m = engine_metrics(metric_map_name(pack), overrides)
+    m = pack_metrics(pack, overrides)
     t = _resolve_thresholds(pack, thresholds)
     r = RuleFile(pack, m, t)
     for rule in RULES:

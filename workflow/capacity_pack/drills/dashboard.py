@@ -33,10 +33,9 @@ from typing import Any
 
 from capacity_pack.drills.queries import (
     agg,
-    engine_metrics,
     le,
-    metric_map_name,
     num,
+    pack_metrics,
     rate,
     round_up,
     sel,
@@ -713,7 +712,7 @@ def build_dashboard(
 ) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """The Grafana dashboard of ``pack`` and the panels left out (``row``, ``panel``,
     ``reason``); ``overrides`` go to :func:`~capacity_pack.drills.queries.engine_metrics`."""
-    m = engine_metrics(metric_map_name(pack), overrides)
+    m = pack_metrics(pack, overrides)
     s = Scope(pack, m)
     rows: list[tuple[str, list[dict[str, Any]]]] = []
     omitted: list[dict[str, str]] = []

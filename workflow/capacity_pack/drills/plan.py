@@ -19,7 +19,17 @@ Each drill names the alert mechanism it must fire (:data:`MECHANISM`), the other
 may legitimately set off (:data:`CONSEQUENCES`) and the symptom alerts any fault may fire
 (:data:`SYMPTOMS`).
 
-Replicas: ``failure.replicas``, else max(2, the replicas the sweep measured). Drill rate:
+Replicas: ``failure.replicas``, else what the target has: max(2, the replicas the sweep
+measured) simulated replicas (so that one can fail while another serves), and for a real target
+the replicas the sweep measured (a managed target: that many copies of its command behind the
+project's router, which the drill starts; another real target: the fleet as it is).
+
+Which drill runs where: on simulated replicas every kind; on managed replicas the kinds the
+router itself can inject (``replica_kill``: the router kills the copy, its supervisor restarts
+it; ``cold_replica``: it starts another copy; ``degraded_link``: its link emulation;
+``cancellation``: the client) and ``kv_pressure`` only with configured commands (it needs an
+engine fault); on any other real target ``cancellation``, and the other kinds with configured
+commands. Drill rate:
 ``failure.rate_rps`` if set, else the selected capacity per replica (primary cache state, then
 warm, then cold; else the configured fallback, else the lowest tested rate / replicas under
 test) x the drill's replicas, i.e. every replica at its capacity point. The rate from the
@@ -204,7 +214,10 @@ def plan_drill(
     """The drill's rate, admission limit and timeline from the capacity decision."""
     f, d = inputs.failure, inputs.drill
     reports = reports or {}
-    n = f.replicas or max(2, inputs.replicas_under_test)
+    target = inputs.sweep.target
+    real = isinstance(target, OpenAITarget)
+    managed = real and target.managed is not None
+    n = f.replicas or (inputs.replicas_under_test if real else max(2, inputs.replicas_under_test))
     per, source, at_rate = _selected_rate(inputs, capacity, reports)
     if f.rate_rps is not None:
         rate, source = f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)"
@@ -243,8 +256,14 @@ def plan_drill(
             f"({f.duration_s:g} s)"
         )
     runnable, why = True, None
-    real = isinstance(inputs.sweep.target, OpenAITarget)
-    if real and d.commands is None and d.kind != "cancellation":
+    if managed and d.commands is None and d.kind == "kv_pressure":
+        runnable = False
+        why = (
+            f"drill {d.name!r} (kv_pressure) needs failure.drills[].commands for a managed "
+            "target: the router can kill, add and slow replicas, but only the engine can "
+            "shrink its KV cache"
+        )
+    elif real and not managed and d.commands is None and d.kind != "cancellation":
         runnable = False
         why = (
             f"drill {d.name!r} ({d.kind}) needs failure.drills[].commands for a real "

@@ -41,6 +41,25 @@ def engine_metrics(engine_name: str, overrides: dict[str, Any] | None = None) ->
         raise DashboardError(str(err)) from None
 
 
+def managed_behind_router(pack: Any) -> bool:
+    """Whether the pack's drills run a managed target's copies as the project's router's
+    replicas (:mod:`capacity_pack.drills.run`)."""
+    return getattr(pack.target, "managed", None) is not None
+
+
+def pack_metrics(pack: Any, overrides: dict[str, Any] | None = None) -> EngineMetrics:
+    """The series a pack's alerts and dashboard read: its engine's map (:func:`engine_metrics`),
+    plus the router's ``router:*`` series and its per-replica ``engine`` label for a managed
+    target, whose drills run its copies behind the project's router
+    (:func:`managed_behind_router`). A simulated target's series are the map's as chosen
+    (the simulator's own map has the router's; another engine's map stands for that engine's
+    deployment)."""
+    m = engine_metrics(metric_map_name(pack), overrides)
+    if managed_behind_router(pack) and not m.router:
+        m = m.model_copy(update={"router": True, "replica_label": m.replica_label or "engine"})
+    return m
+
+
 def num(x: float) -> str:
     return f"{x:.10g}"
 

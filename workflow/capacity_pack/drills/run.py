@@ -3,8 +3,13 @@
 For the simulated target the drill starts ``replicas`` simulated replicas behind the router
 (admission control at the planned limit, one retry on connect failures, health checks every
 ``health_interval_s``, supervisor restarts after ``restart_after_s``, restarted or added
-replicas loading for ``cold_start_s``); a real target must answer ``/health`` and injects its
-faults with the drill's configured commands (each killed after the drill's
+replicas loading for ``cold_start_s``). For a managed target (``target.managed``) it starts
+``replicas`` copies of the managed command behind the same router
+(:class:`capacity_pack.measure.managed.ManagedFleet`), so a replica the pack started is killed,
+detected, removed and restarted by the router's supervisor as a simulated one is, and a
+restarted copy loads for as long as the real server takes; the placeholder ``base_url`` of a
+managed target is never contacted. Any other real target must answer ``/health`` and injects
+its faults with the drill's configured commands (each killed after the drill's
 ``commands.timeout_s``, its output redacted: :mod:`capacity_pack.measure.commands`). The load
 generator runs the drill's open-loop schedule and never extends it (no minimum sample count, no
 maximum duration).
@@ -21,10 +26,10 @@ CLOCK_REALTIME stamps from another process; the run's (t0, t0_realtime) anchor, 
 
 Outputs of one drill directory: ``records.jsonl`` (per-request records), ``schedule.parquet``,
 ``samples.parquet`` (t_ns, metric, labels, value), ``scrapes.parquet`` (t_ns, realtime_ns, ok,
-client_in_flight), ``events.json`` (router events, null for a real target) and ``drill.json``
-(the plan, the clock anchor, the injector's actions and the load summary). A drill that cannot
-run on its target (see :func:`capacity_pack.drills.plan.plan_drill`) writes the same files,
-empty, and says why in ``drill.json``.
+client_in_flight), ``events.json`` (router events, null for a target the drill does not start)
+and ``drill.json`` (the plan, the clock anchor, the injector's actions and the load summary). A
+drill that cannot run on its target (see :func:`capacity_pack.drills.plan.plan_drill`) writes
+the same files, empty, and says why in ``drill.json``.
 """
 
 from __future__ import annotations
@@ -62,15 +67,16 @@ class _Recorder:
         plan: DrillPlan,
         start_ns: int,
         interval_s: float,
-        sim: bool,
+        routed: bool,
         control_headers: dict[str, str] | None = None,
     ):
         self.base_url = base_url
         self.plan = plan
         self.start_ns = start_ns
         self.interval_s = interval_s
-        self.sim = sim
-        # The simulated cluster's control-plane token, for the injector's calls only.
+        # Behind the project's router: faults go through its control plane.
+        self.routed = routed
+        # The router's control-plane token, for the injector's calls only.
         self.control_headers = dict(control_headers or {})
         self.scrapes: list[tuple[int, int, int, str | None]] = []
         self.actions: list[dict[str, Any]] = []
@@ -127,8 +133,8 @@ class _Recorder:
                 if argv is None:
                     return
                 entry.update(await _run_command(argv, d.commands.timeout_s))
-            elif self.sim:
-                entry.update(await self._sim_action(which))
+            elif self.routed:
+                entry.update(await self._router_action(which))
             else:
                 entry["outcome"] = "nothing to do (client-side fault)"
         except Exception as err:  # a failed injection is a drill result, not a crash
@@ -136,7 +142,7 @@ class _Recorder:
         entry["done_t_s"] = (time.perf_counter_ns() - self.t0_ns) / NS
         self.actions.append(entry)
 
-    async def _sim_action(self, which: str) -> dict[str, Any]:
+    async def _router_action(self, which: str) -> dict[str, Any]:
         import httpx
 
         d = self.plan.drill
@@ -231,18 +237,37 @@ def run_drill(
     records_path.unlink(missing_ok=True)
     target = inputs.sweep.target
     sim = isinstance(target, SimTarget)
+    managed = isinstance(target, OpenAITarget) and target.managed is not None
     model = inputs.sweep.model.served_name or inputs.sweep.model.id
-    proc = None
+    proc: Any = None
     control: dict[str, str] = {}
     f = inputs.failure
     try:
-        if sim:
+        # The router's settings, for simulated and managed replicas alike.
+        extra = ["--health-interval-s", str(f.health_interval_s), "--retries", "1"]
+        if plan.admission_max_outstanding:
+            extra += ["--admission-max-outstanding", str(plan.admission_max_outstanding)]
+        if f.restart_after_s is not None:
+            extra += ["--restart-after-s", str(f.restart_after_s)]
+        if managed:
+            from capacity_pack.measure.managed import ManagedError, ManagedFleet
+
+            assert isinstance(target, OpenAITarget) and target.managed is not None
+            proc = ManagedFleet(
+                target.managed,
+                plan.replicas,
+                keep_alive=target.keep_alive,
+                extra_args=extra,
+                log_path=out / "server.log",
+            )
+            try:
+                base_url = proc.start()
+            except ManagedError as err:
+                proc = None
+                raise DrillError(f"the managed target did not start for the drill: {err}") from None
+            control = proc.control_headers
+        elif sim:
             assert isinstance(target, SimTarget)
-            extra = ["--health-interval-s", str(f.health_interval_s), "--retries", "1"]
-            if plan.admission_max_outstanding:
-                extra += ["--admission-max-outstanding", str(plan.admission_max_outstanding)]
-            if f.restart_after_s is not None:
-                extra += ["--restart-after-s", str(f.restart_after_s)]
             if f.cold_start_s:
                 extra += ["--cold-start-s", str(f.cold_start_s)]
             gt = out / "ground_truth.jsonl"
@@ -261,7 +286,8 @@ def run_drill(
             base_url = target.base_url.rstrip("/")
             if not healthy(base_url, timeout_s=5.0):
                 raise DrillError(f"{base_url}/health does not answer 200: is the target up?")
-        recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, sim, control)
+        routed = sim or managed  # behind the project's router, whose control plane acts
+        recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, routed, control)
         settings = load_settings(inputs.sweep, drill_point(plan), base_url, progress=progress)
         settings.token_counter = token_counter(inputs.sweep, base_url)
         settings.min_successful_per_class = None  # a drill runs its profile, never extends it
@@ -269,7 +295,7 @@ def run_drill(
         settings.side_tasks = recorder.tasks
         summary = run_point(schedule, settings, records_path)
         events: list[dict[str, Any]] | None = None
-        if sim:
+        if routed:
             import httpx
 
             with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -286,8 +312,15 @@ def run_drill(
         profile_start_s=start_ns / NS,
         actions=recorder.actions,
         load=summary,
-        base_url=base_url if sim else "(configured target)",
+        base_url=base_url if routed else "(configured target)",
         target_kind=target.kind,
+        replicas_started_by=(
+            "the pack: simulated replicas behind the project's router"
+            if sim
+            else "the pack: the managed command's servers behind the project's router"
+            if managed
+            else "the operator (a configured target the drill does not start)"
+        ),
         scheduled_requests=int(len(schedule)),
         clock="load generator CLOCK_MONOTONIC (perf_counter_ns), seconds from its t0",
     )

@@ -19,6 +19,11 @@ and every error that quotes it are redacted (:mod:`capacity_pack.measure.command
 
 With ``per_point`` (the default) every measurement point gets a fresh process, so a cold point
 starts from an empty cache by construction, as with the simulated engine.
+
+A failure drill runs the same command as the replicas of the project's router
+(:class:`ManagedFleet`: ``capacity-pack sim cluster --replica-command``), so that it can kill a
+replica the pack started, have the router's supervisor restart it, and see detection, removal,
+errors and recovery exactly as with simulated replicas.
 """
 
 from __future__ import annotations
@@ -204,3 +209,95 @@ class ManagedServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ManagedFleet:
+    """``replicas`` copies of a managed server behind the project's router, for failure drills.
+
+    The router (``python -m capacity_pack.sim cluster --replica-command ...``) starts each copy
+    on a free loopback port of its own (``{port}``, and ``{tmpdir}`` a directory per replica),
+    health-checks it on ``ready_path``, and supervises it: a killed copy is started again
+    (``restart_after_s``, passed in ``extra_args`` with the other router settings). ``prepare``
+    runs once, here. The router's control plane (``control_headers``) kills, restarts or adds
+    replicas. The server's extra environment reaches the copies; what the router prints is
+    redacted before it is kept."""
+
+    def __init__(
+        self,
+        managed: Any,
+        replicas: int,
+        *,
+        keep_alive: bool = True,
+        extra_args: list[str] | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.managed = managed
+        self.replicas = replicas
+        self.keep_alive = keep_alive
+        self.extra_args = list(extra_args or [])
+        self.log_path = Path(log_path) if log_path else None
+        self._proc: Any = None
+        self.argv: list[str] = []
+
+    def start(self) -> str:
+        import json
+
+        from capacity_pack.sim.process import SimProcess as RouterProcess
+
+        m = self.managed
+        prepared = prepare(m.prepare, timeout_s=m.prepare_timeout_s)
+        values = {"host": "127.0.0.1", "port": "{port}", "tmpdir": "{tmpdir}"}
+        if prepared is not None:
+            values["prepared"] = prepared
+        self.argv = expand(m.command, values)
+        args = [
+            "--replicas",
+            str(self.replicas),
+            "--replica-command",
+            json.dumps(self.argv),
+            "--ready-path",
+            m.ready_path,
+            "--replica-startup-timeout-s",
+            str(m.startup_timeout_s),
+            *([] if self.keep_alive else ["--no-upstream-keep-alive"]),
+            *self.extra_args,
+        ]
+        self._proc = RouterProcess(
+            *args, command="cluster", startup_timeout_s=m.startup_timeout_s + 30, env=m.env
+        )
+        try:
+            self._proc.start()
+        except RuntimeError as err:
+            self._proc.close()
+            self._proc = None
+            raise ManagedError(self._redact(str(err))) from None
+        return self._proc.url
+
+    @property
+    def base_url(self) -> str:
+        return self._proc.url
+
+    @property
+    def control_headers(self) -> dict[str, str]:
+        return self._proc.control_headers
+
+    def _redact(self, text: str) -> str:
+        extra = [v for k, v in self.managed.env.items() if looks_secret(k)]
+        return redact_output(text, extra)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.stop()
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.write_text(self._redact(self._proc.stderr_text()))
+        self._proc.close()
+        self._proc = None
+
+    def __enter__(self) -> ManagedFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -351,6 +351,13 @@ class Engine(_Model):
         description="Metric-name map for alerts and dashboards (vllm, sglang, capacity-pack-sim);"
         " default: the simulator's for a simulated target, else chosen by the engine name.",
     )
+    device: Literal["gpu", "cpu"] = Field(
+        default="gpu",
+        description="What the engine computes on, which the reports' words follow: 'gpu' (an "
+        "accelerator; the plan counts GPUs) or 'cpu' (a CPU server such as llama.cpp's "
+        "llama-server; the plan counts hosts, placement.gpus and plan.gpus_per_replica then "
+        "count hosts).",
+    )
 
 
 class TraceSpec(_Model):
@@ -1110,9 +1117,11 @@ class Failure(_Model):
 
     replicas: int | None = Field(
         default=None,
-        ge=2,
-        description="Replicas behind the router in the drill (default: max(2, replicas under "
-        "test)); the simulated target starts this many.",
+        ge=1,
+        description="Replicas behind the router in the drill (default: follows the target: "
+        "max(2, replicas under test) simulated ones; for a real target the replicas under "
+        "test). The drill starts this many simulated replicas, or copies of a managed target's "
+        "command.",
     )
     rate_rps: float | None = Field(
         default=None,

@@ -14,6 +14,7 @@ from capacity_pack.autopsy.requests import request_autopsy
 from capacity_pack.autopsy.run import run_autopsy
 from capacity_pack.io import write_json_atomic, write_text_atomic
 from capacity_pack.plan.manifest import Pack, validate_pack
+from capacity_pack.plan.words import target_words
 
 
 def run(
@@ -39,6 +40,7 @@ def run(
         Path(repo_dir),
         pack.pack.name,
         mlflow_db=results.parent / "mlflow.db",
+        words=target_words(pack),
     )
     tables = results / "tables"
     keys = None

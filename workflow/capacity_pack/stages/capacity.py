@@ -11,6 +11,7 @@ from capacity_pack.decide.capacity import build_capacity, build_plan
 from capacity_pack.decide.report import load_reports
 from capacity_pack.io import write_json_atomic
 from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.plan.words import target_words
 
 
 def run(
@@ -31,8 +32,9 @@ def run(
     for sel in cap["open_loop"].values():
         log.info("%s", sel["decision"])
     log.info(
-        "plan: %s replicas, %s GPUs",
+        "plan: %s replicas, %s %s",
         replicas.get("required_replicas"),
         replicas.get("required_gpus"),
+        target_words(validated).units,
     )
     return cap, replicas
