@@ -418,6 +418,7 @@ def test_signals_sum_over_labels_and_count_one_name_per_signal():
 def test_llamacpp_prefix_cache_hits_from_a_recorded_exposition_of_its_build():
     # llama-server b1-0c1e570 (the real-engine pack's build) counts the prompt tokens it took
     # from a slot's cache and, apart, those it computed: queries = hits + misses.
+    from capacity_pack.engines.metric_map import prefix_cache_source
     from capacity_pack.engines.registry import metric_map
     from capacity_pack.engines.signals import read_signals
     from tests.paths import DATA
@@ -428,6 +429,10 @@ def test_llamacpp_prefix_cache_hits_from_a_recorded_exposition_of_its_build():
     assert signals["prefix_cache_queries"] == 44 and signals["prompt_tokens"] == 23
     emap = metric_map("llamacpp")
     assert emap is not None and emap.prefix_hits == "llamacpp:prompt_tokens_cached_total"
+    assert prefix_cache_source(emap) == (
+        "llamacpp:prompt_tokens_cached_total / (llamacpp:prompt_tokens_cached_total + "
+        "llamacpp:prompt_tokens_total) (tokens, over the measured window)"
+    )
     values, missing = read_signals(text, emap, map_name="llamacpp", url="http://127.0.0.1:1")
     assert values["prefix_cache_queries"] == 44 and values["prefix_cache_hits"] == 21
     # This build has no KV gauge (it left /metrics in 2025); the hits are no longer missing.

@@ -59,7 +59,7 @@ from capacity_pack.engines.base import (
     TokenizeFormat,
 )
 from capacity_pack.engines.http import auth_headers, header_secrets, verify_setting
-from capacity_pack.engines.metric_map import EngineMetrics, MetricMapError
+from capacity_pack.engines.metric_map import EngineMetrics, MetricMapError, prefix_cache_source
 from capacity_pack.engines.probe import (
     EngineIdentity,
     ProbeAnswer,
@@ -112,6 +112,7 @@ __all__ = [
     "metric_maps",
     "metrics_path",
     "parse_metrics",
+    "prefix_cache_source",
     "probe_engine",
     "probe_paths",
     "read_signals",

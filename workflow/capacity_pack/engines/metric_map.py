@@ -61,6 +61,23 @@ SIGNALS: dict[str, str] = {
 }
 
 
+def prefix_cache_source(m: EngineMetrics | None) -> str | None:
+    """How a map's prefix-cache hit rate is computed, in its own metric names (None: the engine
+    exposes none): hits / queries, hits / (hits + misses) (llama.cpp), or a hit-rate gauge."""
+    if m is None:
+        return None
+    if m.prefix_hits and m.prefix_queries:
+        return f"{m.prefix_hits} / {m.prefix_queries} (tokens, over the measured window)"
+    if m.prefix_hits and m.prefix_misses:
+        return (
+            f"{m.prefix_hits} / ({m.prefix_hits} + {m.prefix_misses}) (tokens, over the "
+            "measured window)"
+        )
+    if m.prefix_hit_rate:
+        return f"{m.prefix_hit_rate} (a gauge)"
+    return None
+
+
 class MetricMapError(ValueError):
     """An engine map or override that cannot be used; the message says what to give."""
 

@@ -171,6 +171,7 @@ def analyze_point(
         ),
         prefix_cache_hit_rate=sweep_summary.get("server_prefix_hit_rate"),
         client_cached_token_fraction=sweep_summary.get("client_cached_token_fraction"),
+        prefix_cache_sources=sweep_summary.get("prefix_cache_sources"),
         client_bound=bool(sweep_summary.get("client_bound", False)),
         # None: one client process, or shards on hosts whose skew could not be measured.
         shard_clock_valid=sweep_summary.get("shard_clock_valid"),

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack import engines
 from capacity_pack.io import atomic_path
 from capacity_pack.measure.inputs import (
     SweepInputs,
@@ -71,6 +72,27 @@ def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, 
     )
     out["prompt_tokens_mismatches"] = sum(bool(r["prompt_tokens_mismatch"]) for r in records)
     return out
+
+
+#: What the client's cached share is, in the OpenAI usage object's own field names.
+CLIENT_CACHED_SOURCE = (
+    "usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens, summed over the measured "
+    "window's successful requests"
+)
+
+
+def prefix_cache_sources(inputs: SweepInputs, summary: dict[str, Any]) -> dict[str, Any]:
+    """Where each side's prefix-cache figure comes from (None: that side has none): the server's
+    from its metric map's counters (the map the point's series were read with), the client's
+    from the responses' usage."""
+    e = inputs.engine
+    name = (e.metric_names or e.name) if e is not None else "capacity-pack-sim"
+    server = engines.prefix_cache_source(engines.metric_map(name))
+    return {
+        "server": f"{name} metric map: {server}" if server is not None else None,
+        "client": CLIENT_CACHED_SOURCE if summary.get("client_cached_token_fraction") is not None
+        else None,
+    }  # fmt: skip
 
 
 def shard_count(inputs: SweepInputs, point: Point) -> int:
@@ -263,6 +285,7 @@ def measure_point(
     series = pd.read_parquet(out / "metrics.parquet")
     summary.update(facts)
     summary.update(hit_rates(series, records))
+    summary["prefix_cache_sources"] = prefix_cache_sources(inputs, summary)
     summary.update(
         point=point.point_id,
         key=point.key,
