@@ -144,3 +144,62 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     c1 = json.loads((results / "raw" / "closed-c1" / "cold" / "rep0" / "summary.json").read_text())
     assert set(c1["status_counts"]) == {"ok"} and c1["status_counts"]["ok"] >= 12
     assert (results / "pack" / "autopsy.md").is_file()
+
+    # The warm state: searched on its own, its prefix-cache hit rate shown (server counters and
+    # the client's usage, each with its source) and clearly above the cold state's.
+    capacity = json.loads((results / "capacity" / "capacity.json").read_text())["open_loop"]
+    assert capacity["warm"]["bracket"]["reached"], capacity["warm"]["bracket"]
+
+    def hit_rates(state: str, key: str) -> list[float]:
+        # At the rates that pass (past the knee every slot is busy and a warm slot's prefix is
+        # more often evicted, as it would be in production).
+        return [
+            p[key]
+            for r in capacity[state]["rates"]
+            if r["status"] == "pass"
+            for p in r["per_repeat"]
+            if p.get(key) is not None
+        ]
+
+    for key in ("prefix_cache_hit_rate", "client_cached_token_fraction"):
+        cold_rates, warm_rates = hit_rates("cold", key), hit_rates("warm", key)
+        assert cold_rates and warm_rates, key
+        assert min(warm_rates) > max(cold_rates) + 0.05, (key, cold_rates, warm_rates)
+    assert "llamacpp:prompt_tokens_cached_total" in readme
+    assert "usage.prompt_tokens_details.cached_tokens" in readme
+    assert "| server hit rate | client cached share |" in readme
+
+    # The failure test: the replica-kill drill killed the llama-server the drill started and
+    # the router's supervisor started it again; the cancellation drill cancelled requests.
+    failure = json.loads((results / "pack" / "failure-test.json").read_text())
+    drills = {d["drill"]: d for d in failure["drills"]}
+    assert set(drills) == {"replica_kill", "cancellation"}
+    assert not any(d.get("skipped") for d in drills.values()), drills
+    kill = json.loads((results / "failure" / "replica_kill" / "drill.json").read_text())
+    assert kill["plan"]["replicas"] == 1 and "managed command" in kill["replicas_started_by"]
+    events = json.loads((results / "failure" / "replica_kill" / "events.json").read_text())
+    kinds = [e["event"] for e in events["events"]]
+    assert "killed" in kinds and "restarted" in kinds and kinds.count("ready") >= 2, kinds
+    assert "ReplicaDown" in drills["replica_kill"]["alerts_fired"]
+    md = (results / "pack" / "failure-test.md").read_text()
+    assert "replica_kill" in md and "cancellation" in md
+
+    # Words follow the target: a CPU server, not a simulated or accelerated one.
+    for name in ("README.md", "autopsy.md", "plan.json", "fit-probe.json", "failure-test.md"):
+        text = (results / "pack" / name).read_text()
+        if name.endswith(".json"):
+            text = " ".join(_strings(json.loads(text)))
+        for word in ("simulat", "accelerator", "GPU"):
+            assert word not in text, (name, word, text[max(0, text.find(word) - 120) :][:240])
+    assert "hosts" in readme
+
+
+def _strings(doc) -> list[str]:
+    """Every string value of a JSON document (its keys keep their schema names)."""
+    if isinstance(doc, str):
+        return [doc]
+    if isinstance(doc, dict):
+        return [s for v in doc.values() for s in _strings(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _strings(v)]
+    return []
