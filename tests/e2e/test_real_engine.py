@@ -192,6 +192,14 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
         for word in ("simulat", "accelerator", "GPU"):
             assert word not in text, (name, word, text[max(0, text.find(word) - 120) :][:240])
     assert "hosts" in readme
+    # The plots' own words (every text they draw, kept in each PNG's Description chunk).
+    from PIL import Image
+
+    for png in sorted((results / "pack").glob("*.png")):
+        words = Image.open(png).text["Description"]
+        assert words, png
+        for word in ("simulat", "accelerator", "GPU"):
+            assert word not in words, (png.name, word)
 
 
 def _strings(doc) -> list[str]:

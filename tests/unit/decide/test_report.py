@@ -109,6 +109,12 @@ def test_the_throughput_plot_draws_the_bracket(tmp_path, monkeypatch):
     path = tmp_path / "throughput.png"
     plot_throughput(sel, path)
     assert spans == [(34.0, 36.0)] and path.stat().st_size > 10_000
+    # The plot's words travel in the PNG: title, axis labels and legend entries.
+    from PIL import Image
+
+    words = Image.open(path).text["Description"].splitlines()
+    assert "offered load, nominal (RPS)" in words, words
+    assert "Throughput and goodput by offered rate; shaded: the capacity bracket" in words
 
 
 def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path, monkeypatch):

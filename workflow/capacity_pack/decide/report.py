@@ -43,9 +43,30 @@ def _plt():
     return plt
 
 
+def figure_text(fig) -> str:
+    """Every piece of text the figure draws (titles, axis labels, ticks, legend entries, notes),
+    in drawing order, one per line."""
+    from matplotlib.text import Text
+
+    seen: list[str] = []
+    for t in fig.findobj(Text):
+        text = t.get_text().strip()
+        if text and t.get_visible() and text not in seen:
+            seen.append(text)
+    return "\n".join(seen)
+
+
 def _save(fig, path: Path) -> None:
+    # The figure's words go into the PNG (its Description text chunk): what a screen reader
+    # or a search finds in the picture, and what a test can read back.
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(
+            tmp,
+            format="png",
+            dpi=110,
+            bbox_inches="tight",
+            metadata={"Description": figure_text(fig)},
+        )
     _plt().close(fig)
 
 
