@@ -288,11 +288,7 @@ class ManagedFleet:
     def stop(self) -> None:
         if self._proc is None:
             return
-        self._proc.stop()
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log_path.write_text(self._redact(self._proc.stderr_text()))
-        self._proc.close()
+        self._proc.close_keeping_log(self.log_path, self._redact)
         self._proc = None
 
     def __enter__(self) -> ManagedFleet:

@@ -121,12 +121,7 @@ class SimProcess:
     def stop(self) -> None:
         if self._proc is None:
             return
-        self._proc.stop()
-        if self.log_path is not None:
-            # The child wrote to a private temporary file: only a redacted copy reaches results.
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log_path.write_text(redact_output(self._proc.stderr_text()))
-        self._proc.close()
+        self._proc.close_keeping_log(self.log_path, redact_output)
         self._proc = None
 
     def __enter__(self) -> SimProcess:

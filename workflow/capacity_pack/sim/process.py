@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -144,6 +145,15 @@ class SimProcess:
     def close(self) -> None:
         self.stop()
         self._tmp.cleanup()
+
+    def close_keeping_log(self, log_path: Path | None, transform: Callable[[str], str]) -> None:
+        """Stop, write ``transform`` of what the child printed to ``log_path`` (the child wrote
+        to a private temporary file: only the transformed copy, e.g. redacted, is kept), close."""
+        self.stop()
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(transform(self.stderr_text()))
+        self.close()
 
     def __enter__(self) -> SimProcess:
         return self.start() if self.proc is None else self
