@@ -887,97 +887,132 @@ class Cluster:
 
         scraped = list(self.replicas)  # a replica added meanwhile is in the next scrape
         texts = await asyncio.gather(*(scrape(r) for r in scraped))
-        x = m.Exposition()
-        lab = [(r, [("replica", str(r.index))]) for r in self.replicas]
-        x.gauge(
-            "router:replica_up",
-            "1 while the replica is in rotation.",
-            [(labels, 1.0 if r.healthy else 0.0) for r, labels in lab],
+        return router_exposition(
+            self.replicas,
+            self.responses_total,
+            self.admission_rejected_total,
+            self.no_replica_total,
+            [(r.index, text) for r, text in zip(scraped, texts, strict=True)],
+            label_engines=self.replica_command is not None,
         )
-        x.gauge(
-            "router:replica_starting",
-            "1 while a spawned replica has not yet passed its first health check (loading).",
-            [(labels, 1.0 if r.state == "starting" else 0.0) for r, labels in lab],
-        )
-        x.gauge(
-            "router:replica_outstanding_requests",
-            "Requests in flight through the router.",
-            [(labels, r.outstanding) for r, labels in lab],
-        )
-        x.gauge(
-            "router:replica_health_rtt_seconds",
-            "Round-trip time of the last answered health check.",
-            [(labels, r.health_rtt_s) for r, labels in lab if r.health_rtt_s is not None],
-        )
-        x.counter(
-            "router:requests_total",
-            "Requests routed to each replica (each retry attempt counts).",
-            [(labels, r.requests_total) for r, labels in lab],
-        )
-        x.counter(
-            "router:upstream_errors_total",
-            "Connection failures to each replica, before or during a response.",
-            [(labels, r.upstream_errors_total) for r, labels in lab],
-        )
-        x.counter(
-            "router:retries_total",
-            "Requests retried elsewhere after failing to reach this replica.",
-            [(labels, r.retries_total) for r, labels in lab],
-        )
-        x.counter(
-            "router:relay_failures_total",
-            "Responses cut mid-way because the replica failed.",
-            [(labels, r.relay_failures_total) for r, labels in lab],
-        )
-        x.counter(
-            "router:relayed_bytes_total",
-            "Response bytes relayed from each replica.",
-            [(labels, r.relayed_bytes_total) for r, labels in lab],
-        )
-        x.counter(
-            "router:replica_starts_total",
-            "Processes started for each replica.",
-            [(labels, r.starts) for r, labels in lab],
-        )
-        x.counter(
-            "router:responses_total",
-            "Responses to completion requests by HTTP status, router-made or relayed.",
-            [([("code", str(code))], n) for code, n in sorted(self.responses_total.items())],
-        )
-        x.counter(
-            "router:admission_rejected_total",
-            "Requests shed by admission control.",
-            [([], self.admission_rejected_total)],
-        )
-        x.counter(
-            "router:no_replica_total",
-            "Requests refused because no replica was healthy.",
-            [([], self.no_replica_total)],
-        )
-        merged: dict[str, m.MetricFamily] = {}
-        for r, text in zip(scraped, texts, strict=True):
-            if text is None:
-                continue
-            try:
-                families = m.parse(text)
-            except m.ExpositionError as err:
-                log.warning("replica %d: /metrics not merged: %s", r.index, err)
-                continue
-            if self.replica_command is not None:
-                # A simulated replica labels its series engine="i" itself (vLLM's data-parallel
-                # label); another engine's are labelled here, so replicas stay apart.
-                for fam in families.values():
-                    for sample in fam.samples:
-                        if sample.label("engine") is None:
-                            sample.labels.append(("engine", str(r.index)))
-            for name, fam in families.items():
-                if name in merged:
-                    merged[name].samples.extend(fam.samples)
-                else:
-                    merged[name] = fam
-        for fam in merged.values():
-            x.raw_family(fam)
-        return x.text()
+
+
+def router_exposition(
+    replicas: Sequence[Any],
+    responses_total: collections.Counter[int],
+    admission_rejected_total: int,
+    no_replica_total: int,
+    replica_texts: Sequence[tuple[int, str | None]],
+    *,
+    label_engines: bool = False,
+) -> str:
+    """The router's ``/metrics``: its own ``router:*`` families (:func:`router_families`),
+    then every replica's exposition merged. ``label_engines``: add ``engine="i"`` to replica
+    series that lack it (another engine's)."""
+    x = router_families(replicas, responses_total, admission_rejected_total, no_replica_total)
+    merged: dict[str, m.MetricFamily] = {}
+    for index, text in replica_texts:
+        if text is None:
+            continue
+        try:
+            families = m.parse(text)
+        except m.ExpositionError as err:
+            log.warning("replica %d: /metrics not merged: %s", index, err)
+            continue
+        if label_engines:
+            # A simulated replica labels its series engine="i" itself (vLLM's data-parallel
+            # label); another engine's are labelled here, so replicas stay apart.
+            for fam in families.values():
+                for sample in fam.samples:
+                    if sample.label("engine") is None:
+                        sample.labels.append(("engine", str(index)))
+        for name, fam in families.items():
+            if name in merged:
+                merged[name].samples.extend(fam.samples)
+            else:
+                merged[name] = fam
+    for fam in merged.values():
+        x.raw_family(fam)
+    return x.text()
+
+
+def router_families(
+    replicas: Sequence[Any],
+    responses_total: collections.Counter[int],
+    admission_rejected_total: int,
+    no_replica_total: int,
+) -> m.Exposition:
+    """The router's own ``router:*`` families from ``replicas`` (objects with
+    :class:`Replica`'s counters and state). One home for the live router and the virtual-time
+    fleet (:mod:`capacity_pack.sim.fleet`)."""
+    x = m.Exposition()
+    lab = [(r, [("replica", str(r.index))]) for r in replicas]
+    x.gauge(
+        "router:replica_up",
+        "1 while the replica is in rotation.",
+        [(labels, 1.0 if r.healthy else 0.0) for r, labels in lab],
+    )
+    x.gauge(
+        "router:replica_starting",
+        "1 while a spawned replica has not yet passed its first health check (loading).",
+        [(labels, 1.0 if r.state == "starting" else 0.0) for r, labels in lab],
+    )
+    x.gauge(
+        "router:replica_outstanding_requests",
+        "Requests in flight through the router.",
+        [(labels, r.outstanding) for r, labels in lab],
+    )
+    x.gauge(
+        "router:replica_health_rtt_seconds",
+        "Round-trip time of the last answered health check.",
+        [(labels, r.health_rtt_s) for r, labels in lab if r.health_rtt_s is not None],
+    )
+    x.counter(
+        "router:requests_total",
+        "Requests routed to each replica (each retry attempt counts).",
+        [(labels, r.requests_total) for r, labels in lab],
+    )
+    x.counter(
+        "router:upstream_errors_total",
+        "Connection failures to each replica, before or during a response.",
+        [(labels, r.upstream_errors_total) for r, labels in lab],
+    )
+    x.counter(
+        "router:retries_total",
+        "Requests retried elsewhere after failing to reach this replica.",
+        [(labels, r.retries_total) for r, labels in lab],
+    )
+    x.counter(
+        "router:relay_failures_total",
+        "Responses cut mid-way because the replica failed.",
+        [(labels, r.relay_failures_total) for r, labels in lab],
+    )
+    x.counter(
+        "router:relayed_bytes_total",
+        "Response bytes relayed from each replica.",
+        [(labels, r.relayed_bytes_total) for r, labels in lab],
+    )
+    x.counter(
+        "router:replica_starts_total",
+        "Processes started for each replica.",
+        [(labels, r.starts) for r, labels in lab],
+    )
+    x.counter(
+        "router:responses_total",
+        "Responses to completion requests by HTTP status, router-made or relayed.",
+        [([("code", str(code))], n) for code, n in sorted(responses_total.items())],
+    )
+    x.counter(
+        "router:admission_rejected_total",
+        "Requests shed by admission control.",
+        [([], admission_rejected_total)],
+    )
+    x.counter(
+        "router:no_replica_total",
+        "Requests refused because no replica was healthy.",
+        [([], no_replica_total)],
+    )
+    return x
 
 
 def _free_port() -> int:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.sim import metrics as m
 from capacity_pack.sim.profile import Profile
-from capacity_pack.sim.scheduler import FINISHED, RUNNING, Scheduler, SimRequest
+from capacity_pack.sim.scheduler import FINISHED, RUNNING, Scheduler, SimRequest, Step
 
 log = logging.getLogger("capacity_pack.sim")
 
@@ -321,22 +321,8 @@ class Engine:
                 _ERROR_TYPES.get(faults.error_status, "InternalServerError"),
                 "injected fault: simulated engine error",
             )
+        self.check_room(len(prompt_ids), max_tokens)
         sched = self.sched
-        if len(sched.waiting) >= self.profile.engine.max_waiting_requests:
-            self.reject("queue_full")
-            raise Rejected(
-                429,
-                "RateLimitError",
-                f"the waiting queue is full ({len(sched.waiting)} requests); retry later",
-            )
-        need = sched.blocks_needed(len(prompt_ids) + max_tokens)
-        if need > sched.pool.capacity:
-            self.reject("kv_capacity")
-            raise Rejected(
-                503,
-                "ServiceUnavailableError",
-                f"the request needs {need} KV blocks but only {sched.pool.capacity} are usable",
-            )
         self._counter += 1
         eos_at = None
         if not ignore_eos:
@@ -363,8 +349,32 @@ class Engine:
             idle.set_result(None)
         return req
 
+    def check_room(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise :class:`Rejected` when the waiting queue is full or the request can never fit
+        the usable KV blocks (the engine's own admission checks, live and in virtual time)."""
+        sched = self.sched
+        if len(sched.waiting) >= self.profile.engine.max_waiting_requests:
+            self.reject("queue_full")
+            raise Rejected(
+                429,
+                "RateLimitError",
+                f"the waiting queue is full ({len(sched.waiting)} requests); retry later",
+            )
+        need = sched.blocks_needed(prompt_tokens + max_tokens)
+        if need > sched.pool.capacity:
+            self.reject("kv_capacity")
+            raise Rejected(
+                503,
+                "ServiceUnavailableError",
+                f"the request needs {need} KV blocks but only {sched.pool.capacity} are usable",
+            )
+
     def abort(self, req: SimRequest) -> None:
-        if self.sched.abort(req, mono_ns()):
+        self.abort_at(req, mono_ns())
+
+    def abort_at(self, req: SimRequest, now_ns: int) -> None:
+        """Abort ``req`` at ``now_ns`` (the client went away), counted as finished."""
+        if self.sched.abort(req, now_ns):
             self._on_finished(req)
 
     async def wait(self, req: SimRequest) -> None:
@@ -467,7 +477,7 @@ class Engine:
         assert timer is not None
         step_start: int | None = None
         wake = self._wake
-        ttft, itl, lateness = self.ttft, self.itl, self.lateness
+        lateness = self.lateness
         while True:
             if not sched.has_work():
                 step_start = None
@@ -483,10 +493,8 @@ class Engine:
                 step_start = begin
                 await timer.wait_until(step_start)
                 continue  # requests may have been aborted during the stall
-            step = sched.schedule(mono_ns())
+            step = self.begin_step(mono_ns())
             for req in step.failed:
-                self.requests_failed += 1
-                self._on_finished(req)
                 wake(req)
             if not step.reqs:
                 step_start = None
@@ -496,19 +504,34 @@ class Engine:
             now = mono_ns()
             late = now - deadline
             lateness.observe(late / 1e9 if late > 0 else 0.0)
-            self.step_time.observe(step.duration_s)
-            self.iteration_tokens.observe(step.num_tokens)
-            self.steps += 1
-            emitted, finished = sched.complete(step, now)
-            for req in emitted:
-                if req.num_output == 1:
-                    ttft.observe((now - req.arrival_ns) / 1e9)
-                else:
-                    itl.observe((now - req.prev_token_ns) / 1e9)
+            for req in self.end_step(step, now):
                 wake(req)
-            for req in finished:
-                self._on_finished(req)
             step_start = deadline
+
+    def begin_step(self, now_ns: int) -> Step:
+        """Schedule the next step at ``now_ns``; requests that can never fit fail here."""
+        step = self.sched.schedule(now_ns)
+        for req in step.failed:
+            self.requests_failed += 1
+            self._on_finished(req)
+        return step
+
+    def end_step(self, step: Step, now_ns: int) -> list[SimRequest]:
+        """Complete ``step`` at ``now_ns`` with its metrics; returns the requests that emitted
+        a token (the finished ones among them). The live loop and virtual time both call it."""
+        self.step_time.observe(step.duration_s)
+        self.iteration_tokens.observe(step.num_tokens)
+        self.steps += 1
+        emitted, finished = self.sched.complete(step, now_ns)
+        ttft, itl = self.ttft, self.itl
+        for req in emitted:
+            if req.num_output == 1:
+                ttft.observe((now_ns - req.arrival_ns) / 1e9)
+            else:
+                itl.observe((now_ns - req.prev_token_ns) / 1e9)
+        for req in finished:
+            self._on_finished(req)
+        return emitted
 
     def _on_finished(self, req: SimRequest) -> None:
         reason = req.finish_reason if req.finish_reason in self.success else "abort"
@@ -542,15 +565,19 @@ class Engine:
         }
 
     def metrics_text(self) -> str:
-        """The ``/metrics`` exposition: vLLM's families under vLLM's names, help texts and
-        labels (``model_name``, ``engine``), then the simulator's own ``sim:`` families."""
+        """The ``/metrics`` exposition (:meth:`metrics_exposition`) as text."""
+        return self.metrics_exposition().text()
+
+    def metrics_exposition(self) -> m.Exposition:
+        """The ``/metrics`` families: vLLM's under vLLM's names, help texts and labels
+        (``model_name``, ``engine``), then the simulator's own ``sim:`` families."""
         base = [("model_name", self.model_name), ("engine", str(self.engine_index))]
         x = m.Exposition()
         self._vllm_counts(x, base)
         self._vllm_histograms(x, base)
         self._vllm_cache_config(x)
         self._sim_families(x, base)
-        return x.text()
+        return x
 
     def _vllm_counts(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
         """vLLM's scheduler gauges and its token, preemption and request counters."""

@@ -106,25 +106,25 @@ def format_labels(labels: Sequence[tuple[str, str]]) -> str:
 
 
 class Exposition:
-    """Builds one scrape: families are added in order, each with its samples."""
+    """Builds one scrape: families are added in order, each with its samples; rendered as text
+    (:meth:`text`) or read as samples (:meth:`samples`, what a parser of the text returns)."""
 
     def __init__(self) -> None:
-        self._lines: list[str] = []
+        # ("#", name, kind, help) headers and (name, labels, value) samples, in order.
+        self._items: list[tuple] = []
         self._seen: set[str] = set()
 
     def _family(self, name: str, kind: str, help_text: str) -> None:
         if name in self._seen:
             raise ValueError(f"metric family {name} added twice")
         self._seen.add(name)
-        self._lines.append(f"# HELP {name} {help_text}")
-        self._lines.append(f"# TYPE {name} {kind}")
+        self._items.append(("#", name, kind, help_text))
 
     def gauge(
         self, name: str, help_text: str, series: Iterable[tuple[Sequence[tuple[str, str]], float]]
     ) -> None:
         self._family(name, "gauge", help_text)
-        for labels, value in series:
-            self._lines.append(f"{name}{format_labels(labels)} {format_value(value)}")
+        self._items += [(name, labels, float(value)) for labels, value in series]
 
     def counter(
         self, name: str, help_text: str, series: Iterable[tuple[Sequence[tuple[str, str]], float]]
@@ -132,8 +132,7 @@ class Exposition:
         if not name.endswith("_total"):
             raise ValueError(f"counter {name} must end in _total")
         self._family(name, "counter", help_text)
-        for labels, value in series:
-            self._lines.append(f"{name}{format_labels(labels)} {format_value(value)}")
+        self._items += [(name, labels, float(value)) for labels, value in series]
 
     def histogram(
         self,
@@ -142,23 +141,36 @@ class Exposition:
         series: Iterable[tuple[Sequence[tuple[str, str]], Histogram]],
     ) -> None:
         self._family(name, "histogram", help_text)
+        items = self._items
         for labels, hist in series:
             labels = list(labels)
             cumulative = hist.cumulative()
             for bound, count in zip((*hist.bounds, math.inf), cumulative, strict=True):
-                le = format_labels([*labels, ("le", format_value(bound))])
-                self._lines.append(f"{name}_bucket{le} {format_value(count)}")
-            self._lines.append(f"{name}_count{format_labels(labels)} {format_value(hist.count)}")
-            self._lines.append(f"{name}_sum{format_labels(labels)} {format_value(hist.sum)}")
+                bucket = [*labels, ("le", format_value(bound))]
+                items.append((f"{name}_bucket", bucket, float(count)))
+            items.append((f"{name}_count", labels, float(hist.count)))
+            items.append((f"{name}_sum", labels, float(hist.sum)))
 
     def raw_family(self, family: MetricFamily) -> None:
         """Re-emit a parsed family (the cluster router merges replicas' scrapes this way)."""
         self._family(family.name, family.type, family.help)
-        for s in family.samples:
-            self._lines.append(f"{s.name}{format_labels(s.labels)} {format_value(s.value)}")
+        self._items += [(s.name, s.labels, s.value) for s in family.samples]
+
+    def samples(self) -> list[tuple[str, Sequence[tuple[str, str]], float]]:
+        """Every sample as (name, labels, value): what parsing :meth:`text` gives back."""
+        return [item for item in self._items if item[0] != "#"]
 
     def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
+        lines = []
+        for item in self._items:
+            if item[0] == "#":
+                _, name, kind, help_text = item
+                lines.append(f"# HELP {name} {help_text}")
+                lines.append(f"# TYPE {name} {kind}")
+            else:
+                name, labels, value = item
+                lines.append(f"{name}{format_labels(labels)} {format_value(value)}")
+        return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
