@@ -29,6 +29,8 @@ rule report:
         reports=lambda w: report_targets(),
         tables=lambda w: point_targets("normalize", "csv"),
         metrics=lambda w: point_targets("normalize", "metrics"),
+        # The failure answer belongs next to the decision: the README waits for the drills.
+        failure=[stage_output("failure_test", "json")] if DRILLS else [],
     output:
         readme=report(
             stage_output("report", "readme"), category="Decision", caption="../report/readme.rst"

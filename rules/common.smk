@@ -160,7 +160,7 @@ def open_report_targets():
 
 
 # Failure drills: their names, what each reads, and what analysing them reads.
-DRILLS = [d.name for d in PACK.failure.drills] if PACK.failure else []
+DRILLS = [d.name for d in PACK.failure.all_drills] if PACK.failure else []
 DRILL_SPEC_JSON = drill_analyze_lib.DrillAnalysisSpec.of(PACK).canonical_json()
 PACK_INFO_JSON = canonical_json({**PACK.pack.model_dump(mode="json"), "label": PACK.pack.label})
 # The alert rules read the engine name, cutoffs, gates and thresholds; the rule is cheap, so it
@@ -174,6 +174,16 @@ def drill_inputs_json(wildcards):
 
 def drill_report_targets():
     return [stage_output("failure_analyze", "report", drill=d) for d in DRILLS]
+
+
+def drill_timeline_targets():
+    return [stage_output("failure_analyze", "timeline", drill=d) for d in DRILLS]
+
+
+def pack_timeline_targets():
+    """Each drill's picture, copied into the pack folder beside failure-test.md."""
+    folder = Path(stage_output("failure_test", "markdown")).parent
+    return [str(folder / f"failure-timeline-{d}.png") for d in DRILLS]
 
 
 def tracked_targets(tracked):

@@ -17,10 +17,12 @@ rule dashboard:
 
 
 rule failure_drill:
-    """Run one failure drill at the capacity point: inject, scrape, record every request."""
+    """Run one failure drill (at the capacity point, or the plan drill on the recommended fleet
+    at its peak): inject, scrape, record every request."""
     priority: CHAIN_PRIORITY
     input:
         capacity=stage_output("capacity", "capacity"),
+        plan=stage_output("capacity", "plan"),
         reports=lambda w: open_report_targets(),
     output:
         **stage_outputs("failure_drill"),
@@ -42,7 +44,8 @@ rule failure_drill:
 
 
 rule failure_analyze:
-    """The failure-test fields of one drill; the pack's alert rules evaluated on its series."""
+    """The failure-test fields of one drill; the pack's alert rules evaluated on its series; its
+    timeline picture."""
     input:
         **stage_outputs("failure_drill"),
         rules=stage_output("dashboard", "rules"),
@@ -66,6 +69,7 @@ rule failure_test:
     """failure-test.md and failure-test.json: every drill's fields side by side."""
     input:
         reports=drill_report_targets(),
+        timelines=drill_timeline_targets(),
     output:
         markdown=report(
             stage_output("failure_test", "markdown"),
@@ -73,6 +77,10 @@ rule failure_test:
             caption="../report/failure-test.rst",
         ),
         json=stage_output("failure_test", "json"),
+        timelines=[
+            report(p, category="Failure test", caption="../report/failure-timeline.rst")
+            for p in pack_timeline_targets()
+        ],
     params:
         pack=lambda w: PACK_INFO_JSON,
         code=stage_code_hash("failure_test"),

@@ -9,5 +9,6 @@ with job_logging(snakemake.log[0]) as log:
         drill=snakemake.input.drill,
         rules=snakemake.input.rules,
         report=snakemake.output.report,
+        timeline=snakemake.output.timeline,
         log=log,
     )

@@ -7,6 +7,7 @@ with job_logging(snakemake.log[0]) as log:
     entry("failure_drill")(
         inputs=snakemake.params.inputs,
         capacity=snakemake.input.capacity,
+        plan=snakemake.input.plan,
         reports=list(snakemake.input.reports),
         drill=snakemake.output.drill,
         log=log,

@@ -10,4 +10,5 @@ with job_logging(snakemake.log[0]) as log:
         markdown=snakemake.output.markdown,
         json_path=snakemake.output.json,
         log=log,
+        timelines=list(zip(snakemake.input.timelines, snakemake.output.timelines, strict=True)),
     )

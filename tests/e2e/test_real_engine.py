@@ -173,8 +173,18 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     # the router's supervisor started it again; the cancellation drill cancelled requests.
     failure = json.loads((results / "pack" / "failure-test.json").read_text())
     drills = {d["drill"]: d for d in failure["drills"]}
-    assert set(drills) == {"replica_kill", "cancellation"}
+    assert set(drills) == {"replica_kill", "cancellation", "plan_replica_kill"}
     assert not any(d.get("skipped") for d in drills.values()), drills
+    # The plan drill: the recommended fleet of llama-servers, live, at the planned peak.
+    plan, planned = (
+        drills["plan_replica_kill"],
+        json.loads((results / "pack" / "plan.json").read_text()),
+    )
+    assert plan["execution"] == "live" and plan["rate_rps"] == 2
+    assert plan["replicas"] == planned["required_replicas"]
+    verdict = plan["n_plus_one"]["verdict"]
+    n = plan["replicas"]
+    assert f"Losing 1 of {n} replica{'s' if n != 1 else ''} at the 2 RPS peak: {verdict}" in readme
     kill = json.loads((results / "failure" / "replica_kill" / "drill.json").read_text())
     assert kill["plan"]["replicas"] == 1 and "managed command" in kill["replicas_started_by"]
     events = json.loads((results / "failure" / "replica_kill" / "events.json").read_text())

@@ -117,9 +117,29 @@ def test_the_pack_holds_the_failure_test_alerts_and_dashboard(ran):
                   "recovery_time", "requests rejected", "alerts fired"):  # fmt: skip
         assert field in md, field
     doc = json.loads((pack / "failure-test.json").read_text())
-    (drill,) = doc["drills"]
+    drill, plan = doc["drills"]
     assert drill["drill"] == "replica_kill" and "ReplicaDown" in drill["alerts_fired"]
     assert drill["detection_time_s"] > drill["injection_time_s"]
+    assert drill["scope"] == "capacity_point" and drill["execution"] == "live"
+    # The plan drill: the recommended fleet at the planned peak, too big to run live here.
+    planned = json.loads((pack / "plan.json").read_text())
+    assert plan["drill"] == "plan_replica_kill" and plan["scope"] == "plan"
+    assert plan["replicas"] == planned["required_replicas"] and plan["rate_rps"] == 60
+    assert plan["execution"] == "virtual"
+    verdict = plan["n_plus_one"]["verdict"]
+    assert verdict in {"PASS", "FAIL"} and doc["plan_drill"]["verdict"] == verdict
+    readme = (pack / "README.md").read_text()
+    # The failure question is answered next to the decision, before the replica plan.
+    answer = readme.index("## When a replica fails")
+    assert readme.index("## Decision") < answer < readme.index("## Replica plan")
+    assert f"Losing 1 of {plan['replicas']} replicas at the 60 RPS peak: {verdict}" in readme
+    assert "- `replica_kill` (replica_kill, 2 replicas at 20.0 RPS): detected in" in readme
+    for name in ("replica_kill", "plan_replica_kill"):
+        png = pack / f"failure-timeline-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    slo = json.loads((pack / "slo-report.json").read_text())
+    for c in slo["classes"].values():
+        assert 0 <= c["all_attempt_attainment"] <= c["attainment"] <= 1
     rules = yaml.safe_load((pack / "alerts" / "alert-rules.yaml").read_text())
     assert "ReplicaDown" in {r["alert"] for g in rules["groups"] for r in g["rules"]}
     dash = json.loads((pack / "dashboard" / "grafana-dashboard.json").read_text())
@@ -179,11 +199,19 @@ def test_mlflow_holds_parent_and_child_runs(ran):
     parent = parents[0]
     assert parent.data.tags["capacity_pack.manifest_sha256"] == frozen["sha256"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 19
+    assert len(children) == 20
     stages = {"schedule", "sweep", "analysis", "failure"}
     assert {c.data.tags["capacity_pack.stage"] for c in children} == stages
-    (drill,) = [c for c in children if c.data.tags["capacity_pack.stage"] == "failure"]
-    assert drill.data.tags["capacity_pack.job"] == "failure/replica_kill"
+    drills = {
+        c.data.tags["capacity_pack.job"]: c
+        for c in children
+        if c.data.tags["capacity_pack.stage"] == "failure"
+    }
+    assert set(drills) == {"failure/replica_kill", "failure/plan_replica_kill"}
+    plan = drills["failure/plan_replica_kill"]
+    assert plan.data.tags["capacity_pack.n_plus_one"] in {"PASS", "FAIL"}
+    assert plan.data.tags["capacity_pack.execution"] == "virtual"
+    drill = drills["failure/replica_kill"]
     assert drill.data.metrics["detection_after_injection_s"] > 0
     assert "ReplicaDown" in drill.data.tags["capacity_pack.alerts_fired"]
     for child in children:
@@ -223,7 +251,9 @@ TRACKS = ["autopsy", "capacity", "report", "track:analysis", "track:schedule", "
 # capacity decision re-runs the drill, since its rate comes from that decision.
 FAILURE = [
     "dashboard",
+    "failure_analyze:plan_replica_kill",
     "failure_analyze:replica_kill",
+    "failure_drill:plan_replica_kill",
     "failure_drill:replica_kill",
     "failure_test",
     "track:failure",
@@ -305,8 +335,8 @@ def test_new_manifest_gets_its_own_parent_with_every_child(ran):
         assert len(parents) == 2
         for parent in parents:
             kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-            assert len(kids) == 19  # 6 schedules, 6 sweeps, 6 analyses, 1 drill
-            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 19
+            assert len(kids) == 20  # 6 schedules, 6 sweeps, 6 analyses, 2 drills
+            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 20
     finally:
         # The last test on `ran`: the pack file is restored, nothing needs re-running.
         write_pack(ran, small_pack())

@@ -152,6 +152,13 @@ def test_the_rules_outputs_are_the_tables(workflow):
             plots = got.pop("plots")
             assert [Path(p).name for p in plots] == list(stages.REPORT_PLOTS)
             assert {str(Path(p).parent) for p in plots} == {f"{results}/{stage.folder}"}
+        if name == "failure_test":
+            # Each drill's timeline beside failure-test.md: the pack's drills decide which.
+            pictures = [Path(p).name for p in got.pop("timelines")]
+            from capacity_pack.plan.manifest import load_pack
+
+            drills = [d.name for d in load_pack(DEFAULT_CONFIG).failure.all_drills]
+            assert pictures == [f"failure-timeline-{d}.png" for d in drills]
         assert got == want, name
 
 

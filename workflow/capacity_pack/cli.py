@@ -526,11 +526,19 @@ def import_export(
     help="slo-report.json of the capacity point (its in-flight count sets admission control).",
 )
 @click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="plan.json whose required_replicas the plan drill (plan_replica_kill) runs.",
+)
+@click.option(
     "-o",
     "--output",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
-    help="Folder for the drill's records, scrapes, events, drill.json and drill-report.json.",
+    help="Folder for the drill's records, scrapes, events, drill.json, drill-report.json and "
+    "timeline.png.",
 )
 @_lock_options
 @_die_on_manifest_error
@@ -539,6 +547,7 @@ def drill(
     name: str,
     capacity_path: Path | None,
     report_paths: tuple[Path, ...],
+    plan_path: Path | None,
     output: Path,
     no_wait: bool,
     lock_timeout: float,
@@ -565,6 +574,7 @@ def drill(
             drill=drill_json,
             log=log,
             lock=_lock_settings(no_wait, lock_timeout),
+            plan=plan_path,
         )
         rules = output / "alert-rules.yaml"
         _stage("dashboard")(inputs=pack, rules=rules, log=log)
@@ -573,6 +583,7 @@ def drill(
             drill=drill_json,
             rules=rules,
             report=output / STAGES["failure_analyze"].outputs["report"],
+            timeline=output / STAGES["failure_analyze"].outputs["timeline"],
             log=log,
         )
     except (DrillError, DashboardError, TargetBusy, LockError) as err:
@@ -580,6 +591,8 @@ def drill(
     if report.get("skipped"):
         click.echo(f"{name}: skipped: {report['skipped']}")
         return
+    if report.get("n_plus_one"):
+        click.echo(f"{name} ({report['execution']}): {report['n_plus_one']['sentence']}")
     click.echo(
         f"{name}: injected at {report['injection_time_s']:.2f} s, alerts fired "
         f"{', '.join(report['alerts_fired']) or 'none'}; expected alert fired: "

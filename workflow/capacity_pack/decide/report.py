@@ -34,7 +34,7 @@ from capacity_pack.plan.words import target_words
 STATE_STYLE = {"cold": ("tab:blue", "o"), "warm": ("tab:orange", "s")}
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,7 +56,7 @@ def figure_text(fig) -> str:
     return "\n".join(seen)
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     # The figure's words go into the PNG (its Description text chunk): what a screen reader
     # or a search finds in the picture, and what a test can read back.
     with atomic_path(path) as tmp:
@@ -67,11 +67,11 @@ def _save(fig, path: Path) -> None:
             bbox_inches="tight",
             metadata={"Description": figure_text(fig)},
         )
-    _plt().close(fig)
+    pyplot().close(fig)
 
 
 def plot_throughput(selection: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     top = 0.0
     for state, sel in selection.items():
@@ -89,7 +89,7 @@ def plot_throughput(selection: dict[str, Any], path: Path) -> None:
     ax.set_title("Throughput and goodput by offered rate; shaded: the capacity bracket")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _bracket(ax, b: dict[str, Any], color: str, state: str) -> None:
@@ -115,7 +115,7 @@ def _errorline(ax, x, stats, color, marker, label) -> None:
 def plot_attainment(
     reports: list[dict[str, Any]], classes: list[str], gate: float, path: Path
 ) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(classes), figsize=(4.2 * len(classes), 3.8), sharey=True)
     axes = np.atleast_1d(axes)
     for ax, c in zip(axes, classes, strict=True):
@@ -144,14 +144,14 @@ def plot_attainment(
     axes[0].set_ylabel("joint TTFT+TPOT attainment (95% CI)")
     axes[0].legend(fontsize=8)
     fig.suptitle("Per-class SLO attainment, every repeat")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_latency(
     reports: list[dict[str, Any]], classes: list[str], cutoffs: dict[str, tuple[float, float]],
     path: Path,
 ) -> None:  # fmt: skip
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(classes), figsize=(4.2 * len(classes), 6.5), sharex=True)
     axes = np.atleast_2d(axes)
     for j, c in enumerate(classes):
@@ -171,11 +171,11 @@ def plot_latency(
                 ax.set_xlabel("offered RPS")
     axes[0, 0].legend(fontsize=8)
     fig.suptitle("P95 latency against the per-request cutoffs (every repeat)")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_closed_loop(curves: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for state, cur in curves.items():
         color, marker = STATE_STYLE.get(state, ("gray", "x"))
@@ -196,7 +196,7 @@ def plot_closed_loop(curves: dict[str, Any], path: Path) -> None:
     ax.set_title("Closed-loop latency-throughput curve")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 #: The server signals the time-series plot draws: metric, label, axis, colour.
@@ -212,7 +212,7 @@ def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> list[str]:
 
     A signal that no point's scrape holds (an engine without a KV gauge, such as llama.cpp) is
     not drawn: no empty line in the legend. The title names it; its label is returned."""
-    plt = _plt()
+    plt = pyplot()
     present = {
         m for s in series.values() for m in s.loc[s["source"] == "server", "metric"].unique()
     }
@@ -246,7 +246,7 @@ def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> list[str]:
     fig.suptitle(title)
     # A second title line needs the room above the top row's panel titles.
     fig.subplots_adjust(hspace=0.55, wspace=0.35, top=0.84 if missing else 0.9)
-    _save(fig, path)
+    save_figure(fig, path)
     return missing
 
 
@@ -261,8 +261,9 @@ def write_pack(
     selected_report: dict[str, Any] | None,
     series: dict[str, pd.DataFrame],
     extra_files: list[Path] | None = None,
+    failure: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """Write the pack folder; returns the files written."""
+    """Write the pack folder; returns the files written. ``failure``: failure-test.json."""
     import yaml
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -308,7 +309,15 @@ def write_pack(
             with atomic_path(out_dir / f.name) as tmp:
                 shutil.copyfile(f, tmp)
             files.append(out_dir / f.name)
-    readme = render_readme(frozen, capacity, plan, selected_report, [f.name for f in files])
+    if failure is not None:
+        # Written beside the README by the failure test: listed (and MLflow artifacts of the
+        # parent run), not copied.
+        written = ["failure-test.md", "failure-test.json"]
+        written += [f"failure-timeline-{r['drill']}.png" for r in failure["drills"]]
+        files += [out_dir / n for n in written if (out_dir / n).exists()]
+    readme = render_readme(
+        frozen, capacity, plan, selected_report, [f.name for f in files], failure
+    )
     write_text_atomic(out_dir / "README.md", readme)
     files.append(out_dir / "README.md")
     return files
@@ -341,13 +350,15 @@ def render_readme(
     plan: dict[str, Any],
     selected: dict[str, Any] | None,
     files: list[str],
+    failure: dict[str, Any] | None = None,
 ) -> str:
-    """The pack's README.md: decision, replica plan, gates, evidence, selected point, failure
-    test, limits and files, one section renderer each."""
+    """The pack's README.md: decision, the failure answer, replica plan, gates, evidence,
+    selected point, failure test, limits and files, one section renderer each."""
     m = frozen["manifest"]
     lines = [
         *_readme_title(m["pack"]),
         *_readme_decision(m, capacity),
+        *_readme_failure_answer(failure),
         *_readme_plan(m, plan),
         *_readme_gates(m),
         *_readme_evidence(capacity),
@@ -569,17 +580,56 @@ def _readme_selected(selected: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _readme_failure_answer(failure: dict[str, Any] | None) -> list[str]:
+    """The second headline question, answered for the recommended plan, then one line per
+    mechanism drill."""
+    if failure is None:
+        return []
+    lines = ["## When a replica fails", ""]
+    plan = failure.get("plan_drill")
+    if plan is not None:
+        lines.append(f"**{plan['sentence']}.**")
+        if plan.get("why_fail"):
+            lines.append(f"Why: {'; '.join(plan['why_fail'])}.")
+        if plan.get("execution"):
+            lines.append(
+                f"Run {plan['execution']} ({plan.get('execution_reason')}); the verdict's "
+                "checks, their numbers and `failure-timeline-plan_replica_kill.png` are in "
+                "`failure-test.md`."
+            )
+        lines.append("")
+    mechanism = failure["summary"].get("mechanism_lines") or []
+    if mechanism:
+        lines += [
+            "Mechanism tests (replicas behind the router at the selected capacity per replica, "
+            "not the plan):",
+            "",
+            *[f"- {line}" for line in mechanism],
+            "",
+        ]
+    return lines
+
+
 def _readme_failure(m: dict[str, Any]) -> list[str]:
     if not m.get("failure"):
         return []
     drills = ", ".join(f"`{d['name']}` ({d['kind']})" for d in m["failure"]["drills"])
+    plan = (m["failure"].get("plan_drill") or {}).get("enabled", True)
     return [
         "## Failure test, alerts and dashboard",
         "",
-        f"`failure-test.md` (and `failure-test.json`) hold the drills {drills}, each run "
+        "`failure-test.md` (and `failure-test.json`) hold "
+        + (
+            "the plan drill (one replica of the recommended fleet killed at the planned peak, "
+            "with its N+1 verdict) and "
+            if plan
+            else ""
+        )
+        + f"the mechanism drills {drills}, each run "
         "against replicas behind the router at the selected capacity point: injection, "
         "detection, router removal, errors, queue and recovery on one clock, and which "
-        "alerts fired. `alerts/alert-rules.yaml` holds the Prometheus alerting rules the "
+        "alerts fired; `failure-timeline-<drill>.png` draws each over time. "
+        "`alerts/alert-rules.yaml` holds the Prometheus alerting rules the "
         "drills were judged by; `dashboard/grafana-dashboard.json` is an importable Grafana "
         "dashboard of the same signals.",
         "",

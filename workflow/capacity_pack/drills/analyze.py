@@ -168,6 +168,9 @@ def windows(req: pd.DataFrame, start_ns: int, end_ns: int, width_s: float) -> pd
     judged = frame["attempted"] - frame["cancelled"]
     frame["attainment"] = np.where(frame["ok"] > 0, frame["meets_slo"] / frame["ok"].clip(lower=1),
                                    np.nan)  # fmt: skip
+    frame["all_attempt_attainment"] = np.where(
+        judged > 0, frame["meets_slo"] / judged.clip(lower=1), np.nan
+    )
     frame["failure_share"] = np.where(judged > 0, frame["failed"] / judged.clip(lower=1), np.nan)
     return frame.reset_index(drop=True)
 
@@ -188,21 +191,86 @@ def phase_stats(req: pd.DataFrame, lo_ns: int, hi_ns: int, spec: DrillAnalysisSp
     out["error_rate"] = out["failed"] / judged if judged else None
     ok = r[r["status"] == "ok"]
     out["attainment"] = float(ok["meets_slo"].mean()) if len(ok) else None
+    out["all_attempt_attainment"] = all_attempt_attainment(r)
     dur = max(1e-9, (hi_ns - lo_ns) / NS)
     out["goodput_rps"] = float(ok["meets_slo"].sum()) / dur
     classes = {}
     for c in spec.workload:
         k = ok[ok["class"] == c.name]
         classes[c.name] = {
+            "attempted": int((r["class"] == c.name).sum()),
             "ok": int(len(k)),
             "ttft_p50_ms": _pct(k["ttft_ms"].to_numpy(), 50),
             "ttft_p95_ms": _pct(k["ttft_ms"].to_numpy(), 95),
             "tpot_p50_ms": _pct(k["tpot_ms"].to_numpy(), 50),
             "tpot_p95_ms": _pct(k["tpot_ms"].to_numpy(), 95),
             "attainment": float(k["meets_slo"].mean()) if len(k) else None,
+            "all_attempt_attainment": all_attempt_attainment(r[r["class"] == c.name]),
         }
     out["classes"] = classes
     return out
+
+
+def timeline(
+    req: pd.DataFrame,
+    samples: pd.DataFrame,
+    scrapes: pd.DataFrame,
+    spec: DrillAnalysisSpec,
+    waiting_metric: str,
+    start_ns: int,
+    end_ns: int,
+    step_s: float = 0.5,
+) -> dict[str, Any]:
+    """The drill over time, for its picture: per ``step_s`` bin from the end of the warm-up,
+    the offered rate (requests sent / s), the completed rate (successes ended / s), errors and
+    rejections ended / s; per class the attainment over all attempts of the requests that
+    ended in the trailing ``window_s`` (a sliding window, so a short incident is not averaged
+    away); and at every successful scrape the client's in-flight count and the engines'
+    waiting queue."""
+    step = int(step_s * NS)
+    edges = np.arange(start_ns, end_ns + step, step)
+    t = edges[:-1]
+    out: dict[str, Any] = {"t_s": (t / NS).tolist(), "step_s": step_s, "window_s": spec.window_s}
+    if not len(req) or len(edges) < 2:
+        return out
+
+    def per_s(times: pd.Series) -> list[float]:
+        counts, _ = np.histogram(times.to_numpy(), bins=edges)
+        return (counts / step_s).tolist()
+
+    out["offered_rps"] = per_s(req["sent_offset_ns"])
+    ended = req["end_offset_ns"]
+    out["completed_rps"] = per_s(ended[req["status"] == "ok"])
+    out["errors_per_s"] = per_s(ended[req["status"].isin(["error", "timeout"])])
+    out["rejected_per_s"] = per_s(ended[req["status"] == "rejected"])
+    width = int(spec.window_s * NS)
+    classes = {}
+    judged = req[req["status"] != "cancelled"]
+    for c in spec.workload:
+        k = judged[judged["class"] == c.name].sort_values("end_offset_ns")
+        e = k["end_offset_ns"].to_numpy()
+        met = np.concatenate([[0], np.cumsum(k["meets_slo"].to_numpy(dtype=np.int64))])
+        hi = np.searchsorted(e, t + step, side="left")
+        lo = np.searchsorted(e, t + step - width, side="left")
+        n = hi - lo
+        share = np.where(n > 0, (met[hi] - met[lo]) / np.maximum(n, 1), np.nan)
+        classes[c.name] = [None if np.isnan(v) else float(v) for v in share]
+    out["all_attempt_attainment"] = classes
+    ok = scrapes[scrapes["ok"]] if len(scrapes) else scrapes
+    out["scrape_t_s"] = (ok["t_ns"] / NS).tolist() if len(ok) else []
+    out["client_in_flight"] = ok["client_in_flight"].tolist() if len(ok) else []
+    wait = _series(samples, waiting_metric) if len(samples) else pd.DataFrame()
+    if len(ok) and len(wait):
+        merged = ok[["t_ns"]].merge(wait, on="t_ns", how="left")
+        out["server_waiting"] = [None if pd.isna(v) else float(v) for v in merged["value"]]
+    return out
+
+
+def all_attempt_attainment(req: pd.DataFrame) -> float | None:
+    """Requests meeting their SLO / requests attempted, policy cancellations left out: a failed,
+    rejected, lost or timed-out request is a miss (None: nothing attempted)."""
+    judged = int((req["status"] != "cancelled").sum()) if len(req) else 0
+    return float(req["meets_slo"].sum()) / judged if judged else None
 
 
 def clock_check(req: pd.DataFrame) -> dict[str, Any]:
@@ -320,7 +388,9 @@ def analyze_drill(
     last_due = int(req["end_offset_ns"].max()) if len(req) else start
     base_lo = start + int(spec.warmup_s * NS)
     wins = windows(req, base_lo, last_due + 1, spec.window_s)
-    inj_ns = int(injection["t_s"] * NS)
+    # round, not int: t_s came from integer ns, and a truncated ns would move a request that
+    # ended at the injection into the healthy window before it.
+    inj_ns = round(injection["t_s"] * NS)
     cleared_ns, cleared_how = _fault_cleared(kind, plan, events, restore_act, inj_ns, start)
     recovered_ns, recovery_how = _recovery(wins, inj_ns, cleared_ns, spec, start_s=base_lo)
     waiting = engine_metrics(spec.engine_name).waiting or "vllm:num_requests_waiting"
@@ -377,7 +447,184 @@ def analyze_drill(
     report["capacity_returned_without_manual_repair"] = _capacity_returned(
         report, kind, events, plan, spec
     )
+    report["timeline"] = timeline(req, samples, scrapes, spec, waiting, base_lo, end_ns)
+    report["scope"] = plan.scope
+    report["execution"] = facts.get("execution", "live")
+    report["execution_reason"] = plan.execution_reason
+    if plan.scope == "plan":
+        report["n_plus_one"] = n_plus_one(
+            req, report, plan, spec, inj_ns, cleared_ns, end_ns, base_lo
+        )
     return report
+
+
+def n_plus_one(
+    req: pd.DataFrame,
+    report: dict[str, Any],
+    plan: DrillPlan,
+    spec: DrillAnalysisSpec,
+    inj_ns: int,
+    cleared_ns: int | None,
+    end_ns: int,
+    base_lo_ns: int,
+) -> dict[str, Any]:
+    """The plan drill's verdict: does the recommended fleet, one replica down, carry its peak?
+
+    PASS when all four hold:
+
+    0. the plan holds before the failure: among the requests that ended between the end of the
+       warm-up and the injection, the same per-class and failure-share gates as in 1 (a plan
+       that misses its SLO with every replica up has nothing to lose a replica from: its linear
+       scaling does not hold on this target);
+    1. the survivors carry the peak: among the requests *sent* while the fleet is one replica
+       short (from the injection until the killed replica is back in rotation, else the end of
+       the run), every class's attainment over all attempts (failures count as misses) is at
+       least ``class_slo_attainment_min``, and the pooled failure share is at most
+       ``error_rate_max``;
+    2. the blast radius is the failed replica's: every request lost (error or timeout after the
+       injection) was sent before the router took the replica out of rotation, i.e. was in
+       flight on it (a request sent after its removal and lost would be the router's failure);
+    3. the fleet recovered: the replica came back and every window from then on passed the
+       drill gates (``recovery_time_s``) before the run ended.
+
+    Point estimates over one drill (no confidence bound): a few hundred requests per class at
+    a rehearsal pack's peak; the counts are reported with every share.
+    """
+    lo, hi = inj_ns, cleared_ns if cleared_ns is not None else end_ns
+    att_min, err_max = spec.threshold(CLASS_ATTAINMENT), spec.threshold(ERROR_RATE)
+    # Before the failure, by end time: a request sent before the kill but cut by it is the
+    # blast radius (check 2), not the healthy fleet's.
+    base = _sent_window(req, base_lo_ns, inj_ns, spec, att_min, err_max, by="end_offset_ns")
+    one_short = _sent_window(req, lo, hi, spec, att_min, err_max)
+    classes, share = one_short["classes"], one_short["failure_share"]
+    error_holds = one_short["failure_share_holds"]
+    removal = report.get("router_removal_time_s")
+    lost = req[req["status"].isin(["error", "timeout"]) & (req["end_offset_ns"] >= inj_ns)]
+    after_removal = (
+        int((lost["sent_offset_ns"] >= int(removal * NS)).sum()) if removal is not None else None
+    )
+    blast_holds = after_removal == 0
+    rec = report.get("recovery_time_s")
+    inj_s = inj_ns / NS
+    checks = {
+        "plan_holds_before_the_failure": base["holds"],
+        "survivors_carry_the_peak": one_short["holds"],
+        "blast_radius_is_the_failed_replica": blast_holds,
+        "recovered": rec is not None,
+    }
+    why = []
+    if not base["holds"]:
+        why.append(
+            "before the failure the planned fleet already missed its gates ("
+            + ", ".join(
+                f"{name} {_fmt_share(c['all_attempt_attainment'])}"
+                for name, c in base["classes"].items()
+            )
+            + f"; failure share {_fmt_share(base['failure_share'])}): the plan's linear "
+            "scaling does not hold here"
+        )
+    for name, c in classes.items():
+        if not c["holds"]:
+            why.append(
+                f"class {name}: {_fmt_share(c['all_attempt_attainment'])} of "
+                f"{c['attempted']} attempts met the SLO (gate {att_min:g})"
+            )
+    if not error_holds:
+        why.append(
+            f"failure share {_fmt_share(share)} of {one_short['requests_sent']} (gate {err_max:g})"
+        )
+    if not blast_holds:
+        why.append(
+            "the router's removal time is unknown"
+            if after_removal is None
+            else f"{after_removal} request(s) sent after the router removed the replica were lost"
+        )
+    if rec is None:
+        why.append("the fleet did not recover before the run ended")
+    verdict = "PASS" if all(checks.values()) else "FAIL"
+    planned = plan.planned or {}
+    n = plan.replicas
+    sentence = (
+        f"Losing 1 of {n} replica{'s' if n != 1 else ''} at the {plan.rate_rps:g} RPS peak: "
+        f"{verdict}"
+        + (
+            f", recovered in {rec - inj_s:.1f} s"
+            if rec is not None
+            else ", not recovered during the run"
+        )
+        + f", {report['requests_rejected']} requests rejected, {report['requests_lost']} lost"
+    )
+    return {
+        "verdict": verdict,
+        "sentence": sentence,
+        "checks": checks,
+        "why_fail": why,
+        "window": {
+            "from_s": lo / NS,
+            "to_s": hi / NS,
+            "to": "the killed replica back in rotation"
+            if cleared_ns is not None
+            else "the end of the run (the replica never came back)",
+            "requests_sent": one_short["requests_sent"],
+        },
+        "classes": classes,
+        "failure_share": share,
+        "failed": one_short["failed"],
+        "before_the_failure": base,
+        "gates": {"class_slo_attainment_min": att_min, "error_rate_max": err_max},
+        "requests_lost": report["requests_lost"],
+        "lost_sent_after_removal": after_removal,
+        "requests_rejected": report["requests_rejected"],
+        "recovery_after_injection_s": rec - inj_s if rec is not None else None,
+        "replicas": n,
+        "peak_rps": plan.rate_rps,
+        "planned": planned,
+        "execution": report["execution"],
+    }
+
+
+def _sent_window(
+    req: pd.DataFrame,
+    lo_ns: int,
+    hi_ns: int,
+    spec: DrillAnalysisSpec,
+    att_min: float,
+    err_max: float,
+    by: str = "sent_offset_ns",
+) -> dict[str, Any]:
+    """The requests sent (``by``: or ended) in [lo, hi): per class attainment over all
+    attempts against the attainment gate, pooled failure share against the error gate."""
+    sent = req[(req[by] >= lo_ns) & (req[by] < hi_ns)]
+    classes: dict[str, Any] = {}
+    for c in spec.workload:
+        k = sent[sent["class"] == c.name]
+        att = all_attempt_attainment(k) if len(k) else None
+        classes[c.name] = {
+            "attempted": int(len(k)),
+            "met_slo": int(k["meets_slo"].sum()),
+            "failed": int(k["failed"].sum()),
+            "all_attempt_attainment": att,
+            "holds": bool(att is not None and CLASS_ATTAINMENT.holds(att, att_min)),
+        }
+    judged = sent[sent["status"] != "cancelled"]
+    failed = int(judged["failed"].sum())
+    share = failed / len(judged) if len(judged) else None
+    share_holds = bool(share is not None and ERROR_RATE.holds(share, err_max))
+    return {
+        "from_s": lo_ns / NS,
+        "to_s": hi_ns / NS,
+        "requests_sent": int(len(sent)),
+        "window_by": "send time" if by == "sent_offset_ns" else "end time",
+        "classes": classes,
+        "failed": failed,
+        "failure_share": share,
+        "failure_share_holds": share_holds,
+        "holds": share_holds and all(c["holds"] for c in classes.values()),
+    }
+
+
+def _fmt_share(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
 
 def _router_events(path: Path, t0_realtime_ns: int) -> list[dict[str, Any]]:

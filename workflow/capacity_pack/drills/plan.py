@@ -39,6 +39,12 @@ ceil(``admission_headroom`` x L / replicas under test), where L is the largest a
 of requests in flight (Little's law, L = lambda x W, from the SLO reports at the capacity
 rate); no such report turns admission control off.
 
+The plan drill (``plan_replica_kill``, settings ``failure.plan_drill``): the replica-kill drill
+on the recommended fleet, ``plan.json``'s ``required_replicas`` at ``plan.peak_rps`` (the
+admission limit as above), run live or, for a simulated target whose plan does not fit this
+host's live limits, in virtual time (:mod:`capacity_pack.drills.virtual`); its N+1 verdict is
+:func:`capacity_pack.drills.analyze.n_plus_one`. The other drills are mechanism tests.
+
 Timeline (seconds after the rate profile starts, i.e. after the warm-up): injection at
 ``inject_at_s`` (default ``baseline_s``); reversible faults (``kv_pressure``, ``cancellation``,
 ``degraded_link``) are lifted ``fault_s`` later, which must fall inside ``duration_s``. The
@@ -50,7 +56,7 @@ pack cancels the same requests.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -59,12 +65,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from capacity_pack.io import canonical_json
 from capacity_pack.measure.inputs import SweepInputs
 from capacity_pack.plan.manifest import (
+    PLAN_DRILL,
     Drill,
     Experiment,
     Failure,
     OpenAITarget,
     Pack,
+    PlanDrill,
     Segment,
+    SimTarget,
 )
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule
 
@@ -105,12 +114,19 @@ class DrillInputs(BaseModel):
     drill: Drill = Field(description="The drill.")
     sweep: SweepInputs = Field(description="Target, model, client, request and prompt shape.")
     replicas_under_test: int = Field(description="Replicas the sweep measured (per-replica rate).")
+    scope: Literal["capacity_point", "plan"] = Field(
+        default="capacity_point",
+        description="capacity_point: a mechanism test at the selected capacity per replica; "
+        "plan: the recommended fleet at the planned peak (the N+1 check).",
+    )
+    peak_rps: float | None = Field(default=None, description="plan scope: plan.peak_rps.")
+    plan_drill: PlanDrill | None = Field(default=None, description="plan scope: its settings.")
 
     @classmethod
     def for_drill(cls, pack: Pack, name: str) -> DrillInputs:
         if pack.failure is None:
             raise DrillError("the pack has no `failure` section")
-        drills = {d.name: d for d in pack.failure.drills}
+        drills = {d.name: d for d in pack.failure.all_drills}
         if name not in drills:
             raise DrillError(f"no drill named {name!r} (drills: {sorted(drills)})")
         drill = drills[name]
@@ -134,11 +150,15 @@ class DrillInputs(BaseModel):
                 "window_s": defaults["window_s"].default,
             }
         )
+        plan_scope = name == PLAN_DRILL
         return cls(
             failure=measured,
             drill=drill,
             sweep=sweep,
             replicas_under_test=pack.plan.replicas_under_test,
+            scope="plan" if plan_scope else "capacity_point",
+            peak_rps=pack.plan.peak_rps if plan_scope else None,
+            plan_drill=pack.failure.plan_drill if plan_scope else None,
         )
 
     def canonical_json(self) -> str:
@@ -162,6 +182,17 @@ class DrillPlan(BaseModel):
     duration_s: float
     runnable: bool = Field(description="False: skipped (see skip_reason).")
     skip_reason: str | None = None
+    scope: Literal["capacity_point", "plan"] = Field(
+        default="capacity_point", description="Mechanism test, or the plan's N+1 check."
+    )
+    execution: Literal["live", "virtual"] = Field(
+        default="live",
+        description="live: processes on this host; virtual: the engine model in virtual time.",
+    )
+    execution_reason: str = Field(default="", description="Why this execution.")
+    planned: dict[str, Any] | None = Field(
+        default=None, description="plan scope: the plan's numbers (plan.json) the drill checks."
+    )
 
 
 def _selected_rate(
@@ -210,25 +241,43 @@ def plan_drill(
     inputs: DrillInputs,
     capacity: dict[str, Any] | None = None,
     reports: dict[str, dict[str, Any]] | None = None,
+    plan_doc: dict[str, Any] | None = None,
 ) -> DrillPlan:
-    """The drill's rate, admission limit and timeline from the capacity decision."""
+    """The drill's rate, admission limit and timeline from the capacity decision (and, for the
+    plan drill, from ``plan_doc``: the plan's ``plan.json``)."""
     f, d = inputs.failure, inputs.drill
     reports = reports or {}
     target = inputs.sweep.target
     real = isinstance(target, OpenAITarget)
     managed = real and target.managed is not None
-    n = f.replicas or (inputs.replicas_under_test if real else max(2, inputs.replicas_under_test))
     per, source, at_rate = _selected_rate(inputs, capacity, reports)
-    if f.rate_rps is not None:
-        rate, source = f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)"
-    elif per is not None:
-        rate = per * n
-        source = f"{source} x {n} replicas"
-    else:
-        raise DrillError(
-            "no drill rate: the sweep selected no capacity point and tested no open-loop rate; "
-            "set failure.rate_rps"
+    planned = None
+    if inputs.scope == "plan":
+        planned = _planned(plan_doc)
+        n = int(planned.get("required_replicas") or 1)
+        assert inputs.peak_rps is not None
+        rate = inputs.peak_rps
+        source = (
+            f"the plan's peak, {rate:g} RPS, on the plan's {n} replicas "
+            f"({planned.get('replicas_for_load')} for the load at "
+            f"{planned.get('target_utilization')} target utilization + "
+            f"{planned.get('redundancy_replicas')} redundancy + "
+            f"{planned.get('warm_pool_replicas')} warm pool; plan.json)"
         )
+    else:
+        n = f.replicas or (
+            inputs.replicas_under_test if real else max(2, inputs.replicas_under_test)
+        )
+        if f.rate_rps is not None:
+            rate, source = f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)"
+        elif per is not None:
+            rate = per * n
+            source = f"{source} x {n} replicas"
+        else:
+            raise DrillError(
+                "no drill rate: the sweep selected no capacity point and tested no open-loop "
+                "rate; set failure.rate_rps"
+            )
     k, k_source = f.admission_max_outstanding, "configured failure.admission_max_outstanding"
     if k is None:
         inflight = [
@@ -244,7 +293,7 @@ def plan_drill(
                 f"measured at the capacity point (max over {len(inflight)} report(s))"
             )
         else:
-            k_source = "no in-flight measurement at the drill rate: admission control off"
+            k_source = "no in-flight measurement at the capacity point: admission control off"
     mult = d.rate_multiplier or ((n + 1) / n if d.kind == "cold_replica" else 1.0)
     inject = d.inject_at_s or f.baseline_s
     restore = (
@@ -256,6 +305,7 @@ def plan_drill(
             f"({f.duration_s:g} s)"
         )
     runnable, why = True, None
+    execution, execution_reason = "live", "processes on this host"
     if managed and d.commands is None and d.kind == "kv_pressure":
         runnable = False
         why = (
@@ -265,10 +315,14 @@ def plan_drill(
         )
     elif real and not managed and d.commands is None and d.kind != "cancellation":
         runnable = False
+        where = "failure.plan_drill.commands" if inputs.scope == "plan" else "failure.drills[]"
         why = (
-            f"drill {d.name!r} ({d.kind}) needs failure.drills[].commands for a real "
+            f"drill {d.name!r} ({d.kind}) needs {where}.commands for a real "
             "target (an argv that injects the fault, e.g. a kubectl line); none configured"
         )
+    if inputs.scope == "plan" and runnable:
+        assert planned is not None
+        runnable, why, execution, execution_reason = _plan_execution(inputs, n, rate, planned)
     return DrillPlan(
         drill=d,
         replicas=n,
@@ -282,7 +336,59 @@ def plan_drill(
         duration_s=f.duration_s,
         runnable=runnable,
         skip_reason=why,
+        scope=inputs.scope,
+        execution=execution,
+        execution_reason=execution_reason,
+        planned=planned,
     )
+
+
+def _planned(plan_doc: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan's numbers the plan drill checks (an empty plan when there is none)."""
+    keys = (
+        "required_replicas",
+        "replicas_for_load",
+        "redundancy_replicas",
+        "warm_pool_replicas",
+        "target_utilization",
+        "planned_utilization",
+        "capacity_per_replica_rps",
+        "capacity_cache_state",
+        "reason",
+    )
+    doc = plan_doc or {}
+    # The throughput plan's figures sit under "throughput"; the combined count at the top.
+    merged = {**(doc.get("throughput") or {}), **doc}
+    return {k: merged.get(k) for k in keys}
+
+
+def _plan_execution(
+    inputs: DrillInputs, n: int, rate: float, planned: dict[str, Any]
+) -> tuple[bool, str | None, str, str]:
+    """(runnable, why not, live or virtual, why) for the plan drill."""
+    settings = inputs.plan_drill or PlanDrill()
+    if planned.get("required_replicas") is None:
+        why = planned.get("reason") or "the plan has no replica count"
+        return False, f"no plan to drill: {why}", "live", ""
+    sim = isinstance(inputs.sweep.target, SimTarget)
+    fits = n <= settings.live_max_replicas and rate <= settings.live_max_rps
+    size = (
+        f"{n} replicas at {rate:g} RPS against this host's live limit of "
+        f"{settings.live_max_replicas} replicas and {settings.live_max_rps:g} RPS "
+        "(failure.plan_drill.live_max_replicas, live_max_rps)"
+    )
+    if settings.mode == "live" or (settings.mode == "auto" and fits):
+        how = "configured: mode live" if settings.mode == "live" else f"auto: {size}"
+        return True, None, "live", how
+    if sim:
+        how = "configured: mode virtual" if settings.mode == "virtual" else f"auto: {size}"
+        return True, None, "virtual", how
+    why = (
+        f"the plan drill of a real target runs live only, and {size}"
+        if settings.mode == "auto"
+        else "virtual time needs the engine model of the target, which only a simulated target has"
+    )
+    return False, why, "live", ""
 
 
 def drill_point(plan: DrillPlan) -> Point:

@@ -36,18 +36,62 @@ def _rel(t: float | None, inj: float | None) -> str:
 def failure_test(reports: list[dict[str, Any]], pack: dict[str, Any]) -> dict[str, Any]:
     """The JSON twin of failure-test.md: every drill's fields plus the checks across them."""
     ran = [r for r in reports if not r.get("skipped")]
+    plan = next((r for r in reports if r.get("scope") == "plan"), None)
     return {
         "pack": pack,
         "clock": ran[0]["clock"] if ran else None,
         "drills": reports,
+        "plan_drill": plan_answer(plan),
         "summary": {
             "drills_run": [r["drill"] for r in ran],
             "drills_skipped": {r["drill"]: r["skipped"] for r in reports if r.get("skipped")},
             "any_alert_fired": any(r["alerts_fired"] for r in ran),
             "expected_alerts_fired": {r["drill"]: r["expected_alert_fired"] for r in ran},
             "unexpected_mechanisms": {r["drill"]: r["unexpected_mechanisms_fired"] for r in ran},
+            # One line per mechanism drill, in words (the pack README lists them).
+            "mechanism_lines": [drill_line(r) for r in reports if r.get("scope") != "plan"],
         },
     }
+
+
+def plan_answer(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The plan drill's answer to "what happens when one fails" (None: no plan drill)."""
+    if r is None:
+        return None
+    if r.get("skipped"):
+        return {"verdict": "NOT RUN", "sentence": f"Plan drill not run: {r['skipped']}"}
+    n = r["n_plus_one"]
+    return {
+        "verdict": n["verdict"],
+        "sentence": n["sentence"],
+        "why_fail": n["why_fail"],
+        "execution": r["execution"],
+        "execution_reason": r.get("execution_reason"),
+        "replicas": n["replicas"],
+        "peak_rps": n["peak_rps"],
+        "recovery_after_injection_s": n["recovery_after_injection_s"],
+        "requests_rejected": n["requests_rejected"],
+        "requests_lost": n["requests_lost"],
+    }
+
+
+def drill_line(r: dict[str, Any]) -> str:
+    """One mechanism drill in one line (README and failure-test.md summary)."""
+    if r.get("skipped"):
+        return f"`{r['drill']}` ({r['kind']}): skipped: {r['skipped']}"
+    inj = r["injection_time_s"]
+    det, rec = r["detection_time_s"], r["recovery_time_s"]
+    during = r["phases"]["during"]
+    return (
+        f"`{r['drill']}` ({r['kind']}, {r['replicas']} replicas at {r['rate_rps']:.1f} RPS): "
+        f"{'detected' if det is not None else 'not detected'}"
+        + (f" in {det - inj:.1f} s" if det is not None else "")
+        + f" ({', '.join(r['alerts_fired']) or 'no alert'}), "
+        + (f"recovered in {rec - inj:.1f} s" if rec is not None else "not recovered")
+        + f", {r['requests_rejected']} rejected, {r['requests_lost']} lost; during the incident "
+        f"attainment {_fmt(during['all_attempt_attainment'], '', 3)} over all attempts "
+        f"({_fmt(during['attainment'], '', 3)} among successful requests)"
+    )
 
 
 def failure_test_markdown(doc: dict[str, Any]) -> str:
@@ -65,6 +109,12 @@ def failure_test_markdown(doc: dict[str, Any]) -> str:
         "",
     ]
     s = doc["summary"]
+    plan = doc.get("plan_drill")
+    plan_report = next((r for r in doc["drills"] if r.get("scope") == "plan"), None)
+    if plan is not None:
+        lines += ["## The plan, one replica down", "", f"**{plan['sentence']}.**", ""]
+        if plan_report is not None and not plan_report.get("skipped"):
+            lines += _plan_section(plan_report)
     lines += [
         "## Summary",
         "",
@@ -76,6 +126,8 @@ def failure_test_markdown(doc: dict[str, Any]) -> str:
         if r.get("skipped"):
             lines.append(f"| {r['drill']} | {r['mechanism']} | skipped | | | | |")
             continue
+        if r.get("scope") == "plan":
+            continue
         inj = r["injection_time_s"]
         det = r["detection_time_s"]
         rec = r["recovery_time_s"]
@@ -86,7 +138,13 @@ def failure_test_markdown(doc: dict[str, Any]) -> str:
             f"{_fmt(rec - inj if rec is not None else None, ' s')} after injection | "
             f"{'yes' if r['capacity_returned_without_manual_repair']['value'] else 'no'} |"
         )
-    lines.append("")
+    lines += [
+        "",
+        "The drills above are mechanism tests: each runs "
+        "replicas behind the router at the selected capacity per replica (every replica at "
+        "its capacity point), not the recommended plan; the plan drill answers for the plan.",
+        "",
+    ]
     for name, why in s["drills_skipped"].items():
         lines += [f"- `{name}` skipped: {why}"]
     for r in doc["drills"]:
@@ -100,10 +158,16 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
     inj = r["injection_time_s"]
     p = r["plan"]
     q = r["queue"]
+    role = (
+        "the plan drill" if r.get("scope") == "plan" else "a mechanism test at the capacity point"
+    )
+    how = r.get("execution_reason") or "processes on this host"
     lines = [
         "",
-        f"## Drill `{r['drill']}` ({r['kind']}, mechanism `{r['mechanism']}`)",
+        f"## Drill `{r['drill']}` ({r['kind']}, mechanism `{r['mechanism']}`; {role})",
         "",
+        f"- Run: {r.get('execution', 'live')} ({how}); timeline picture: "
+        f"`failure-timeline-{r['drill']}.png`.",
         f"- Load: {r['rate_rps']:.1f} RPS open loop against {r['replicas']} replicas "
         f"({p['rate_source']}); from the injection on {r['rate_after_rps']:.1f} RPS.",
         f"- Router admission limit: {r['admission_max_outstanding'] or 'off'} requests per "
@@ -137,17 +201,21 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
         f"{'yes' if r['capacity_returned_without_manual_repair']['value'] else 'no'}: "
         f"{'; '.join(r['capacity_returned_without_manual_repair']['evidence'])} |",
         "",
-        "TTFT, TPOT and SLO attainment by phase (requests binned by when they ended; "
-        "attainment = share of successful requests meeting both class cutoffs):",
+        "TTFT, TPOT and SLO attainment by phase (requests binned by when they ended). Two "
+        "attainments, never to be read as one another: **among successful** = successful "
+        "requests meeting both class cutoffs / successful requests (the SLO report's "
+        "definition); **over all attempts** = requests meeting both cutoffs / attempted "
+        "requests (failed, rejected, lost and timed-out ones count as misses):",
         "",
-        "| phase | window | attempted | ok | failed | error rate | attainment | goodput | "
-        "worst-class p95 TTFT | worst-class p95 TPOT |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| phase | window | attempted | ok | failed | error rate | attainment among "
+        "successful | attainment over all attempts | goodput | worst-class p95 TTFT | "
+        "worst-class p95 TPOT |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for phase in ("before", "during", "after"):
         st = r["phases"].get(phase)
         if not st:
-            lines.append(f"| {phase} | not reached | | | | | | | | |")
+            lines.append(f"| {phase} | not reached | | | | | | | | | |")
             continue
         cls = st["classes"].values()
         ttft = max((c["ttft_p95_ms"] for c in cls if c["ttft_p95_ms"] is not None), default=None)
@@ -155,7 +223,9 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {phase} | {st['from_s']:.1f}-{st['to_s']:.1f} s | {st['attempted']} | {st['ok']}"
             f" | {st['failed']} | {_fmt(st['error_rate'], '', 3)} | "
-            f"{_fmt(st['attainment'], '', 3)} | {_fmt(st['goodput_rps'], ' RPS', 1)} | "
+            f"{_fmt(st['attainment'], '', 3)} | "
+            f"{_fmt(st.get('all_attempt_attainment'), '', 3)} | "
+            f"{_fmt(st['goodput_rps'], ' RPS', 1)} | "
             f"{_fmt(ttft, ' ms', 1)} | {_fmt(tpot, ' ms', 1)} |"
         )
     lines += ["", "Alerts (evaluated by the project over the scraped series with the pack's "
@@ -175,6 +245,61 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
         f"{', '.join(r['unexpected_mechanisms_fired']) or 'none'} (allowed consequences of "
         f"this drill: {', '.join(sorted(CONSEQUENCES[r['kind']])) or 'none'}).",
     ]
+    return lines
+
+
+def _plan_section(r: dict[str, Any]) -> list[str]:
+    """The plan drill's verdict: its checks with their numbers."""
+    n = r["n_plus_one"]
+    w, g = n["window"], n["gates"]
+    planned = n.get("planned") or {}
+    lines = [
+        f"The recommended fleet ({n['replicas']} replicas: {planned.get('replicas_for_load')} "
+        f"for the load at {planned.get('target_utilization')} target utilization + "
+        f"{planned.get('redundancy_replicas')} redundancy + "
+        f"{planned.get('warm_pool_replicas')} warm pool) at the planned peak of "
+        f"{n['peak_rps']:g} RPS; replica {r['plan']['drill']['replica']} killed at "
+        f"{r['injection_time_s']:.2f} s, the supervisor restarting it. Run "
+        f"{n['execution']}: {r.get('execution_reason') or ''}.",
+        "",
+        "| check | holds | evidence |",
+        "|---|---|---|",
+    ]
+    ok = n["checks"]
+    per_class = "; ".join(
+        f"{name} {_fmt(c['all_attempt_attainment'], '', 3)} ({c['met_slo']}/{c['attempted']})"
+        for name, c in n["classes"].items()
+    )
+    b = n["before_the_failure"]
+    before = "; ".join(
+        f"{name} {_fmt(c['all_attempt_attainment'], '', 3)} ({c['met_slo']}/{c['attempted']})"
+        for name, c in b["classes"].items()
+    )
+    lines += [
+        f"| the plan holds before the failure | "
+        f"{'yes' if ok['plan_holds_before_the_failure'] else 'NO'} | requests ended "
+        f"{b['from_s']:.1f}-{b['to_s']:.1f} s: attainment over all attempts {before}; failure "
+        f"share {_fmt(b['failure_share'], '', 3)} ({b['failed']} of {b['requests_sent']}) |",
+        f"| survivors carry the peak | {'yes' if ok['survivors_carry_the_peak'] else 'NO'} | "
+        f"requests sent {w['from_s']:.1f}-{w['to_s']:.1f} s (until {w['to']}): attainment over "
+        f"all attempts {per_class} against {g['class_slo_attainment_min']:g}; failure share "
+        f"{_fmt(n['failure_share'], '', 3)} ({n['failed']} of {w['requests_sent']}) against "
+        f"{g['error_rate_max']:g} |",
+        f"| blast radius is the failed replica's | "
+        f"{'yes' if ok['blast_radius_is_the_failed_replica'] else 'NO'} | "
+        f"{n['requests_lost']} requests lost (in flight on the killed replica); lost after the "
+        f"router removed it: {n['lost_sent_after_removal']} |",
+        f"| recovered | {'yes' if ok['recovered'] else 'NO'} | "
+        + (
+            f"back to passing windows {n['recovery_after_injection_s']:.1f} s after the injection"
+            if n["recovery_after_injection_s"] is not None
+            else "not during the run"
+        )
+        + " |",
+        "",
+    ]
+    if n["why_fail"]:
+        lines += ["Why it fails: " + "; ".join(n["why_fail"]) + ".", ""]
     return lines
 
 
@@ -207,12 +332,19 @@ def tracking_record(report: dict[str, Any]) -> dict[str, Any]:
             "requests_retried": report["requests_retried"],
             "attainment_before": before["attainment"],
             "attainment_during": during["attainment"],
+            "all_attempt_attainment_during": during.get("all_attempt_attainment"),
             "error_rate_during": during["error_rate"],
             "queue_peak_waiting": report["queue"].get("peak_server_waiting"),
             "alerts_fired": len(report["alerts_fired"]),
             "expected_alert_fired": float(report["expected_alert_fired"]),
         }
         tags["capacity_pack.alerts_fired"] = ",".join(report["alerts_fired"]) or "none"
+        tags["capacity_pack.drill_scope"] = report.get("scope", "capacity_point")
+        tags["capacity_pack.execution"] = report.get("execution", "live")
+        if report.get("n_plus_one"):
+            n = report["n_plus_one"]
+            tags["capacity_pack.n_plus_one"] = n["verdict"]
+            metrics["n_plus_one_pass"] = float(n["verdict"] == "PASS")
     return {
         "stage": "failure",
         "job": f"failure/{report['drill']}",

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.drills.files import write_outputs
 from capacity_pack.drills.plan import (
     NS,
     DrillError,
@@ -53,7 +53,6 @@ from capacity_pack.drills.plan import (
     drill_schedule,
 )
 from capacity_pack.engines import exposition
-from capacity_pack.io import atomic_path, write_text_atomic
 from capacity_pack.measure.commands import run_command
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget
 
@@ -230,8 +229,12 @@ def run_drill(
     facts: dict[str, Any] = {"plan": plan.model_dump(mode="json"), "drill": plan.drill.name}
     if not plan.runnable:
         facts["skipped"] = plan.skip_reason
-        _write_outputs(out, facts, [], pd.DataFrame(), pd.DataFrame(), None)
+        write_outputs(out, facts, [], pd.DataFrame(), pd.DataFrame(), None)
         return facts
+    if plan.execution == "virtual":
+        from capacity_pack.drills.virtual import run_virtual_drill
+
+        return run_virtual_drill(inputs, plan, out)
     schedule, start_ns = drill_schedule(inputs, plan)
     records_path = out / "records.jsonl"
     records_path.unlink(missing_ok=True)
@@ -322,29 +325,8 @@ def run_drill(
             else "the operator (a configured target the drill does not start)"
         ),
         scheduled_requests=int(len(schedule)),
+        execution="live",
         clock="load generator CLOCK_MONOTONIC (perf_counter_ns), seconds from its t0",
     )
-    _write_outputs(out, facts, events, samples, scrape_index, schedule)
+    write_outputs(out, facts, events, samples, scrape_index, schedule)
     return facts
-
-
-def _write_outputs(
-    out: Path,
-    facts: dict[str, Any],
-    events: list[dict[str, Any]] | None,
-    samples: pd.DataFrame,
-    scrapes: pd.DataFrame,
-    schedule: pd.DataFrame | None,
-) -> None:
-    from capacity_pack.io import finite_or_none
-
-    if schedule is not None:
-        with atomic_path(out / "schedule.parquet") as tmp:
-            schedule.to_parquet(tmp, index=False)
-    elif not (out / "records.jsonl").exists():
-        write_text_atomic(out / "records.jsonl", "")
-    for name, frame in (("samples.parquet", samples), ("scrapes.parquet", scrapes)):
-        with atomic_path(out / name) as tmp:
-            frame.to_parquet(tmp, index=False)
-    write_text_atomic(out / "events.json", json.dumps({"events": events}, indent=1) + "\n")
-    write_text_atomic(out / "drill.json", json.dumps(finite_or_none(facts), indent=1) + "\n")

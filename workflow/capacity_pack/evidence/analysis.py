@@ -378,6 +378,7 @@ def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
     }
     for name, c in summary["classes"].items():
         metrics[f"{name}.attainment"] = c["attainment"]
+        metrics[f"{name}.all_attempt_attainment"] = c["all_attempt_attainment"]
         if c["attainment_ci"]:
             metrics[f"{name}.attainment_ci_low"] = c["attainment_ci"][0]
             metrics[f"{name}.attainment_ci_high"] = c["attainment_ci"][1]

@@ -12,7 +12,9 @@ For the successful (``ok``) requests of each class c, over a window of T seconds
   ``class_slo_pass`` (adequate and attainment_c >= the attainment gate).
 
 Over all classes: error_rate = failed / attempted (None without attempts), failed being every
-non-``ok`` status; overall_attainment = passing / successful; observed_goodput_rps = passing / T,
+non-``ok`` status; overall_attainment = passing / successful (among successful requests);
+overall_all_attempt_attainment = passing / attempted (over all attempts: every failure a miss;
+per class, all_attempt_attainment is added by :mod:`.analysis`); observed_goodput_rps = passing / T,
 the rate of requests meeting their SLO (DistServe's goodput, Zhong et al., OSDI 2024, observed
 over one window); request_throughput_rps = successful / T; output_throughput_tps = output tokens
 of successful requests / T; ``all_class_slos_pass``; and ``capacity_gate_pass``: every class
@@ -195,6 +197,7 @@ def summary_report(
         "failed": failed,
         "error_rate": failed / attempted if attempted else None,
         "overall_attainment": passed_total / successful if successful else None,
+        "overall_all_attempt_attainment": passed_total / attempted if attempted else None,
         "observed_goodput_rps": passed_total / duration_s,
         "request_throughput_rps": successful / duration_s,
         "output_throughput_tps": out_tokens_total / duration_s,

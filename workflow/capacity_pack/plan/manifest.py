@@ -1112,8 +1112,49 @@ def default_drills() -> list[Drill]:
     ]
 
 
+# The plan drill's name (results/<pack>/failure/<name>); no configured drill may take it.
+PLAN_DRILL = "plan_replica_kill"
+
+
+class PlanDrill(_Model):
+    """The N+1 check: the replica-kill drill on the planned topology at the planned peak."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Run it: plan.required_replicas behind the router at plan.peak_rps, one "
+        "replica killed at baseline_s, the supervisor's restart as in the other drills.",
+    )
+    mode: Literal["auto", "live", "virtual"] = Field(
+        default="auto",
+        description="live: real processes on this host; virtual: the engine model in virtual "
+        "time (simulated targets only); auto: live when the plan fits live_max_replicas and "
+        "live_max_rps, else virtual (a real target that does not fit is skipped, saying why).",
+    )
+    # Measured on a 2-core host: the project's router (one Python process relaying every
+    # streamed chunk) used 75 % of a core at a steady 60 RPS of ~50-token streams and 100 %
+    # after a replica's restart, and then fell behind; at 40 RPS live and virtual drills agree.
+    live_max_replicas: int = Field(
+        default=2, ge=1, description="auto: the most replicas this host runs live."
+    )
+    live_max_rps: float = Field(
+        default=40.0, gt=0, description="auto: the highest offered rate this host runs live."
+    )
+    replica: int = Field(default=0, ge=0, description="The replica killed.")
+    commands: DrillCommands | None = Field(
+        default=None,
+        description="A real target the pack does not start: the commands that kill (and bring "
+        "back) one replica of the planned fleet, which must be deployed at the plan's size.",
+    )
+
+    def drill(self) -> Drill:
+        return Drill(
+            name=PLAN_DRILL, kind="replica_kill", replica=self.replica, commands=self.commands
+        )
+
+
 class Failure(_Model):
-    """Failure drills against N replicas behind a router at the selected capacity point."""
+    """Failure drills against N replicas behind a router at the selected capacity point (the
+    mechanism tests), and the plan drill on the recommended fleet at its peak."""
 
     replicas: int | None = Field(
         default=None,
@@ -1176,18 +1217,30 @@ class Failure(_Model):
         description="Overrides of the alert thresholds (drills.alerts.AlertThresholds).",
     )
     drills: list[Drill] = Field(default_factory=default_drills, min_length=1)
+    plan_drill: PlanDrill = Field(
+        default_factory=PlanDrill,
+        description="The plan drill: one replica of the recommended fleet killed at its peak.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Failure:
         names = [d.name for d in self.drills]
         if len(set(names)) != len(names):
             raise ValueError(f"drill names must be unique: {names}")
+        # Only the plan drill itself may carry its name (a drill's inputs hold just that drill).
+        if any(d.name == PLAN_DRILL and d != self.plan_drill.drill() for d in self.drills):
+            raise ValueError(f"the drill name {PLAN_DRILL!r} is the plan drill's (plan_drill)")
         if not self.warmup_s < self.baseline_s < self.duration_s:
             raise ValueError("need warmup_s < baseline_s < duration_s")
         for d in self.drills:
             if d.inject_at_s is not None and not self.warmup_s < d.inject_at_s < self.duration_s:
                 raise ValueError(f"drill {d.name!r}: inject_at_s must lie in the schedule")
         return self
+
+    @property
+    def all_drills(self) -> list[Drill]:
+        """The capacity-point drills, then the plan drill when it is enabled."""
+        return [*self.drills, *([self.plan_drill.drill()] if self.plan_drill.enabled else [])]
 
 
 class Report(_Model):

@@ -1,8 +1,9 @@
 """Stage ``failure_drill``: run one failure drill at the capacity point (inject, scrape, record
 every request).
 
-A runnable drill holds its target's lock (:mod:`capacity_pack.measure.lock`) while it runs, as
-a sweep point does; a skipped one sends nothing and takes no lock.
+A runnable live drill holds its target's lock (:mod:`capacity_pack.measure.lock`) while it runs,
+as a sweep point does; a skipped one sends nothing and takes no lock, nor does a drill in virtual
+time (the engine model, no target).
 """
 
 from __future__ import annotations
@@ -27,39 +28,44 @@ def run(
     drill: str | Path,
     log: logging.Logger,
     lock: LockSettings | Mapping[str, Any] | None = None,
+    plan: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Plan the drill from ``capacity`` (None: the pack's failure.rate_rps) and the capacity
-    point's SLO ``reports``, run it, and write its files beside ``drill``; return its facts.
-    ``lock``: whether to wait for a busy target (as for stage ``sweep``)."""
+    """Plan the drill from ``capacity`` (None: the pack's failure.rate_rps), the capacity
+    point's SLO ``reports`` and, for the plan drill, the ``plan`` (plan.json); run it, and
+    write its files beside ``drill``; return its facts. ``lock``: whether to wait for a busy
+    target (as for stage ``sweep``)."""
     if isinstance(inputs, str):
         inputs = DrillInputs.model_validate_json(inputs)
     cap = json.loads(Path(capacity).read_text()) if capacity is not None else None
     docs = {str(p): json.loads(Path(p).read_text()) for p in reports}
-    plan = plan_drill(inputs, cap, docs)
+    plan_doc = json.loads(Path(plan).read_text()) if plan is not None else None
+    planned = plan_drill(inputs, cap, docs, plan_doc)
     log.info(
-        "drill %s: %.1f RPS (%s), %d replicas, admission %s (%s)",
-        plan.drill.name,
-        plan.rate_rps,
-        plan.rate_source,
-        plan.replicas,
-        plan.admission_max_outstanding,
-        plan.admission_source,
+        "drill %s (%s, %s): %.1f RPS (%s), %d replicas, admission %s (%s)",
+        planned.drill.name,
+        planned.scope,
+        planned.execution,
+        planned.rate_rps,
+        planned.rate_source,
+        planned.replicas,
+        planned.admission_max_outstanding,
+        planned.admission_source,
     )
     held = (
         hold_target(
             inputs.sweep.target,
             pack=inputs.sweep.schedule.pack.name,
             stage="failure_drill",
-            what=plan.drill.name,
+            what=planned.drill.name,
             settings=lock,
         )
-        if plan.runnable
+        if planned.runnable and planned.execution == "live"
         else contextlib.nullcontext()
     )
     with held:
-        facts = run_drill(inputs, plan, Path(drill).parent)
+        facts = run_drill(inputs, planned, Path(drill).parent)
     if facts.get("skipped"):
-        log.warning("drill %s skipped: %s", plan.drill.name, facts["skipped"])
+        log.warning("drill %s skipped: %s", planned.drill.name, facts["skipped"])
     else:
-        log.info("drill %s: actions %s", plan.drill.name, facts["actions"])
+        log.info("drill %s: actions %s", planned.drill.name, facts["actions"])
     return facts

@@ -27,10 +27,12 @@ def run(
     readme: str | Path,
     results_root: str | Path,
     log: logging.Logger,
+    failure: str | Path | None = None,
 ) -> list[Path]:
     """Write the pack beside ``readme``; ``tables`` are the points' requests.csv and ``metrics``
-    their server-metrics tables (the open-loop ones make the time-series plot). Returns the
-    files written, which are also the parent run's artifacts."""
+    their server-metrics tables (the open-loop ones make the time-series plot); ``failure`` the
+    failure test's JSON (its plan drill answers the failure question at the README's top).
+    Returns the files written, which are also the parent run's artifacts."""
     frozen_doc = json.loads(Path(frozen).read_text())
     cap = json.loads(Path(capacity).read_text())
     replicas = json.loads(Path(plan).read_text())
@@ -53,6 +55,7 @@ def run(
         selected_report=selected,
         series=series,
         extra_files=[Path(fit)],
+        failure=json.loads(Path(failure).read_text()) if failure else None,
     )
     decision = " | ".join(s["decision"] for s in cap["open_loop"].values())
     tracking.log_parent_results(

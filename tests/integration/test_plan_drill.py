@@ -1,0 +1,198 @@
+"""The plan drill: one replica of the recommended fleet killed at the planned peak, judged N+1.
+
+Everything goes through the pipeline's own code: the replica plan from ``build_plan`` (the
+capacity stage's), then the stages ``failure_drill``, ``dashboard``, ``failure_analyze`` and
+``failure_test`` as their Snakemake scripts call them. The engine model's small-fast profile
+serves about 30 RPS per replica within the default pack's SLOs (cold), a little more warm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from capacity_pack.decide.capacity import build_plan
+from capacity_pack.drills.plan import DrillInputs
+from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
+from capacity_pack.stages import entry
+from tests.conftest import pack_data
+
+LOG = logging.getLogger("test")
+
+
+def make_pack(peak: float, utilization: float, redundancy: int, mode: str, **failure):
+    data = pack_data()
+    data["plan"].update(peak_rps=peak, redundancy_replicas=redundancy)
+    data["acceptance"]["target_utilization"] = utilization
+    data["failure"]["plan_drill"] = {"mode": mode}
+    data["failure"].update(failure)
+    return validate_pack(data, "test pack")
+
+
+def capacity_doc(per_replica: float) -> dict:
+    sel = {"capacity_per_replica_rps": per_replica, "capacity_rps": per_replica}
+    return {"primary_cache_state": "cold", "open_loop": {"cold": sel}, "closed_loop": {}}
+
+
+def plan_drill(pack, out: Path, per_replica: float = 30.0) -> dict:
+    """The capacity stage's plan for ``pack``, then the plan drill run and analysed."""
+    out.mkdir(parents=True, exist_ok=True)
+    cap = capacity_doc(per_replica)
+    (out / "capacity.json").write_text(json.dumps(cap))
+    (out / "plan.json").write_text(json.dumps(build_plan(cap, [], pack)))
+    drill = out / PLAN_DRILL / "drill.json"
+    entry("failure_drill")(
+        inputs=DrillInputs.for_drill(pack, PLAN_DRILL).canonical_json(),
+        capacity=out / "capacity.json",
+        plan=out / "plan.json",
+        reports=[],
+        drill=drill,
+        log=LOG,
+    )
+    entry("dashboard")(inputs=pack, rules=out / "rules.yaml", log=LOG)
+    from capacity_pack.drills.analyze import DrillAnalysisSpec
+
+    return entry("failure_analyze")(
+        spec=DrillAnalysisSpec.of(pack).canonical_json(),
+        drill=drill,
+        rules=out / "rules.yaml",
+        report=out / PLAN_DRILL / "drill-report.json",
+        timeline=out / PLAN_DRILL / "timeline.png",
+        log=LOG,
+    )
+
+
+def test_a_plan_without_redundancy_fails_and_one_with_it_passes(tmp_path):
+    # No redundancy at utilization 1.0: 60 RPS on ceil(60 / 30) = 2 replicas; one dies and the
+    # other is offered twice its capacity.
+    bare = make_pack(60, 1.0, 0, "virtual", admission_max_outstanding=51)
+    fail = plan_drill(bare, tmp_path / "bare")
+    n = fail["n_plus_one"]
+    assert fail["replicas"] == 2 and fail["rate_rps"] == 60 and fail["execution"] == "virtual"
+    assert n["verdict"] == "FAIL" and not n["checks"]["survivors_carry_the_peak"]
+    assert n["checks"]["plan_holds_before_the_failure"]
+    assert n["requests_rejected"] > 0 and n["failure_share"] > 0.01
+    assert any("met the SLO" in w for w in n["why_fail"])
+    # Attainment among successful requests hides what all-attempt attainment shows.
+    during = fail["phases"]["during"]
+    assert during["attainment"] > 0.95 > during["all_attempt_attainment"]
+    # The pipeline's default: 3 replicas for the load at 0.75 + 1 redundancy = 4.
+    kept = make_pack(60, 0.75, 1, "virtual", admission_max_outstanding=51)
+    ok = plan_drill(kept, tmp_path / "kept")
+    n = ok["n_plus_one"]
+    assert ok["replicas"] == 4 and n["planned"]["replicas_for_load"] == 3
+    assert n["verdict"] == "PASS", n["why_fail"]
+    assert n["checks"] == {
+        "plan_holds_before_the_failure": True,
+        "survivors_carry_the_peak": True,
+        "blast_radius_is_the_failed_replica": True,
+        "recovered": True,
+    }
+    assert n["requests_lost"] > 0 and n["lost_sent_after_removal"] == 0
+    assert 0 < n["recovery_after_injection_s"] < 12
+    assert n["sentence"].startswith("Losing 1 of 4 replicas at the 60 RPS peak: PASS")
+    # failure-test.md leads with the answer; the timeline is drawn with the verdict in words.
+    md, js = tmp_path / "failure-test.md", tmp_path / "failure-test.json"
+    entry("failure_test")(
+        pack=json.dumps({"name": "t", "title": "t"}),
+        reports=[tmp_path / "bare" / PLAN_DRILL / "drill-report.json"],
+        markdown=md,
+        json_path=js,
+        log=LOG,
+        timelines=[(tmp_path / "bare" / PLAN_DRILL / "timeline.png", tmp_path / "t.png")],
+    )
+    text = md.read_text()
+    assert "## The plan, one replica down" in text
+    assert "**Losing 1 of 2 replicas at the 60 RPS peak: FAIL" in text
+    assert "attainment over all attempts" in text and "attainment among successful" in text
+    assert json.loads(js.read_text())["plan_drill"]["verdict"] == "FAIL"
+    from PIL import Image
+
+    words = Image.open(tmp_path / "t.png").info["Description"]
+    assert "FAIL" in words and "injection" in words and "router removal" in words
+
+
+def test_a_sixteen_replica_plan_is_drilled_in_virtual_time(tmp_path):
+    # 100 RPS at 0.25 utilization on 30 RPS replicas: 14 for the load + 2 redundancy.
+    pack = make_pack(100, 0.25, 2, "auto", admission_max_outstanding=51)
+    report = plan_drill(pack, tmp_path)
+    assert report["replicas"] == 16 and report["execution"] == "virtual"
+    assert "auto: 16 replicas at 100 RPS" in report["execution_reason"]
+    assert report["n_plus_one"]["verdict"] == "PASS"
+    facts = json.loads((tmp_path / PLAN_DRILL / "drill.json").read_text())
+    assert facts["clock"].startswith("virtual") and facts["load"]["requests"] > 2000
+
+
+def test_a_real_target_that_does_not_fit_live_is_skipped_saying_why(tmp_path):
+    data = pack_data()
+    data["target"] = {"kind": "openai", "base_url": "http://127.0.0.1:9", "cache_reset": "none"}
+    data["failure"]["plan_drill"] = {
+        "commands": {"inject": ["true"]},
+        "live_max_replicas": 2,
+    }
+    pack = validate_pack(data, "test pack")
+    report = plan_drill(pack, tmp_path)
+    assert report["skipped"].startswith("the plan drill of a real target runs live only")
+    assert "4 replicas at 60 RPS" in report["skipped"]
+
+
+@pytest.mark.slow
+def test_live_and_virtual_plan_drills_agree(tmp_path):
+    """The same plan drill live (router and replica processes on 127.0.0.1) and in virtual
+    time, at a size this host runs live: 2 replicas at 40 RPS (no redundancy at utilization
+    1.0; the warm survivor carries 40 RPS through the few seconds until the restart).
+
+    Tolerances, from the differences virtual time leaves out (module docstring of
+    capacity_pack.sim.fleet): the same verdict and checks; requests lost within 8 or half of
+    the live count (they are the killed replica's in-flight requests, a Poisson count);
+    rejections within 10; the replica back in rotation within 1.5 s of each other (the live
+    process start and the health checker's phase); attainment over all attempts per class and
+    phase within 0.05."""
+    reports = {}
+    for mode in ("live", "virtual"):
+        pack = make_pack(40, 1.0, 0, mode, admission_max_outstanding=51)
+        reports[mode] = plan_drill(pack, tmp_path / mode)
+    live, virt = reports["live"], reports["virtual"]
+    assert live["execution"] == "live" and virt["execution"] == "virtual"
+    ln, vn = live["n_plus_one"], virt["n_plus_one"]
+    assert ln["verdict"] == vn["verdict"] and ln["checks"] == vn["checks"]
+    assert abs(ln["requests_lost"] - vn["requests_lost"]) <= max(8, ln["requests_lost"] / 2)
+    assert abs(ln["requests_rejected"] - vn["requests_rejected"]) <= 10
+    cleared = [r["fault_cleared_time_s"] - r["injection_time_s"] for r in (live, virt)]
+    assert abs(cleared[0] - cleared[1]) <= 1.5
+    for phase in ("before", "during"):
+        for name, c in live["phases"][phase]["classes"].items():
+            v = virt["phases"][phase]["classes"][name]["all_attempt_attainment"]
+            assert abs(c["all_attempt_attainment"] - v) <= 0.05, (phase, name)
+    for r in (live, virt):
+        assert "ReplicaDown" in r["alerts_fired"]
+        assert r["router_removal_time_s"] - r["injection_time_s"] < 0.5
+
+
+def test_no_plan_no_plan_drill_and_the_choice_of_live_or_virtual():
+    from capacity_pack.drills.plan import plan_drill as plan_of
+
+    pack = make_pack(60, 0.75, 1, "auto")
+    inputs = DrillInputs.for_drill(pack, PLAN_DRILL)
+    cap = capacity_doc(30.0)
+    none = plan_of(inputs, cap, {}, {"required_replicas": None, "reason": "no capacity found"})
+    assert not none.runnable and none.skip_reason == "no plan to drill: no capacity found"
+    fits = plan_of(
+        DrillInputs.for_drill(make_pack(40, 1.0, 0, "auto"), PLAN_DRILL),
+        cap,
+        {},
+        {"required_replicas": 2},
+    )
+    assert fits.execution == "live" and fits.execution_reason.startswith("auto: 2 replicas")
+    big = plan_of(inputs, cap, {}, {"required_replicas": 4})
+    assert big.execution == "virtual" and big.replicas == 4 and big.rate_rps == 60
+    forced = plan_of(
+        DrillInputs.for_drill(make_pack(60, 0.75, 1, "live"), PLAN_DRILL),
+        cap,
+        {},
+        {"required_replicas": 4},
+    )
+    assert forced.execution == "live" and forced.execution_reason == "configured: mode live"

@@ -1,0 +1,201 @@
+"""Failure drills in virtual time: the same drill on the engine model's fleet, in seconds of CPU.
+
+For a plan larger than this host can run live (:func:`capacity_pack.drills.plan.plan_drill`
+decides), the drill's schedule (the same arrivals, classes and lengths as a live drill's) is
+replayed against :class:`capacity_pack.sim.fleet.Fleet`: the target's profile on every replica,
+the router's policy, admission limit, retries, health checks, supervisor restart and cold start
+on one simulated clock. It writes the files a live drill writes (``records.jsonl`` in the load
+generator's format, ``schedule.parquet``, ``samples.parquet``/``scrapes.parquet`` from the
+router's ``/metrics`` samples at every scrape, ``events.json``, ``drill.json``), so the same
+analysis (:mod:`capacity_pack.drills.analyze`), alert rules and pictures read it, and every file
+says it is virtual (``drill.json``: ``execution``, ``clock``).
+
+Prompts: each request's token ids are its shared prefix (the schedule's ``prefix_id``, the same
+ids for every request that shares it, as the live prompt builder shares text) followed by ids
+of its own, seeded by its ``prompt_seed``; so the prefix cache hits in virtual time where it
+hits live. The clock's origin is the fleet's start; the virtual realtime anchor is
+``VIRTUAL_EPOCH_NS`` plus the same offset (no drift to check).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from capacity_pack.drills.plan import NS, DrillError, DrillInputs, DrillPlan, drill_schedule
+from capacity_pack.plan.manifest import SimTarget
+
+# Virtual stamps: monotonic and realtime origins of a virtual run (arbitrary, fixed, so that the
+# same drill writes the same files).
+VIRTUAL_T0_NS = 1_000 * NS
+VIRTUAL_EPOCH_NS = 1_800_000_000 * NS
+CLOCK = (
+    "virtual: the engine model's simulated clock (capacity_pack.sim.fleet), seconds from the "
+    "fleet's start; no network, no client lateness"
+)
+
+
+def fleet_requests(schedule: pd.DataFrame, seed: int) -> list[Any]:
+    """The schedule's requests with token ids: shared prefixes, then ids of their own."""
+    from capacity_pack.sim.fleet import FleetRequest
+
+    heads: dict[tuple[int, int], tuple[int, ...]] = {}
+    out = []
+    for row in schedule.to_dict("records"):
+        n = int(row["input_tokens"])
+        pid, plen = int(row["prefix_id"]), min(int(row["prefix_tokens"]), max(0, n - 1))
+        head: tuple[int, ...] = ()
+        if pid >= 0 and plen > 0:
+            key = (pid, plen)
+            if key not in heads:
+                g = np.random.default_rng([seed, 0x9EAD, pid])
+                heads[key] = tuple(int(x) for x in g.integers(1, 2**31, plen))
+            head = heads[key]
+        own = np.random.default_rng([seed, int(row["prompt_seed"]) & 0xFFFFFFFF, int(row["seq"])])
+        ids = head + tuple(int(x) for x in own.integers(1, 2**31, n - len(head)))
+        out.append(
+            FleetRequest(
+                due_s=int(row["scheduled_offset_ns"]) / NS,
+                prompt_ids=ids,
+                max_tokens=int(row["output_tokens"]),
+            )
+        )
+    return out
+
+
+def scrape_frames(scrapes: list[Any], rt0: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The fleet's scrapes as the live drill's two tables (:func:`capacity_pack.drills.run.
+    parse_scrapes`): samples (t_ns, metric, labels, value), labels written as the exposition
+    reader writes them; scrapes (t_ns, realtime_ns, ok, client_in_flight)."""
+    from capacity_pack.engines.exposition import format_labels
+
+    label_text: dict[tuple, str] = {}
+    rows = []
+    for t, _, samples in scrapes:
+        for name, labels, value in samples:
+            key = tuple(labels)
+            text = label_text.get(key)
+            if text is None:
+                text = label_text[key] = format_labels(dict(labels))
+            rows.append((t, name, text, value))
+    frame = pd.DataFrame(rows, columns=["t_ns", "metric", "labels", "value"])
+    frame["t_ns"] = frame["t_ns"].astype(np.int64)
+    index = pd.DataFrame(
+        [(t, rt0 + t, True, fl) for t, fl, _ in scrapes],
+        columns=["t_ns", "realtime_ns", "ok", "client_in_flight"],
+    ).astype({"t_ns": np.int64, "realtime_ns": np.int64})
+    return frame, index
+
+
+def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path) -> dict[str, Any]:
+    """Run the drill in virtual time; write the live drill's files; return its facts."""
+    from capacity_pack.drills.files import write_outputs
+    from capacity_pack.measure.records import Attempt
+    from capacity_pack.sim.fleet import Fleet, FleetSettings
+    from capacity_pack.sim.profile import load_profile
+
+    target = inputs.sweep.target
+    if not isinstance(target, SimTarget):
+        raise DrillError("a virtual drill needs the engine model: a simulated target")
+    if plan.drill.kind != "replica_kill":
+        raise DrillError(f"virtual time runs replica_kill drills only, not {plan.drill.kind}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cpu0 = time.process_time()
+    schedule, start_ns = drill_schedule(inputs, plan)
+    seed = inputs.sweep.schedule.client.request_schedule_seed
+    f = inputs.failure
+    client = inputs.sweep.client
+    model = inputs.sweep.model.served_name or inputs.sweep.model.id
+    inject_s = start_ns / NS + plan.inject_at_s
+    settings = FleetSettings(
+        replicas=plan.replicas,
+        policy=target.router,
+        admission_max_outstanding=plan.admission_max_outstanding or 0,
+        retries=1,
+        health_interval_s=f.health_interval_s,
+        restart_after_s=f.restart_after_s,
+        cold_start_s=f.cold_start_s,
+        request_timeout_s=client.request_timeout_seconds,
+        scrape_interval_s=f.scrape_interval_s,
+        model_name=model,
+        kills=((plan.drill.replica, inject_s),),
+    )
+    requests = fleet_requests(schedule, seed)
+    run = Fleet(load_profile(target.profile), settings, seed=seed).run(requests)
+    t0, rt0 = VIRTUAL_T0_NS, VIRTUAL_EPOCH_NS
+    lines = []
+    for row, res in zip(schedule.to_dict("records"), run.results, strict=True):
+        offset = int(row["scheduled_offset_ns"])
+        a = Attempt(
+            request_id=str(row["request_id"]),
+            seq=int(row["seq"]),
+            klass=str(row["class"]),
+            phase=str(row["phase"]),
+            block=int(row["block"]),
+            input_tokens=int(row["input_tokens"]),
+            output_tokens_expected=int(row["output_tokens"]),
+            scheduled_offset_ns=offset,
+            due_ns=t0 + offset,
+            sent_ns=t0 + res.sent_ns,
+            sent_realtime_ns=rt0 + res.sent_ns,
+            first_token_ns=t0 + res.token_ns[0] if res.token_ns else None,
+            last_token_ns=t0 + res.token_ns[-1] if res.token_ns else None,
+            end_ns=t0 + res.end_ns,
+            end_realtime_ns=rt0 + res.end_ns,
+            chunk_ns=[t0 + t for t in res.token_ns],
+            chunk_tokens=[1] * len(res.token_ns),
+            http_status=res.http_status,
+            status=res.status,
+            error=res.error,
+            finish_reason="length" if res.status == "ok" else None,
+            prompt_tokens=res.prompt_tokens if res.status == "ok" else None,
+            completion_tokens=len(res.token_ns) if res.status == "ok" else None,
+            cached_tokens=res.cached_tokens if res.status == "ok" else None,
+        )
+        lines.append(a.to_json(t0, rt0))
+    (out / "records.jsonl").write_text("\n".join(lines) + "\n" if lines else "")
+    samples, scrape_index = scrape_frames(run.scrapes, rt0)
+    events = [
+        {"unix_ns": rt0 + int(e["t_ns"]), **{k: v for k, v in e.items() if k != "t_ns"}}
+        for e in run.events
+    ]
+    kill_s = inject_s
+    statuses = pd.Series([r.status for r in run.results]).value_counts().to_dict()
+    facts: dict[str, Any] = {
+        "plan": plan.model_dump(mode="json"),
+        "drill": plan.drill.name,
+        "execution": "virtual",
+        "t0_ns": t0,
+        "t0_realtime_ns": rt0,
+        "profile_start_s": start_ns / NS,
+        "actions": [
+            {
+                "action": "inject",
+                "t_s": kill_s,
+                "done_t_s": kill_s,
+                "request": f"virtual SIGKILL of replica {plan.drill.replica}",
+            }
+        ],
+        "load": {
+            "requests": len(requests),
+            "statuses": statuses,
+            "virtual_s": run.end_ns / NS,
+            "engine_steps": run.steps,
+            "cpu_s": time.process_time() - cpu0,
+        },
+        "base_url": "(virtual)",
+        "target_kind": target.kind,
+        "replicas_started_by": (
+            f"virtual time: {plan.replicas} engine models of profile {target.profile!r} behind "
+            "the router's policy (capacity_pack.sim.fleet)"
+        ),
+        "scheduled_requests": int(len(schedule)),
+        "clock": CLOCK,
+    }
+    write_outputs(out, facts, events, samples, scrape_index, schedule)
+    return facts
