@@ -15,10 +15,13 @@ What a drill measures:
   window it was sent in. A request meets its SLO when it succeeded with TTFT <= its class's
   ``request_ttft_cutoff_ms`` and TPOT <= ``request_tpot_cutoff_ms`` (the one predicate,
   :func:`capacity_pack.evidence.gates.requests_meeting_slo`); a window's attainment is
-  meets / successful requests, its failure share (errors + timeouts + rejections) /
-  (attempted - cancelled): policy cancellations are neither successes nor failures.
+  meets / successful requests (``attainment``, among successful requests), its
+  ``all_attempt_attainment`` meets / (attempted - cancelled) (over all attempts: a failed,
+  rejected, lost or timed-out request is a miss), its failure share (errors + timeouts +
+  rejections) / (attempted - cancelled): policy cancellations are neither successes nor
+  failures.
 - Phases: before = [warm-up end, injection), during = [injection, recovery), after =
-  [recovery, last request's end]; per phase and per class: counts, error rate, attainment,
+  [recovery, last request's end]; per phase and per class: counts, error rate, both attainments,
   goodput (requests meeting their SLO per second of the phase) and nearest-rank p50/p95 of TTFT
   and TPOT.
 - Fault cleared: for ``replica_kill``/``cold_replica`` the router's ``ready`` event after the
@@ -40,6 +43,8 @@ What a drill measures:
   allowed consequences and the generic symptoms are reported as unexpected.
 - Capacity returned without manual repair: the ``after`` phase passes both gates and recovery
   was reached, with no action beyond lifting the injected fault.
+- Timeline (:func:`timeline`): the series of the drill's picture.
+- The plan drill's N+1 verdict: :func:`n_plus_one`.
 """
 
 from __future__ import annotations
