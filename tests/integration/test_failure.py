@@ -64,21 +64,24 @@ def report(rate: float, in_flight: float) -> dict:
 def test_plan_uses_the_selected_capacity_and_littles_law():
     pack = make_pack()
     inputs = DrillInputs.for_drill(pack, "replica_kill")
-    reports = {"a": report(30, 20.0), "b": report(30, 25.0), "c": report(40, 60.0)}
-    plan = plan_drill(inputs, capacity_doc(30.0), reports)
-    assert plan.replicas == 2
-    assert plan.rate_rps == 60.0 and plan.rate_after_rps == 60.0
-    assert "30 RPS per replica" in plan.rate_source
-    # 2 x the larger in-flight count measured at 30 RPS (not at 40 RPS).
-    assert plan.admission_max_outstanding == 50
+    reports = {"a": report(15, 10.0), "b": report(15, 12.5), "c": report(20, 30.0)}
+    plan = plan_drill(inputs, capacity_doc(15.0), reports)
+    assert plan.replicas == 2 and plan.scope == "capacity_point"
+    assert plan.rate_rps == 30.0 and plan.rate_after_rps == 30.0
+    assert "15 RPS per replica" in plan.rate_source
+    # 2 x the larger in-flight count measured at 15 RPS (not at 20 RPS).
+    assert plan.admission_max_outstanding == 25
     assert plan.inject_at_s == 8 and plan.restore_at_s is None
-    cold = plan_drill(DrillInputs.for_drill(pack, "cold_replica"), capacity_doc(30.0), reports)
-    assert cold.rate_after_rps == 60.0  # the default pack keeps the load steady (2-core host)
+    cold = plan_drill(DrillInputs.for_drill(pack, "cold_replica"), capacity_doc(15.0), reports)
+    assert cold.rate_after_rps == 30.0  # the default pack keeps the load steady (2-core host)
     stepped = make_pack(lambda d: d["failure"]["drills"][1].pop("rate_multiplier"))
-    cold = plan_drill(DrillInputs.for_drill(stepped, "cold_replica"), capacity_doc(30.0), reports)
-    assert cold.rate_after_rps == pytest.approx(90.0)  # (N + 1) / N: the autoscaler's trigger
-    kv = plan_drill(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), reports)
+    cold = plan_drill(DrillInputs.for_drill(stepped, "cold_replica"), capacity_doc(15.0), reports)
+    assert cold.rate_after_rps == pytest.approx(45.0)  # (N + 1) / N: the autoscaler's trigger
+    kv = plan_drill(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(15.0), reports)
     assert kv.restore_at_s == 16
+    # Past this host's live limit the router, not the mechanism, would be measured: capped.
+    capped = plan_drill(inputs, capacity_doc(30.0), reports)
+    assert capped.rate_rps == 40.0 and "capped at this host's live limit" in capped.rate_source
 
 
 def test_plan_without_a_capacity_point_falls_back_and_says_so():

@@ -19,6 +19,10 @@ Each drill names the alert mechanism it must fire (:data:`MECHANISM`), the other
 may legitimately set off (:data:`CONSEQUENCES`) and the symptom alerts any fault may fire
 (:data:`SYMPTOMS`).
 
+A simulated target's derived rate is capped at ``failure.plan_drill.live_max_rps`` (labelled
+so): the project's router, one process, relays every simulated replica's stream, and past this
+host's live limit a drill measures the router rather than its mechanism.
+
 Replicas: ``failure.replicas``, else what the target has: max(2, the replicas the sweep
 measured) simulated replicas (so that one can fail while another serves), and for a real target
 the replicas the sweep measured (a managed target: that many copies of its command behind the
@@ -120,7 +124,9 @@ class DrillInputs(BaseModel):
         "plan: the recommended fleet at the planned peak (the N+1 check).",
     )
     peak_rps: float | None = Field(default=None, description="plan scope: plan.peak_rps.")
-    plan_drill: PlanDrill | None = Field(default=None, description="plan scope: its settings.")
+    plan_drill: PlanDrill | None = Field(
+        default=None, description="The plan drill's settings (its live limits bound every drill)."
+    )
 
     @classmethod
     def for_drill(cls, pack: Pack, name: str) -> DrillInputs:
@@ -158,7 +164,8 @@ class DrillInputs(BaseModel):
             replicas_under_test=pack.plan.replicas_under_test,
             scope="plan" if plan_scope else "capacity_point",
             peak_rps=pack.plan.peak_rps if plan_scope else None,
-            plan_drill=pack.failure.plan_drill if plan_scope else None,
+            # Its live limits bound every live drill of a simulated target.
+            plan_drill=pack.failure.plan_drill,
         )
 
     def canonical_json(self) -> str:
@@ -268,8 +275,18 @@ def plan_drill(
         n = f.replicas or (
             inputs.replicas_under_test if real else max(2, inputs.replicas_under_test)
         )
+        cap = (inputs.plan_drill or PlanDrill()).live_max_rps
         if f.rate_rps is not None:
             rate, source = f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)"
+        elif per is not None and isinstance(target, SimTarget) and per * n > cap:
+            # The project's router relays every simulated replica's stream: past this host's
+            # live limit the drill would measure the router, not the mechanism.
+            rate = cap
+            source = (
+                f"{source} x {n} replicas = {per * n:g} RPS, capped at this host's live limit "
+                f"of {cap:g} RPS (failure.plan_drill.live_max_rps: the router, one process, "
+                "relays every stream)"
+            )
         elif per is not None:
             rate = per * n
             source = f"{source} x {n} replicas"

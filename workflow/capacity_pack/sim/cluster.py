@@ -181,14 +181,12 @@ class _Relay(StreamingResponse):
             await self._release()
 
 
-class Replica:
-    """One replica process and what the router knows about it."""
+class RouterView:
+    """What the router knows of one replica: its rotation state and counters, the fields
+    :func:`router_families` exports (the live :class:`Replica` and the virtual-time fleet's)."""
 
-    def __init__(self, index: int, port_file: Path) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.port_file = port_file
-        self.port: int | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
         self.healthy = False
         self.state = "starting"
         self.outstanding = 0
@@ -199,6 +197,16 @@ class Replica:
         self.relayed_bytes_total = 0
         self.health_rtt_s: float | None = None
         self.starts = 0
+
+
+class Replica(RouterView):
+    """One replica process and what the router knows about it."""
+
+    def __init__(self, index: int, port_file: Path) -> None:
+        super().__init__(index)
+        self.port_file = port_file
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.last_change_ns = time.time_ns()
         self.link = Link()
         # The replica's control token, handed to each of its processes through the environment
@@ -898,7 +906,7 @@ class Cluster:
 
 
 def router_exposition(
-    replicas: Sequence[Any],
+    replicas: Sequence[RouterView],
     responses_total: collections.Counter[int],
     admission_rejected_total: int,
     no_replica_total: int,
@@ -937,14 +945,13 @@ def router_exposition(
 
 
 def router_families(
-    replicas: Sequence[Any],
+    replicas: Sequence[RouterView],
     responses_total: collections.Counter[int],
     admission_rejected_total: int,
     no_replica_total: int,
 ) -> m.Exposition:
-    """The router's own ``router:*`` families from ``replicas`` (objects with
-    :class:`Replica`'s counters and state). One home for the live router and the virtual-time
-    fleet (:mod:`capacity_pack.sim.fleet`)."""
+    """The router's own ``router:*`` families from ``replicas``. One home for the live router
+    and the virtual-time fleet (:mod:`capacity_pack.sim.fleet`)."""
     x = m.Exposition()
     lab = [(r, [("replica", str(r.index))]) for r in replicas]
     x.gauge(

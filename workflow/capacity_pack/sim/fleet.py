@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from capacity_pack.sim.cluster import router_families
+from capacity_pack.sim.cluster import RouterView, router_families
 from capacity_pack.sim.engine import Engine, Rejected
 from capacity_pack.sim.profile import Profile
 from capacity_pack.sim.scheduler import SimRequest, Step
@@ -105,24 +105,14 @@ class FleetResult:
     cached_tokens: int | None = None
 
 
-class _Replica:
-    """A replica as the router sees it: the attributes :func:`router_exposition` reads."""
+class _Replica(RouterView):
+    """A replica in virtual time: the router's view of it, its engine and process state."""
 
     def __init__(self, index: int) -> None:
-        self.index = index
+        super().__init__(index)
         self.engine: Engine | None = None
         self.alive = False  # the process runs
         self.listening = False
-        self.healthy = False
-        self.state = "starting"
-        self.outstanding = 0
-        self.requests_total = 0
-        self.upstream_errors_total = 0
-        self.retries_total = 0
-        self.relay_failures_total = 0
-        self.relayed_bytes_total = 0
-        self.health_rtt_s: float | None = None
-        self.starts = 0
         self.generation = 0  # bumped by each start: stale step events are dropped
         self.step: Step | None = None
         self.restart_pending = False
