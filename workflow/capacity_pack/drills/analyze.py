@@ -529,7 +529,9 @@ def n_plus_one(
             "scaling does not hold here"
         )
     for name, c in classes.items():
-        if not c["holds"]:
+        if not c["attempted"]:
+            why.append(f"class {name}: no request sent while one replica short, nothing to judge")
+        elif not c["holds"]:
             why.append(
                 f"class {name}: {_fmt_share(c['all_attempt_attainment'])} of "
                 f"{c['attempted']} attempts met the SLO (gate {att_min:g})"

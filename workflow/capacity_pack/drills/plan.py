@@ -390,7 +390,7 @@ def _plan_execution(
     sim = isinstance(inputs.sweep.target, SimTarget)
     fits = n <= settings.live_max_replicas and rate <= settings.live_max_rps
     size = (
-        f"{n} replicas at {rate:g} RPS against this host's live limit of "
+        f"{n} replica{'s' if n != 1 else ''} at {rate:g} RPS against this host's live limit of "
         f"{settings.live_max_replicas} replicas and {settings.live_max_rps:g} RPS "
         "(failure.plan_drill.live_max_replicas, live_max_rps)"
     )
