@@ -164,7 +164,6 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
         {"unix_ns": rt0 + int(e["t_ns"]), **{k: v for k, v in e.items() if k != "t_ns"}}
         for e in run.events
     ]
-    kill_s = inject_s
     statuses = pd.Series([r.status for r in run.results]).value_counts().to_dict()
     facts: dict[str, Any] = {
         "plan": plan.model_dump(mode="json"),
@@ -176,8 +175,8 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
         "actions": [
             {
                 "action": "inject",
-                "t_s": kill_s,
-                "done_t_s": kill_s,
+                "t_s": inject_s,
+                "done_t_s": inject_s,
                 "request": f"virtual SIGKILL of replica {plan.drill.replica}",
             }
         ],
