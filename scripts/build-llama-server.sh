@@ -25,6 +25,11 @@ if [[ "$(uname -m)" == x86_64 ]]; then
   OPTIONS+=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
 fi
 STAMP="llama-cpp-python $VERSION ${OPTIONS[*]}"
+# One build at a time per prefix: a second invocation (CI starts the build in the background
+# and the real-engine test asks for the binary later) waits for the first, then finds its stamp.
+mkdir -p "$PREFIX"
+exec 9>"$PREFIX/.build.lock"
+flock 9
 if [[ -x "$BIN" && -f "$BIN.build" && "$(cat "$BIN.build")" == "$STAMP" ]]; then
   echo "$BIN"
   exit 0

