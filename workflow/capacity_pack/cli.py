@@ -94,6 +94,16 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy_subcommands])
 
+    def invoke(self, ctx: click.Context):
+        from capacity_pack.errors import StatedError
+
+        # An error the user fixes (a server that does not answer, a bad table row): its one
+        # line, no traceback, exit status 1.
+        try:
+            return super().invoke(ctx)
+        except StatedError as err:
+            raise _Fail(str(err)) from None
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy_subcommands:
             import importlib
@@ -397,6 +407,55 @@ def shard(spec: Path) -> None:
 
 
 @main.command()
+@click.option("--url", required=True, help="The server's base URL, e.g. http://127.0.0.1:8000.")
+@click.option(
+    "--api-key-env",
+    default=None,
+    help="Name of the environment variable holding the API key (the key itself never).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("pack.yaml"),
+    show_default=True,
+)
+@click.option("--name", default=None, help="pack.name (default: from the model and engine).")
+@click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists.")
+def init(url: str, api_key_env: str | None, output: Path, name: str | None, force: bool) -> None:
+    """Probe a running server and write a pack skeleton for it.
+
+    Asks the server (GET only, plus one POST /tokenize of a short text) for its models, engine
+    and version, /metrics, /tokenize and prefix-cache reset, and writes OUTPUT: what it found,
+    as commented YAML, and null where only you can decide (the SLO cutoffs; the model revision
+    and precision when the server does not report them). `capacity-pack lint OUTPUT` names
+    what is left.
+    """
+    import os
+
+    from capacity_pack.engines.http import auth_headers
+    from capacity_pack.engines.onboard import skeleton, survey
+    from capacity_pack.io import write_text_atomic
+    from capacity_pack.redact import watch_env
+
+    if output.exists() and not force:
+        raise _Fail(f"{output} exists: choose another --output, or --force to overwrite it")
+    key = None
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise _Fail(f"--api-key-env {api_key_env}: no such variable in this environment")
+        watch_env(api_key_env)
+    found = survey(url, auth_headers(key))
+    write_text_atomic(output, skeleton(found, api_key_env=api_key_env, name=name))
+    click.echo(f"wrote {output}: {found.engine_name or 'unknown engine'} serving {found.model}")
+    for line in (found.metrics_note, found.tokenize_note, found.reset_note, *found.notes):
+        click.echo(f"  {line}")
+    click.echo("still yours to decide: " + ", ".join(found.todo))
+    click.echo(f"then: capacity-pack lint {output}")
+
+
+@main.command()
 @click.argument("requests_csv", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("duration_seconds", type=float)
 @click.argument("queue_trend")
@@ -440,7 +499,13 @@ def analyze(
     try:
         report = analyze_csv(requests_csv, duration_seconds, queue_trend, classes, gates)
     except AnalysisError as err:
-        raise _Fail(str(err)) from None
+        message = str(err)
+        if manifest is None and "unknown workload class" in message:
+            # A pack's own requests.csv has the pack's classes, not the built-in ones.
+            beside = requests_csv.parent / "workload-manifest.yaml"
+            named = beside if beside.is_file() else "PACK.yaml"
+            message += f"; the pack's classes and cutoffs come with --manifest {named}"
+        raise _Fail(message) from None
     click.echo(json.dumps(report, indent=2, sort_keys=True))
 
 

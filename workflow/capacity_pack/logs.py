@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from capacity_pack.errors import StatedError
 from capacity_pack.redact import redact_text
 
 # A writer that never sends a newline still has its text passed on past this many characters.
@@ -179,6 +180,15 @@ def job_logging(path: str | Path, name: str = "capacity_pack") -> Iterator[loggi
         sys.stderr, sys.stdout = err, out
         try:
             yield logging.getLogger(name)
+        except StatedError as exc:
+            # The user's to fix, and the message says how: one line in the log and on the
+            # console, no traceback, a non-zero exit.
+            err.flush()
+            line = redact_text(f"error: {exc}")
+            fh.write(line + "\n")
+            fh.flush()
+            print(line, file=old_stderr)
+            raise SystemExit(1) from None
         except (SystemExit, KeyboardInterrupt) as stop:
             # An interrupt or a chosen exit status is no crash: one line, no traceback.
             err.flush()

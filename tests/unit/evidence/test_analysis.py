@@ -78,7 +78,9 @@ def test_cli_prints_the_seed_report(tmp_path):
          "line 3: request IDs must be nonempty and unique"),
         (["r-1,interactive,1,1,128,128,ok", "r-1,interactive,1,1,128,128,ok"],
          "line 3: request IDs must be nonempty and unique"),
-        (["r-1,chatbot,1,1,128,128,ok"], "line 2: unknown workload class"),
+        (["r-1,chatbot,1,1,128,128,ok"],
+         "line 2: unknown workload class 'chatbot' (known: interactive, long_context, "
+         "generation_heavy)"),
         (["r-1,interactive,1,1,128,128,done"],
          "line 2: every scheduled request needs a recognized terminal status"),
         (["r-1,interactive,-1,1,126,128,ok"], "line 2: latencies must be finite and nonnegative"),

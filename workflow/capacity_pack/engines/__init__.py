@@ -65,6 +65,7 @@ from capacity_pack.engines.probe import (
     ProbeAnswer,
     check_identity,
     probe_engine,
+    unreachable,
     version_matches,
 )
 from capacity_pack.engines.registry import (
@@ -114,6 +115,7 @@ __all__ = [
     "parse_metrics",
     "prefix_cache_source",
     "probe_engine",
+    "unreachable",
     "probe_paths",
     "read_signals",
     "register",

@@ -158,6 +158,13 @@ def probe_engine(
     return ident
 
 
+def unreachable(identity: EngineIdentity) -> str:
+    """The sentence for a server that answered none of the probe's requests: its URL and the
+    cause (the first connection error: refused, timed out, name not resolved, TLS)."""
+    causes = [a.error for a in identity.answers.values() if a.error]
+    return f"no server answers at {identity.base_url} ({causes[0] if causes else 'no answer'})"
+
+
 def _votes(ident: EngineIdentity) -> dict[str, list[str]]:
     """Per kind, the answers that point to it."""
     votes: dict[str, list[str]] = {}

@@ -44,6 +44,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
+from capacity_pack.errors import StatedError
 from capacity_pack.measure.records import STATUSES, RecordsError, records_frame
 from capacity_pack.measure.shards import ShardError, check_merge
 from capacity_pack.tables import validate_table
@@ -53,7 +54,7 @@ PHASES = ("prewarm", "warmup", "measure", "extension")
 MEASURED = ("measure", "extension")
 
 
-class NormalizeError(ValueError):
+class NormalizeError(StatedError, ValueError):
     """Records that cannot be normalized (reconciliation or parsing); names file and IDs."""
 
 

@@ -607,7 +607,8 @@ def validate_requests_table(
         if bad_id[first]:
             msg = "request IDs must be nonempty and unique"
         elif bad_class[first]:
-            msg = "unknown workload class"
+            known = ", ".join(c.name for c in classes)
+            msg = f"unknown workload class {frame['class'].iloc[first]!r} (known: {known})"
         else:
             msg = "every scheduled request needs a recognized terminal status"
         raise AnalysisError(f"{source}: line {first + 2}: {msg}")

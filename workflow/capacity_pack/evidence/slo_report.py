@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.errors import StatedError
 from capacity_pack.evidence.gates import (
     CLASS_ATTAINMENT,
     CLASS_GATES,
@@ -52,7 +53,7 @@ CORE_CLASS_GATES = tuple(g for g in CLASS_GATES if not g.optional)
 CORE_POINT_GATES = tuple(g for g in POINT_GATES if not g.optional)
 
 
-class AnalysisError(ValueError):
+class AnalysisError(StatedError, ValueError):
     """Input the analyzer refuses; the message names the file, row and rule."""
 
 

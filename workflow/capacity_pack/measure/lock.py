@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from capacity_pack.errors import StatedError
 from capacity_pack.measure.lifeline import follow_invoker
 
 log = logging.getLogger("capacity_pack.measure.lock")
@@ -86,7 +87,7 @@ _FALSE = {"false", "no", "off", "0"}
 _local = threading.local()
 
 
-class TargetBusy(RuntimeError):
+class TargetBusy(StatedError, RuntimeError):
     """Another measurement holds the target (and this one does not wait, or waited too long)."""
 
 

@@ -45,6 +45,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from capacity_pack import engines
+from capacity_pack.errors import StatedError
 from capacity_pack.measure.commands import CommandError, check, redact_output, run_command
 from capacity_pack.plan.manifest import Engine, OpenAITarget, SimTarget
 from capacity_pack.redact import redact_text
@@ -52,7 +53,7 @@ from capacity_pack.redact import redact_text
 log = logging.getLogger("capacity_pack.measure.target")
 
 
-class TargetError(RuntimeError):
+class TargetError(StatedError, RuntimeError):
     """The target could not be started, reached or reset."""
 
 
@@ -382,6 +383,11 @@ def identify(
     """Probe the engine, compare it with the manifest, put both in ``facts``; raise on a
     mismatch under ``identity_check: enforce``."""
     identity = engines.probe_engine(ep.base_url, ep.headers, 5.0, verify=ep.verify)
+    if not identity.reachable:
+        raise TargetError(
+            f"{engines.unreachable(identity)}: start it, or set target.base_url to where it "
+            "listens (capacity-pack init --url URL probes a server and writes a pack for it)"
+        )
     facts["engine_identity"] = identity.model_dump(mode="json")
     problems: list[str] = []
     if target.identity_check != "off":

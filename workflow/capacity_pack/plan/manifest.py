@@ -60,6 +60,7 @@ from pydantic import (
 )
 
 from capacity_pack import __version__
+from capacity_pack.errors import StatedError
 from capacity_pack.io import file_sha256, sha256_of_obj
 from capacity_pack.plan.limits import (
     MAX_ARRIVAL_CV,
@@ -101,7 +102,7 @@ NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 
 
-class ManifestError(ValueError):
+class ManifestError(StatedError, ValueError):
     """A pack configuration that cannot be used; the message names the file and field."""
 
 
@@ -1505,9 +1506,12 @@ def load_pack(path: str | Path) -> Pack:
 
 
 def unwrap_frozen(data: Any) -> Any:
-    """The pack inside a frozen manifest document; any other data as it is."""
+    """The pack inside a frozen manifest document, or inside a pack folder's
+    ``workload-manifest.yaml`` (the pack under its ``frozen_sha256``); any other data as it is."""
     if isinstance(data, dict) and data.get("format") == FROZEN_FORMAT:
         return data.get("manifest")
+    if isinstance(data, dict) and "frozen_sha256" in data:
+        return {k: v for k, v in data.items() if k != "frozen_sha256"}
     return data
 
 

@@ -15,8 +15,10 @@ from typing import Any
 
 import yaml
 
+from capacity_pack.errors import StatedError
 
-class TextInputError(ValueError):
+
+class TextInputError(StatedError, ValueError):
     """A file that cannot be read as text data; the message names the file and where."""
 
 

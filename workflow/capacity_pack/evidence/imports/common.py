@@ -11,11 +11,13 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capacity_pack.errors import StatedError
+
 Tool = Literal["aiperf", "vllm-bench"]
 IMPORTER_VERSION = 1
 
 
-class ExportFormatError(ValueError):
+class ExportFormatError(StatedError, ValueError):
     """An export that cannot be imported; the message names the file, the record and the field."""
 
 
