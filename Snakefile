@@ -92,3 +92,12 @@ rule all:
     input:
         all_targets(),
         AUTOPSY_MD,
+
+
+# The run ends on its answer: the decision, the plan, the failure verdict and the pack's path
+# (read from the pack's own files; nothing when this invocation built no pack yet).
+onsuccess:
+    from capacity_pack.decide.console import console_lines
+
+    for line in console_lines(Path(RESULTS) / "pack"):
+        print(line)

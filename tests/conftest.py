@@ -22,12 +22,6 @@ from tests.paths import DEFAULT_CONFIG, ROOT
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
-def pytest_collection_modifyitems(config, items):
-    """The real-engine tier runs last: CI builds llama-server in the background while the rest
-    of the suite runs, and its first test waits for that build (.ci/run)."""
-    items.sort(key=lambda item: item.get_closest_marker("real_engine") is not None)
-
-
 def pack_data() -> dict[str, Any]:
     """The default pack as plain data (a fresh copy each call)."""
     return yaml.safe_load(DEFAULT_CONFIG.read_text())

@@ -47,8 +47,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module", autouse=True)
 def llama_server() -> Path:
-    """The binary, built once by the project's script when absent (4-8 min on 2 cores), or
-    the one CI is building in the background (the script waits for that build)."""
+    """The binary, built once by the project's script when absent (4-8 min on 2 cores; a
+    build already under way, it waits for that one)."""
     if not SERVER.is_file():
         res = subprocess.run(
             ["bash", str(ROOT / "scripts" / "build-llama-server.sh"), str(SERVER.parents[1])],

@@ -59,8 +59,32 @@ def planned_jobs(workdir: Path) -> list[str]:
 def ran(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pack")
     write_pack(workdir, small_pack())
-    snakemake(workdir)
+    res = snakemake(workdir)
+    (workdir / "console.txt").write_text(res.stdout + res.stderr)
     return workdir
+
+
+def test_the_console_reports_every_point_and_ends_on_the_answer(ran):
+    """What the person running `snakemake` sees: a line per measured point (its progress over
+    the measured window), no per-request lines anywhere, and the decision at the end."""
+    console = (ran / "console.txt").read_text()
+    results = ran / "results" / "pipeline-test"
+    keys = sorted("/".join(p.parts[-4:-1]) for p in results.glob("raw/*/*/*/summary.json"))
+    assert len(keys) == 6
+    for key in keys:
+        records = (results / "raw" / key / "records.jsonl").read_text().splitlines()
+        measured = sum(json.loads(r)["phase"] in ("measure", "extension") for r in records)
+        line = next(x for x in console.splitlines() if x.startswith(f"{key}: load ended: "))
+        assert f"finished {measured}, failed 0" in line, line  # warm-up requests not counted
+        assert "lateness p99" in line and "ok " in line
+    assert "HTTP Request:" not in console
+    for log in results.glob("logs/sweep/*/*/*.log"):
+        assert "HTTP Request:" not in log.read_text(), log
+    tail = console[console.index("capacity pack pipeline-test: ") :].splitlines()
+    assert tail[0].endswith("results/pipeline-test/pack/README.md")
+    assert any(x.startswith("  decision, cold: ") for x in tail)
+    assert any(x.startswith("  decision, warm: ") for x in tail)
+    assert any(x.startswith("  plan: ") for x in tail)
 
 
 def test_measurements_are_recorded_and_serialized(ran):

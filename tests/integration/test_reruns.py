@@ -105,7 +105,13 @@ def test_a_measurement_never_hashes_presentation_modules():
     assert "capacity_pack.sim.server" in sweep
     # A drill runs the load generator (measure.run) without the sweep's point logic.
     assert "capacity_pack.measure.run" in drill
-    presentation = ("decide.report", "track.tracking", "drills.dashboard", "drills.alerts")
+    presentation = (
+        "decide.report",
+        "decide.console",
+        "track.tracking",
+        "drills.dashboard",
+        "drills.alerts",
+    )
     for module in presentation:
         assert f"capacity_pack.{module}" not in sweep + drill, module
     importers = {

@@ -138,3 +138,21 @@ def test_a_jobs_log_holds_no_line_per_http_request(tmp_path: Path) -> None:
     text = log_path.read_text()
     assert "measured 3 requests" in text
     assert "HTTP Request" not in text and "/health" not in text
+
+
+def test_a_stated_error_is_one_line_in_the_log_and_on_the_console(tmp_path: Path, capsys) -> None:
+    """An error the user fixes (its message says how) ends the job with status 1 and one line,
+    never a traceback; any other exception keeps its traceback in the log."""
+    from capacity_pack.errors import StatedError
+
+    log_path = tmp_path / "job.log"
+    with pytest.raises(SystemExit) as stop, job_logging(log_path):
+        raise StatedError("no server answers at http://127.0.0.1:9 (ConnectError: refused)")
+    assert stop.value.code == 1
+    expected = "error: no server answers at http://127.0.0.1:9 (ConnectError: refused)"
+    assert log_path.read_text().strip() == expected
+    assert capsys.readouterr().err.strip() == expected
+
+    with pytest.raises(ZeroDivisionError), job_logging(log_path):
+        _ = 1 / 0
+    assert "Traceback" in log_path.read_text()

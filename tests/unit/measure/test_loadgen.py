@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -315,3 +316,38 @@ def test_client_stamps_agree_with_the_servers_ground_truth(tmp_path):
     assert np.median(sent_to_arrival) < 3e6 and np.median(np.abs(last_sent_to_read)) < 3e6
     err = measurement_error(out, gt)
     assert err["matched"] == 40 and err["e2e_abs_error_ms"]["p50"] < 3
+
+
+def test_load_progress_counts_the_measured_window_only(tmp_path):
+    """`capacity-pack load --progress`: the live line counts measured requests (never the
+    warm-up or prewarm ones) against the measured schedule, with the time left."""
+    data = pack_data()
+    data["client"].update(
+        initial_scheduled_requests=60, warmup_seconds=1, minimum_duration_seconds=2,
+        maximum_duration_seconds=4,
+    )  # fmt: skip
+    data["client"].pop("class_schedule_counts")
+    data["acceptance"]["min_successful_samples_per_class"] = 20
+    data["acceptance"]["class_slo_attainment_min"] = 0.6
+    data["sweep"].update(open_loop_rps=[20], closed_loop_concurrency=[1], repeats=1)
+    data["sweep"].pop("search", None)
+    data["experiments"] = []
+    config = tmp_path / "pack.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    res = subprocess.run(
+        [sys.executable, "-m", "capacity_pack", "load", str(config), "--point", "open-r20",
+         "--cache-state", "warm", "-o", str(out), "--progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    last = [x for x in res.stderr.replace("\r", "\n").splitlines() if "sent " in x][-1]
+    recs = read_records(out / "records.jsonl")
+    measured = [r for r in recs if r["phase"] in ("measure", "extension")]
+    assert len(measured) < len(recs)  # the warm-up and prewarm requests were sent too
+    n = len(measured)
+    sent, scheduled = map(int, re.search(r"sent (\d+)/(\d+)", last).groups())
+    # An in-run decision may stop the point before its schedule ends: sent <= scheduled.
+    assert sent == n <= scheduled, last
+    assert f"finished {n}, failed 0" in last, last
+    assert "s left" in last and "within SLO" in last and "in-run " in last

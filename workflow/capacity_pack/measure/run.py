@@ -95,7 +95,7 @@ from capacity_pack.measure.sequential import (
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sse import SSEReader
 from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
-from capacity_pack.measure.watchers import health, lag_monitor, progress, scraper
+from capacity_pack.measure.watchers import health, lag_monitor, progress, progress_lines, scraper
 
 NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
@@ -107,6 +107,8 @@ BACKSTOP_S = 1.0
 # thread has that long to build the next block before the run wants it (capacity_pack.
 # measure.arrivals.BlocksAhead); well over the 2 s extension lead.
 BUILD_AHEAD_S = 5.0
+#: The schedule's phases inside the measured window (warm-up requests are sent before it).
+MEASURED_PHASES = ("measure", "extension")
 
 
 @dataclass
@@ -115,6 +117,7 @@ class _State:
 
     in_flight: int = 0
     sent: int = 0
+    sent_measured: int = 0  # of them, in the measured window (not warm-up)
     finished: int = 0
     failed: int = 0
     due_unsent: int = 0
@@ -152,6 +155,7 @@ class _Gate:
                 return False
             st.in_flight += 1
             st.sent += 1
+            st.sent_measured += a.phase in MEASURED_PHASES
         self.sent = True
         return True
 
@@ -194,8 +198,9 @@ class Run:
         self.t0_ns = 0
         self.t0_realtime_ns = 0
         self.blocks_sent = 0
-        measured = self.schedule[self.schedule["phase"].isin(["measure", "extension"])]
+        measured = self.schedule[self.schedule["phase"].isin(list(MEASURED_PHASES))]
         self._scheduled = {str(k): int(v) for k, v in measured["class"].value_counts().items()}
+        self._span: tuple[int, float | None] = (-1, None)
         self.cut_at_max_duration = 0
         self._appended: list[pd.DataFrame] = []  # extension blocks (joined to the schedule)
         self._ahead: BlocksAhead | None = None  # extension blocks built ahead of the arrivals
@@ -331,6 +336,7 @@ class Run:
                 st.in_flight -= 1
             else:
                 st.sent += 1  # attempted, never written (no connection, cancelled)
+                st.sent_measured += a.phase in MEASURED_PHASES
                 if block is not None and not gate.gated:
                     block.decided += 1
         self._finish(a)
@@ -396,7 +402,7 @@ class Run:
         st.finished += 1
         if a.status != "ok":
             st.failed += 1
-        if a.phase in ("measure", "extension"):
+        if a.phase in MEASURED_PHASES:
             st.terminal_by_class[a.klass] = st.terminal_by_class.get(a.klass, 0) + 1
             if a.status == "ok":
                 st.ok_by_class[a.klass] = st.ok_by_class.get(a.klass, 0) + 1
@@ -710,7 +716,9 @@ class Run:
             asyncio.create_task(scraper(self, client, stop)),
         ]
         if self.s.progress:
-            watchers.append(asyncio.create_task(progress(self, stop, len(self.schedule))))
+            watchers.append(asyncio.create_task(progress(self, stop)))
+        if self.s.report is not None:
+            watchers.append(asyncio.create_task(progress_lines(self, stop, self.s.report)))
         if self.s.side_tasks is not None:
             watchers += [asyncio.create_task(c) for c in self.s.side_tasks(self, stop)]
         return watchers
@@ -737,6 +745,34 @@ class Run:
             records = rows.to_dict("records")
             self._prepare(records)
             await self._closed_loop(client, records)
+
+    @property
+    def decider(self) -> Decider | None:
+        """The in-run decision's counts (open-loop rate points), or None."""
+        return self._decider
+
+    def measured_total(self) -> int:
+        """Requests scheduled in the measured window so far (extension blocks included)."""
+        appended = sum(int(f["phase"].isin(list(MEASURED_PHASES)).sum()) for f in self._appended)
+        return sum(self._scheduled.values()) + appended
+
+    def measured_span_s(self) -> float | None:
+        """Seconds from the clock's start to the last measured arrival scheduled so far (open
+        loop; None for a closed loop, whose arrivals follow the responses)."""
+        if self.s.mode == "closed":
+            return None
+        if self._span[0] != len(self._appended):
+            frames = [self.schedule, *self._appended]
+            last = max(
+                (
+                    int(f.loc[f["phase"].isin(list(MEASURED_PHASES)), "scheduled_offset_ns"].max())
+                    for f in frames
+                    if f["phase"].isin(list(MEASURED_PHASES)).any()
+                ),
+                default=None,
+            )
+            self._span = (len(self._appended), last / NS if last is not None else None)
+        return self._span[1]
 
     def series_frame(self) -> pd.DataFrame:
         return pd.DataFrame(

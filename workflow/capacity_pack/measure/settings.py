@@ -58,6 +58,13 @@ class LoadSettings(BaseModel):
         default=None, exclude=True, description="prompts.TokenCounter of a real target, or None."
     )
     progress: bool = Field(default=False, description="Live progress line on stderr.")
+    report: Any = Field(
+        default=None,
+        exclude=True,
+        description="callable(line) given a progress line at a steady cadence (a pipeline job: "
+        "its log and the console), or None.",
+    )
+    label: str = Field(default="", description="The point's key, heading each progress line.")
     keep_alive: bool = Field(
         default=True, description="Reuse connections (false: Connection: close per request)."
     )

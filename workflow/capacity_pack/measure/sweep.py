@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,10 +225,12 @@ def measure_point(
     out_dir: str | Path,
     *,
     progress: bool = False,
+    report: Callable[[str], None] | None = None,
     in_run: bool = True,
 ) -> dict[str, Any]:
     """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files).
 
+    ``report`` gets a progress line at a steady cadence (a pipeline job's log and console).
     ``in_run`` False runs an open-loop point's planned schedule as a sharded one does: no
     in-run decision, no extension block."""
     inputs = (
@@ -254,6 +257,7 @@ def measure_point(
         expected=inputs,
     ) as (base_url, facts):
         settings = load_settings(inputs, point, base_url, progress=progress)
+        settings.report, settings.label = report, point.key
         settings.token_counter = token_counter(inputs, base_url)
 
         # Extension blocks and the in-run decision are for open-loop rate points: a

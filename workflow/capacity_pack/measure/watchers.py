@@ -8,8 +8,15 @@ Each takes the :class:`capacity_pack.measure.run.Run` it watches and the run's s
   (in flight, due but unsent, finished, streamed tokens) and, unless ``scrape_metrics`` is
   off, the server's ``/metrics`` through :func:`capacity_pack.engines.signals.parse_metrics`;
   a failed scrape is a ``scrape_failed`` sample, a gap, never a crash.
-- **Progress**: one line on stderr each second (sent, finished, failed, in flight, recent
-  lateness p99).
+- **Progress** (:func:`progress_text`), over the measured window only (warm-up and prefix
+  prewarm requests are not counted): elapsed and scheduled seconds with the time left (open
+  loop: to the schedule's last arrival; closed loop: the requests left at the rate so far),
+  sent/scheduled, finished, failed, in flight, successful requests per second and, with an
+  in-run decision, requests within their SLO per second (goodput so far) and the decision so
+  far, and the recent dispatch lateness p99. A live line on stderr each second
+  (``capacity-pack load --progress``), or, for a pipeline job, one line every
+  max(10 s, scheduled duration / 20) to ``settings.report``, and one when the load ends: at
+  most about 20 lines a point.
 - **Health** (:func:`health`, for the summary): dispatch lateness and loop lag percentiles,
   the transport, the dispatcher's scheduling, and ``client_bound``: lateness p99 above
   ``client.lateness_bound_ms``.
@@ -70,18 +77,60 @@ async def scraper(run: Any, client, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), max(0.0, next_t - time.perf_counter()))
 
 
-async def progress(run: Any, stop: asyncio.Event, total: int) -> None:
+def progress_text(run: Any, elapsed_s: float) -> str:
+    """The run's progress now, over its measured window (see the module docstring)."""
+    st = run.state
+    total = run.measured_total()
+    finished = sum(st.terminal_by_class.values())
+    ok = sum(st.ok_by_class.values())
+    scheduled_s = run.measured_span_s()
+    if run.s.mode == "closed" or scheduled_s is None:
+        left = (total - finished) * elapsed_s / finished if finished else None
+    else:
+        left = max(0.0, scheduled_s - elapsed_s)
+    when = f"{elapsed_s:.0f} s" + (f", about {left:.0f} s left" if left is not None else "")
+    late = np.percentile(run.lateness_ns[-500:], 99) / 1e6 if run.lateness_ns else 0.0
+    rate = ok / elapsed_s if elapsed_s > 0 else 0.0
+    parts = [
+        when,
+        f"sent {st.sent_measured}/{total}",
+        f"finished {finished}",
+        f"failed {finished - ok}",
+        f"in flight {st.in_flight}",
+        f"ok {rate:.1f}/s",
+    ]
+    decider = run.decider
+    if decider is not None:
+        within = sum(c.passed for c in decider.classes.values())
+        parts.append(f"within SLO {within / elapsed_s if elapsed_s > 0 else 0.0:.1f}/s")
+        parts.append(f"in-run {decider.decision}")
+    parts.append(f"lateness p99 {late:.2f} ms")
+    return ", ".join(parts)
+
+
+async def progress(run: Any, stop: asyncio.Event) -> None:
+    """The live line on stderr, rewritten each second."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-        st = run.state
-        late = np.percentile(run.lateness_ns[-500:], 99) / 1e6 if run.lateness_ns else 0.0
-        line = (
-            f"\r  sent {st.sent}/{total}  finished {st.finished}  failed {st.failed}  "
-            f"in flight {st.in_flight}  lateness p99 {late:.2f} ms "
-        )
-        print(line, end="", file=sys.stderr, flush=True)
+        elapsed = max(0.0, (time.perf_counter_ns() - run.t0_ns) / NS)
+        print(f"\r  {progress_text(run, elapsed)} ", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr, flush=True)
+
+
+async def progress_lines(run: Any, stop: asyncio.Event, report: Any) -> None:
+    """A line to ``report`` at a steady cadence, and a last one when the load ends."""
+    span = run.measured_span_s() or 0.0
+    interval = max(10.0, span / 20)
+    label = f"{run.s.label}: " if run.s.label else ""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        elapsed = max(0.0, (time.perf_counter_ns() - run.t0_ns) / NS)
+        if stop.is_set():
+            report(f"{label}load ended: {progress_text(run, elapsed)}")
+            return
+        report(label + progress_text(run, elapsed))
 
 
 def health(

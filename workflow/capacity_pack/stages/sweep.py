@@ -23,6 +23,16 @@ from capacity_pack.plan.manifest import Acceptance
 from capacity_pack.plan.schedule import Point
 
 
+def _reporter(log: logging.Logger):
+    """Progress lines to the job's log and to the console (the terminal running Snakemake)."""
+
+    def report(line: str) -> None:
+        log.info("%s", line)
+        print(line, flush=True)
+
+    return report
+
+
 def run(
     *,
     inputs: str | SweepInputs,
@@ -54,7 +64,9 @@ def run(
     pack = inputs.schedule.pack.name
     try:
         with hold_target(inputs.target, pack=pack, stage="sweep", what=pt.key, settings=lock):
-            doc = measure_point(inputs, pt, frame, Path(records).parent, progress=progress)
+            doc = measure_point(
+                inputs, pt, frame, Path(records).parent, progress=progress, report=_reporter(log)
+            )
     except Interrupted as stop:
         # The partial measurement's summary says so (normalization refuses it); the job fails.
         if stop.summary:
