@@ -154,3 +154,15 @@ def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path,
     assert plot_timeseries({"open-r2/cold/rep0": everything}, path) == []
     assert seen["labels"][-1] == "KV usage 0..1 (right axis)"
     assert "not exposed" not in str(seen["title"])
+
+
+def test_the_readme_defines_its_verdict_words_and_prices_in_the_packs_currency():
+    pack, reports = _pack_and_reports()
+    capacity = build_capacity(reports, pack)
+    readme = render_readme(freeze(pack), capacity, build_plan(capacity, reports, pack), None, [])
+    words = readme[readme.index("## Verdict words") :].split("\n## ")[0]
+    for word in ("pass", "marginal", "fail", "inconclusive", "inconsistent"):
+        assert f"**{word}**" in words, word
+    assert "0.95" in words and "95%" in words  # the pack's own gate and confidence
+    cost = next(line for line in readme.splitlines() if line.startswith("Cost"))
+    assert cost.startswith("Cost, in the currency of plan.price_per_gpu_hour (2.5 per GPU-hour)")

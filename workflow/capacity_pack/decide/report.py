@@ -361,6 +361,7 @@ def render_readme(
         *_readme_failure_answer(failure),
         *_readme_plan(m, plan),
         *_readme_gates(m),
+        *_readme_verdict_words(m),
         *_readme_evidence(capacity),
         *_readme_selected(selected),
         *_readme_failure(m),
@@ -460,8 +461,10 @@ def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     if plan.get("cost"):
         c = plan["cost"]
-        lines += [f"Cost: {_fmt(c['cost_per_hour'])} per hour ({plan['required_gpus']} "
-                  f"{w.units} at plan.price_per_gpu_hour, read as the price of one {w.unit}-hour); "
+        price = m["plan"].get("price_per_gpu_hour")
+        lines += [f"Cost, in the currency of plan.price_per_gpu_hour ({_fmt(price)} per "
+                  f"{w.unit}-hour): {_fmt(c['cost_per_hour'])} per hour for "
+                  f"{plan['required_gpus']} {w.units}; "
                   f"{_fmt(c['cost_per_request'])} per successful request; "
                   f"{_fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
     if plan.get("effective_bandwidth"):
@@ -488,6 +491,35 @@ def _readme_gates(m: dict[str, Any]) -> list[str]:
           for c in m["workload"]],
         "",
     ]  # fmt: skip
+
+
+def _readme_verdict_words(m: dict[str, Any]) -> list[str]:
+    """What each verdict word in this README means (one repeat's, then a rate's)."""
+    acc = m["acceptance"]
+    gate, conf = acc["class_slo_attainment_min"], acc.get("attainment_confidence", 0.95)
+    return [
+        "## Verdict words",
+        "",
+        "One measured repeat of a rate gets one verdict:",
+        "",
+        f"- **pass**: every class's attainment is proven >= {gate:g}: the lower end of its "
+        f"{conf:.0%} confidence sequence is at or over the gate, on at least the minimum "
+        "successful requests per class; the error rate is within its cap, the queue did not "
+        "grow, and the client kept its schedule;",
+        f"- **marginal**: every gate passes on its point estimate, but some class's attainment "
+        f"is not proven >= {gate:g} at {conf:.0%} (too few requests to tell);",
+        f"- **fail**: a gate fails on its point estimate, or some class's attainment is proven "
+        f"under {gate:g} (the upper end of its confidence sequence is below the gate);",
+        "- **inconclusive**: the measurement cannot decide: a class is under-sampled, the queue "
+        "trend is undecided, or the client fell behind its schedule (client-bound: the client "
+        "was measured, not the target).",
+        "",
+        "A rate's status over its repeats: **pass** when every repeat passes; **inconclusive** "
+        "when one is inconclusive; **inconsistent** when some pass and others do not (or some "
+        "are marginal and others fail); **marginal** when all are marginal; else **fail**. "
+        "The capacity is the highest rate that passes with every lower rate passing.",
+        "",
+    ]
 
 
 def _per_repeat(row: dict[str, Any], key: str) -> str:
