@@ -114,7 +114,9 @@ def test_the_throughput_plot_draws_the_bracket(tmp_path, monkeypatch):
 
     words = Image.open(path).text["Description"].splitlines()
     assert "offered load, nominal (RPS)" in words, words
-    assert "Throughput and goodput by offered rate; shaded: the capacity bracket" in words
+    # Titled with the question it answers; the capacity line labelled on the plot itself.
+    assert "How much load is served within the SLOs?" in words
+    assert "cold capacity 34" in words
 
 
 def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path, monkeypatch):

@@ -71,33 +71,48 @@ def save_figure(fig, path: Path) -> None:
 
 
 def plot_throughput(selection: dict[str, Any], path: Path) -> None:
+    """How much load is served within the SLOs? Goodput (thick, filled) over the achieved rate
+    (thin, hollow: the two coincide below the capacity), each state's bracket labelled on the
+    plot, and the axes cropped to the tested rates."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    top = 0.0
-    for state, sel in selection.items():
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    rates_all: list[float] = []
+    for i, (state, sel) in enumerate(selection.items()):
         color, marker = STATE_STYLE.get(state, ("gray", "x"))
         rates = [r["offered_rps"] for r in sel["rates"]]
         thr = [r["variation"]["observed_goodput_rps"] for r in sel["rates"]]
         raw = [r["variation"]["request_throughput_rps"]["mean"] for r in sel["rates"]]
-        ax.plot(rates, raw, color=color, marker=marker, ls="--", label=f"{state}: achieved RPS")
-        _errorline(ax, rates, thr, color, marker, f"{state}: observed goodput")
-        _bracket(ax, sel.get("bracket") or {"pass_rps": sel["capacity_rps"]}, color, state)
-        top = max([top, *rates])
-    ax.plot([0, top], [0, top], color="gray", lw=0.8, ls=":", label="offered = served")
+        ax.plot(rates, raw, color=color, marker=marker, mfc="none", ms=9, lw=0.9, ls=":",
+                label=f"{state}: achieved RPS (all completions)")  # fmt: skip
+        _errorline(ax, rates, thr, color, marker, f"{state}: goodput (within SLO)")
+        _bracket(ax, sel.get("bracket") or {"pass_rps": sel["capacity_rps"]}, color, state, i)
+        rates_all += rates
+    if rates_all:
+        lo, hi = min(rates_all), max(rates_all)
+        pad = 0.06 * max(hi - lo, hi * 0.2)
+        ax.set_xlim(max(0.0, lo - pad), hi + pad)
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="gray", lw=0.8, ls="-.",
+                label="served = offered")  # fmt: skip
     ax.set_xlabel("offered load, nominal (RPS)")
     ax.set_ylabel("requests per second")
-    ax.set_title("Throughput and goodput by offered rate; shaded: the capacity bracket")
-    ax.legend(fontsize=8)
+    ax.set_title("How much load is served within the SLOs?\n"
+                 "goodput and achieved rate by offered rate; shaded: the capacity bracket",
+                 fontsize=10)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     save_figure(fig, path)
 
 
-def _bracket(ax, b: dict[str, Any], color: str, state: str) -> None:
-    """The bracket: a solid line at the passing rate, a dashed one at the failing rate, and the
-    span between them shaded (no shade when either end is missing)."""
+def _bracket(ax, b: dict[str, Any], color: str, state: str, row: int = 0) -> None:
+    """The bracket: a solid line at the passing rate, labelled on the plot ("cold capacity 34"),
+    a dashed one at the failing rate, and the span between them shaded (no shade when either
+    end is missing)."""
     lo, hi = b.get("pass_rps"), b.get("fail_rps")
     if lo is not None:
         ax.axvline(lo, color=color, lw=1.2, alpha=0.7, label=f"{state}: passes ({lo:g})")
+        ax.annotate(f"{state} capacity {lo:g}", xy=(lo, 0.02 + 0.48 * row),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90, ha="right", va="bottom", fontsize=8, color=color)  # fmt: skip
     if hi is not None:
         ax.axvline(hi, color=color, lw=1.2, ls="--", alpha=0.7,
                    label=f"{state}: {b.get('fail_status') or 'fails'} ({hi:g})")  # fmt: skip
@@ -119,7 +134,9 @@ def plot_attainment(
     fig, axes = plt.subplots(1, len(classes), figsize=(4.2 * len(classes), 3.8), sharey=True)
     axes = np.atleast_1d(axes)
     for ax, c in zip(axes, classes, strict=True):
-        for state in sorted({r["cache_state"] for r in reports}):
+        states = sorted({r["cache_state"] for r in reports})
+        for i, state in enumerate(states):
+            shift = 0.012 * (i - (len(states) - 1) / 2)
             color, marker = STATE_STYLE.get(state, ("gray", "x"))
             rows = sorted(
                 (r for r in reports if r["cache_state"] == state and r.get("mode") == "open"),
@@ -127,7 +144,9 @@ def plot_attainment(
             )
             if not rows:
                 continue
-            x = [r["offered_rps"] + 0.15 * r["repeat"] for r in rows]
+            # Side by side, never on top of each other: cold left, warm right of the rate,
+            # repeats further apart.
+            x = [r["offered_rps"] * (1 + shift + 0.006 * r["repeat"]) for r in rows]
             y = [r["classes"][c]["attainment"] or 0.0 for r in rows]
             ci = [r["classes"][c]["attainment_ci"] or [v, v] for r, v in zip(rows, y, strict=True)]
             # Clamped at 0: an interval bound computed in floating point can sit a hair on the
@@ -136,14 +155,15 @@ def plot_attainment(
             err = [[max(v - lo, 0.0) for v, (lo, _) in zip(y, ci, strict=True)],
                    [max(hi - v, 0.0) for v, (_, hi) in zip(y, ci, strict=True)]]  # fmt: skip
             ax.errorbar(x, y, yerr=err, color=color, marker=marker, ls="none", capsize=3,
-                        label=state)  # fmt: skip
+                        mfc="none" if i else color, label=state)  # fmt: skip
         ax.axhline(gate, color="red", lw=1, ls="--", label=f"gate {gate:g}")
-        ax.set_title(c)
-        ax.set_xlabel("offered RPS (repeats offset)")
+        ax.set_title(f"class {c}", fontsize=10)
+        ax.set_xlabel("offered RPS (states and repeats side by side)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("joint TTFT+TPOT attainment (95% CI)")
+    axes[0].set_ylabel("joint TTFT+TPOT attainment (CI)")
     axes[0].legend(fontsize=8)
-    fig.suptitle("Per-class SLO attainment, every repeat")
+    fig.suptitle("Which rates keep every class within its SLO? (attainment per repeat)", y=1.0)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     save_figure(fig, path)
 
 
