@@ -200,7 +200,15 @@ class Run:
         self.blocks_sent = 0
         measured = self.schedule[self.schedule["phase"].isin(list(MEASURED_PHASES))]
         self._scheduled = {str(k): int(v) for k, v in measured["class"].value_counts().items()}
-        self._span: tuple[int, float | None] = (-1, None)
+        # The progress figures, kept up to date as blocks are appended, never recomputed from
+        # the frames while the load runs (a pandas pass at the clock's start delayed the first
+        # sends by milliseconds).
+        self._appended_measured = 0
+        self._span_s: float | None = (
+            float(measured["scheduled_offset_ns"].max()) / NS
+            if settings.mode != "closed" and len(measured)
+            else None
+        )
         self.cut_at_max_duration = 0
         self._appended: list[pd.DataFrame] = []  # extension blocks (joined to the schedule)
         self._ahead: BlocksAhead | None = None  # extension blocks built ahead of the arrivals
@@ -513,6 +521,10 @@ class Run:
         if block is not None:
             self.blocks_sent = k
             self._appended.append(block.frame)
+            self._appended_measured += len(block.rows)
+            if block.rows and self._span_s is not None:
+                last = max(int(r["scheduled_offset_ns"]) for r in block.rows) / NS
+                self._span_s = max(self._span_s, last)
             self.cut_at_max_duration += block.cut
         if block is None or not block.rows:
             stream.close()  # no block left within the maximum duration
@@ -753,26 +765,12 @@ class Run:
 
     def measured_total(self) -> int:
         """Requests scheduled in the measured window so far (extension blocks included)."""
-        appended = sum(int(f["phase"].isin(list(MEASURED_PHASES)).sum()) for f in self._appended)
-        return sum(self._scheduled.values()) + appended
+        return sum(self._scheduled.values()) + self._appended_measured
 
     def measured_span_s(self) -> float | None:
         """Seconds from the clock's start to the last measured arrival scheduled so far (open
         loop; None for a closed loop, whose arrivals follow the responses)."""
-        if self.s.mode == "closed":
-            return None
-        if self._span[0] != len(self._appended):
-            frames = [self.schedule, *self._appended]
-            last = max(
-                (
-                    int(f.loc[f["phase"].isin(list(MEASURED_PHASES)), "scheduled_offset_ns"].max())
-                    for f in frames
-                    if f["phase"].isin(list(MEASURED_PHASES)).any()
-                ),
-                default=None,
-            )
-            self._span = (len(self._appended), last / NS if last is not None else None)
-        return self._span[1]
+        return self._span_s
 
     def series_frame(self) -> pd.DataFrame:
         return pd.DataFrame(

@@ -77,14 +77,17 @@ async def scraper(run: Any, client, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), max(0.0, next_t - time.perf_counter()))
 
 
-def progress_text(run: Any, elapsed_s: float) -> str:
-    """The run's progress now, over its measured window (see the module docstring)."""
+def progress_text(run: Any, elapsed_s: float, *, ended: bool = False) -> str:
+    """The run's progress now, over its measured window (see the module docstring); once the
+    load has ended, without the time left."""
     st = run.state
     total = run.measured_total()
     finished = sum(st.terminal_by_class.values())
     ok = sum(st.ok_by_class.values())
     scheduled_s = run.measured_span_s()
-    if run.s.mode == "closed" or scheduled_s is None:
+    if ended:
+        left = None
+    elif run.s.mode == "closed" or scheduled_s is None:
         left = (total - finished) * elapsed_s / finished if finished else None
     else:
         left = max(0.0, scheduled_s - elapsed_s)
@@ -128,7 +131,7 @@ async def progress_lines(run: Any, stop: asyncio.Event, report: Any) -> None:
             await asyncio.wait_for(stop.wait(), interval)
         elapsed = max(0.0, (time.perf_counter_ns() - run.t0_ns) / NS)
         if stop.is_set():
-            report(f"{label}load ended: {progress_text(run, elapsed)}")
+            report(f"{label}load ended: {progress_text(run, elapsed, ended=True)}")
             return
         report(label + progress_text(run, elapsed))
 
