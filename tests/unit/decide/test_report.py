@@ -168,3 +168,23 @@ def test_the_readme_defines_its_verdict_words_and_prices_in_the_packs_currency()
     assert "0.95" in words and "95%" in words  # the pack's own gate and confidence
     cost = next(line for line in readme.splitlines() if line.startswith("Cost"))
     assert cost.startswith("Cost, in the currency of plan.price_per_gpu_hour (2.5 per GPU-hour)")
+
+
+def test_the_closed_loop_plot_shows_ttft_and_tpot_against_their_cutoffs(tmp_path):
+    from PIL import Image
+
+    from capacity_pack.decide.report import plot_closed_loop
+
+    def level(c: int, tps: float, ttft: float, tpot: float) -> dict:
+        return {"concurrency": c, "output_throughput_tps": tps,
+                "p95_ttft_ms": {"chat": ttft, "rag": ttft / 2},
+                "p95_tpot_ms": {"chat": tpot, "rag": tpot * 2}}  # fmt: skip
+
+    curve = [level(1, 100, 50, 10), level(8, 600, 200, 30), level(32, 900, 900, 70)]
+    curves = {"cold": {"curve": curve, "operating_point": curve[1]}}
+    path = tmp_path / "closed_loop.png"
+    plot_closed_loop(curves, path, {"chat": (500, 50), "rag": (1000, 50)})
+    words = Image.open(path).text["Description"].splitlines()
+    assert "How far can concurrency go within the SLOs? (closed loop)" in words
+    assert {"TTFT", "TPOT", "SLO cutoff"} <= set(words)
+    assert "worst class P95 TPOT / its cutoff" in words and "c=32" in words

@@ -194,28 +194,50 @@ def plot_latency(
     save_figure(fig, path)
 
 
-def plot_closed_loop(curves: dict[str, Any], path: Path) -> None:
+def plot_closed_loop(
+    curves: dict[str, Any], path: Path, cutoffs: dict[str, tuple[float, float]] | None = None
+) -> None:
+    """How far can concurrency go within the SLOs? Two panels, TTFT and TPOT: the worst class's
+    P95 as a share of that class's own cutoff (so one SLO line at 1 serves every class),
+    against output throughput; each level labelled once, the operating point circled."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for state, cur in curves.items():
-        color, marker = STATE_STYLE.get(state, ("gray", "x"))
-        pts = cur["curve"]
-        x = [p["output_throughput_tps"] for p in pts]
-        y = [max(v for v in p["p95_ttft_ms"].values() if v is not None) for p in pts]
-        ax.plot(x, y, color=color, marker=marker, label=f"{state}")
-        for p, xi, yi in zip(pts, x, y, strict=True):
-            ax.annotate(f"c={p['concurrency']}", (xi, yi), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")  # fmt: skip
-        op = cur["operating_point"]
-        if op is not None:
-            yi = max(v for v in op["p95_ttft_ms"].values() if v is not None)
-            ax.scatter([op["output_throughput_tps"]], [yi], s=180, facecolors="none",
-                       edgecolors=color, lw=2, label=f"{state} operating point")  # fmt: skip
-    ax.set_xlabel("output throughput (tokens/s)")
-    ax.set_ylabel("worst class P95 TTFT (ms)")
-    ax.set_title("Closed-loop latency-throughput curve")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharex=True)
+    for col, (metric, name) in enumerate((("p95_ttft_ms", "TTFT"), ("p95_tpot_ms", "TPOT"))):
+        ax = axes[col]
+
+        def worst(p: dict[str, Any], metric=metric, col=col) -> float | None:
+            vals = [
+                v / cutoffs[c][col] if cutoffs and c in cutoffs and cutoffs[c][col] else v
+                for c, v in (p.get(metric) or {}).items()
+                if v is not None
+            ]
+            return max(vals) if vals else None
+
+        for i, (state, cur) in enumerate(curves.items()):
+            color, marker = STATE_STYLE.get(state, ("gray", "x"))
+            pts = [p for p in cur["curve"] if worst(p) is not None]
+            x = [p["output_throughput_tps"] for p in pts]
+            y = [worst(p) for p in pts]
+            ax.plot(x, y, color=color, marker=marker, mfc="none" if i else color, label=state)
+            if col == 0:
+                for p, xi, yi in zip(pts, x, y, strict=True):
+                    ax.annotate(f"c={p['concurrency']}", (xi, yi), fontsize=7, color=color,
+                                xytext=(4, 6 - 14 * i), textcoords="offset points")  # fmt: skip
+            op = cur["operating_point"]
+            if op is not None and worst(op) is not None:
+                ax.scatter([op["output_throughput_tps"]], [worst(op)], s=180, facecolors="none",
+                           edgecolors=color, lw=2, label=f"{state} operating point")  # fmt: skip
+        if cutoffs:
+            ax.axhline(1.0, color="red", lw=1, ls="--", label="SLO cutoff")
+            ax.set_ylabel(f"worst class P95 {name} / its cutoff")
+        else:
+            ax.set_ylabel(f"worst class P95 {name} (ms)")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("output throughput (tokens/s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("How far can concurrency go within the SLOs? (closed loop)", y=1.0)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     save_figure(fig, path)
 
 
@@ -314,7 +336,7 @@ def write_pack(
         "throughput.png": lambda p: plot_throughput(capacity["open_loop"], p),
         "attainment.png": lambda p: plot_attainment(reports, classes, gate, p),
         "latency.png": lambda p: plot_latency(reports, classes, cutoffs, p),
-        "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p),
+        "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p, cutoffs),
         "timeseries.png": lambda p: plot_timeseries(series, p),
     }
     for name, draw in plots.items():
