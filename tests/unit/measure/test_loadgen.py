@@ -205,16 +205,22 @@ def test_killed_run_leaves_finished_records_readable(tmp_path):
     assert not (out / "summary.json").exists()
 
 
-def test_cold_hit_rate_near_zero_and_warm_high(tmp_path):
+def short_point_pack(requests: int) -> dict:
+    """The default pack with short points: ``requests`` scheduled, 1 s warm-up, 2-4 s (a point
+    the in-run decision leaves undecided extends to its maximum duration, 4 s here), 20
+    successes per class."""
     data = pack_data()
-    # A point the in-run decision leaves undecided extends to its maximum duration: 4 s here.
     data["client"].update(
-        initial_scheduled_requests=120, warmup_seconds=1, minimum_duration_seconds=2,
+        initial_scheduled_requests=requests, warmup_seconds=1, minimum_duration_seconds=2,
         maximum_duration_seconds=4,
     )  # fmt: skip
     data["client"].pop("class_schedule_counts")
     data["acceptance"]["min_successful_samples_per_class"] = 20
-    pack = validate_pack(data)
+    return data
+
+
+def test_cold_hit_rate_near_zero_and_warm_high(tmp_path):
+    pack = validate_pack(short_point_pack(120))
     rates = {}
     for cache in ("cold", "warm"):
         point = S.Point(mode="open", rate_rps=30, cache_state=cache, repeat=0)
@@ -321,13 +327,7 @@ def test_client_stamps_agree_with_the_servers_ground_truth(tmp_path):
 def test_load_progress_counts_the_measured_window_only(tmp_path):
     """`capacity-pack load --progress`: the live line counts measured requests (never the
     warm-up or prewarm ones) against the measured schedule, with the time left."""
-    data = pack_data()
-    data["client"].update(
-        initial_scheduled_requests=60, warmup_seconds=1, minimum_duration_seconds=2,
-        maximum_duration_seconds=4,
-    )  # fmt: skip
-    data["client"].pop("class_schedule_counts")
-    data["acceptance"]["min_successful_samples_per_class"] = 20
+    data = short_point_pack(60)
     data["acceptance"]["class_slo_attainment_min"] = 0.6
     data["sweep"].update(open_loop_rps=[20], closed_loop_concurrency=[1], repeats=1)
     data["sweep"].pop("search", None)
