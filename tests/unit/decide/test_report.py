@@ -4,6 +4,8 @@ only the signals the engine exposes."""
 
 from __future__ import annotations
 
+import json
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -11,6 +13,7 @@ matplotlib.use("Agg")
 from capacity_pack.decide.capacity import build_capacity, build_plan  # noqa: E402
 from capacity_pack.decide.report import (  # noqa: E402
     bracket_sentence,
+    figure_text,
     plot_throughput,
     plot_timeseries,
     render_readme,
@@ -119,43 +122,126 @@ def test_the_throughput_plot_draws_the_bracket(tmp_path, monkeypatch):
     assert "cold capacity 34" in words
 
 
-def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path, monkeypatch):
-    import matplotlib.figure
+def _scrape(metrics, peak=2.0):
+    """A server scrape like the engines': each signal rising to ``peak`` over 5 s."""
     import pandas as pd
 
-    seen: dict[str, object] = {}
-    legend, suptitle = matplotlib.figure.Figure.legend, matplotlib.figure.Figure.suptitle
-    monkeypatch.setattr(
-        matplotlib.figure.Figure,
-        "legend",
-        lambda self, handles, labels, **kw: (
-            seen.update(labels=labels) or legend(self, handles, labels, **kw)
-        ),
-    )
-    monkeypatch.setattr(
-        matplotlib.figure.Figure,
-        "suptitle",
-        lambda self, t, **kw: seen.update(title=t) or suptitle(self, t, **kw),
+    return pd.DataFrame(
+        [
+            {"source": "server", "metric": m, "t_offset_ns": t * 10**9, "value": peak * t / 4}
+            for m in metrics
+            for t in range(5)
+        ]
     )
 
-    def scrape(metrics):  # like llama.cpp: queue and running, no KV gauge
-        return pd.DataFrame(
-            [
-                {"source": "server", "metric": m, "t_offset_ns": t * 10**9, "value": float(t)}
-                for m in metrics
-                for t in range(5)
-            ]
-        )
 
+def _drawn_timeseries(monkeypatch, *args):
+    """Draw the time-series plot; return the figure it saved and the value it returned."""
+    import capacity_pack.decide.report as report_module
+
+    figures = []
+    save = report_module.save_figure
+    monkeypatch.setattr(
+        report_module, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path)
+    )
+    missing = plot_timeseries(*args)
+    return figures[0], missing
+
+
+def test_the_timeseries_plot_says_at_each_rate_whether_the_server_kept_up(tmp_path, monkeypatch):
+    import pandas as pd
+
+    def scrape(queue_peak=1.0):
+        # A queue of at most one request: a range a default locator ticks in halves.
+        parts = [_scrape(["queue_depth"], queue_peak), _scrape(["running"], 7.0)]
+        return pd.concat([*parts, _scrape(["kv_usage"], 0.3)], ignore_index=True)
+
+    series = {
+        "open-r10/cold/rep0": scrape(),
+        "open-r10/warm/rep0": scrape(),
+        "open-r2/cold/rep0": scrape(0.0),
+        "open-r2/cold/rep1": scrape(0.0),
+        "open-r2/warm/rep0": scrape(0.0),
+    }
+    verdicts = {
+        "open-r10/cold/rep0": "fail",
+        "open-r10/warm/rep0": "marginal",
+        "open-r2/cold/rep0": "pass",
+        "open-r2/cold/rep1": "inconclusive",
+        "open-r2/warm/rep0": "pass",
+    }
     path = tmp_path / "timeseries.png"
-    missing = plot_timeseries({"open-r2/cold/rep0": scrape(["queue_depth", "running"])}, path)
-    assert missing == ["KV usage 0..1"] and path.stat().st_size > 5_000
-    assert seen["labels"] == ["queue depth (left axis)", "running requests (left axis)"]
-    assert "not exposed by this engine, not drawn: KV usage 0..1" in str(seen["title"])
-    everything = scrape(["queue_depth", "running", "kv_usage"])
-    assert plot_timeseries({"open-r2/cold/rep0": everything}, path) == []
-    assert seen["labels"][-1] == "KV usage 0..1 (right axis)"
-    assert "not exposed" not in str(seen["title"])
+    fig, missing = _drawn_timeseries(monkeypatch, series, path, verdicts)
+    assert missing == [] and path.stat().st_size > 10_000
+    words = figure_text(fig).splitlines()
+    assert any(w.startswith("Does the server keep up?") for w in words), words
+    # One row per rate, ordered by rate (2 before 10, which a sort of the keys would invert),
+    # each naming per cache state the verdict of every repeat.
+    assert words.index("2 RPS") < words.index("10 RPS")
+    assert "cold: ✓ pass / ? inconclusive" in words and "warm: ✓ pass" in words
+    assert "cold: ✗ fail" in words and "warm: ~ marginal" in words
+    # Not 5 panels of 3 signals: 2 rates x 3 signals, one column per signal.
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 6
+    columns = {}
+    for ax in fig.axes:
+        columns.setdefault(ax.get_subplotspec().colspan.start, []).append(ax)
+    titles = [col[0].get_title() for col in columns.values()]
+    assert titles == [
+        "queue depth (waiting requests)",
+        "running requests",
+        "KV-cache usage (share of blocks)",
+    ]
+    queue, running, kv = columns.values()
+    # One scale per signal, so the rates compare; large enough for the busiest rate.
+    for col in (queue, running, kv):
+        assert len({ax.get_ylim() for ax in col}) == 1
+    assert queue[0].get_ylim()[1] >= 1.0 and running[0].get_ylim()[1] >= 7.0
+    assert kv[0].get_ylim() == (0.0, 1.0)
+    # Counts of requests tick in whole requests.
+    for ax in queue + running:
+        lo, hi = ax.get_ylim()
+        ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+    # The failing rate's row is marked; the passing one is not.
+    assert queue[1].get_facecolor() != queue[0].get_facecolor()
+    assert "a repeat at this rate failed" in words
+
+
+def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path, monkeypatch):
+    path = tmp_path / "timeseries.png"
+    llama = {"open-r2/cold/rep0": _scrape(["queue_depth", "running"])}  # no KV gauge
+    fig, missing = _drawn_timeseries(monkeypatch, llama, path, {"open-r2/cold/rep0": "pass"})
+    assert missing == ["KV-cache usage (share of blocks)"] and path.stat().st_size > 5_000
+    text = figure_text(fig)
+    assert "not exposed by this engine, not drawn: KV-cache usage (share of blocks)" in text
+    assert [ax.get_title() for ax in fig.axes] == [
+        "queue depth (waiting requests)",
+        "running requests",
+    ]
+    assert "KV usage stays under 1" not in text  # the note reads no signal it lacks
+    everything = {"open-r2/cold/rep0": _scrape(["queue_depth", "running", "kv_usage"])}
+    fig, missing = _drawn_timeseries(monkeypatch, everything, path)
+    assert missing == [] and "not exposed" not in figure_text(fig)
+    assert fig.axes[-1].get_title() == "KV-cache usage (share of blocks)"
+    assert "cold: n/a" in figure_text(fig)  # no verdict given: said, not guessed
+
+
+def test_the_readme_shows_the_warm_runs_were_warm():
+    pack, reports = _pack_and_reports()
+    warm = []
+    for r in reports:
+        w = json.loads(json.dumps(r))
+        w.update(cache_state="warm", key=w["key"].replace("/cold/", "/warm/"))
+        w["prefix_cache_hit_rate"] = 0.21
+        warm.append(w)
+    capacity = build_capacity(reports + warm, pack)
+    readme = render_readme(freeze(pack), capacity, build_plan(capacity, reports, pack), None, [])
+    table = readme[readme.index("### Open loop, warm cache") :].split("\n### ")[0]
+    header = next(line for line in table.splitlines() if line.startswith("| nominal RPS"))
+    assert "server hit rate" in header
+    row = next(line for line in table.splitlines() if line.startswith("| 30 |"))
+    assert "| 0.21 / 0.21 |" in row, row
 
 
 def test_the_readme_defines_its_verdict_words_and_prices_in_the_packs_currency():

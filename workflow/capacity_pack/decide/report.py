@@ -13,8 +13,9 @@ Plots (matplotlib, PNG, cold and warm side by side):
 - ``attainment.png``: per-class joint attainment with its confidence interval, and the gate;
 - ``latency.png``: P95 TTFT and P95 TPOT per class against their cutoffs;
 - ``closed_loop.png``: the latency-throughput curve with the chosen operating point;
-- ``timeseries.png``: queue depth, running requests and KV usage over time, one panel per
-  open-loop point (a signal the engine does not expose is not drawn; the title names it).
+- ``timeseries.png``: does the server keep up? Queue depth, running requests and KV usage
+  over time, one row per open-loop rate labelled with its verdicts, one column per signal on a
+  shared scale (a signal the engine does not expose is not drawn; the title names it).
 """
 
 from __future__ import annotations
@@ -241,53 +242,129 @@ def plot_closed_loop(
     save_figure(fig, path)
 
 
-#: The server signals the time-series plot draws: metric, label, axis, colour.
+#: The server signals the time-series plot draws, one column each: metric, column title,
+#: whether the quantity is a count (integer ticks) and the fixed y range of a share (else None).
 TIMESERIES = (
-    ("queue_depth", "queue depth", "left", "tab:red"),
-    ("running", "running requests", "left", "tab:blue"),
-    ("kv_usage", "KV usage 0..1", "right", "tab:green"),
+    ("queue_depth", "queue depth (waiting requests)", True, None),
+    ("running", "running requests", True, None),
+    ("kv_usage", "KV-cache usage (share of blocks)", False, (0.0, 1.0)),
 )
 
 
-def plot_timeseries(series: dict[str, pd.DataFrame], path: Path) -> list[str]:
-    """The server signals of :data:`TIMESERIES` over time, one panel per open-loop point.
+def plot_timeseries(
+    series: dict[str, pd.DataFrame], path: Path, verdicts: dict[str, str] | None = None
+) -> list[str]:
+    """Does the server keep up? One row per offered rate (lowest at the top), one column per
+    server signal of :data:`TIMESERIES`, every column on one y scale so rates compare; cold
+    and warm overlaid in each panel, repeat 0 solid and later repeats faint. Each row is
+    labelled with its rate and, per cache state, the verdict of every repeat (``verdicts``:
+    point key -> its SLO report's verdict); a row where a repeat failed is tinted red.
 
-    A signal that no point's scrape holds (an engine without a KV gauge, such as llama.cpp) is
-    not drawn: no empty line in the legend. The title names it; its label is returned."""
+    A signal that no point's scrape holds (an engine without a KV gauge, such as llama.cpp) has
+    no column; the title names it and its label is returned."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
+    verdicts = verdicts or {}
+    # A mark per verdict, so a reader finds the failures without reading the words.
+    marks = {"pass": "✓", "marginal": "~", "fail": "✗", "inconclusive": "?"}
+    fail_tint = "#fbe3e0"
+
+    def point(key: str) -> tuple[float, str, int]:  # open-r36.5/warm/rep1 -> (36.5, warm, 1)
+        name, state, rep = key.split("/")
+        return float(name.removeprefix("open-r")), state, int(rep.removeprefix("rep"))
+
     present = {
         m for s in series.values() for m in s.loc[s["source"] == "server", "metric"].unique()
     }
     drawn = [t for t in TIMESERIES if t[0] in present]
     missing = [label for metric, label, _, _ in TIMESERIES if metric not in present]
-    keys = sorted(series)
-    cols = min(3, max(1, len(keys)))
-    rows = max(1, (len(keys) + cols - 1) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 2.8 * rows), squeeze=False)
-    for ax, key in zip(axes.flat, keys, strict=False):
-        s = series[key]
-        srv = s[s["source"] == "server"]
-        right = ax.twinx() if any(axis == "right" for _, _, axis, _ in drawn) else None
-        for metric, label, axis, color in drawn:
-            m = srv[srv["metric"] == metric]
-            on = right if axis == "right" and right is not None else ax
-            on.plot(m["t_offset_ns"] / 1e9, m["value"], color=color, label=label)
-        if right is not None:
-            right.set_ylim(0, 1.05)
-        ax.set_title(key, fontsize=9)
-        ax.set_xlabel("s")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys) :]:
-        ax.axis("off")
-    handles = [plt.Line2D([], [], color=color) for _, _, _, color in drawn]
-    labels = [f"{label} ({axis} axis)" for _, label, axis, _ in drawn]
-    fig.legend(handles, labels, loc="lower center", ncol=max(1, len(drawn)))
-    title = "Server signals over time, open-loop points"
+    parsed = {key: point(key) for key in series}
+    rates = sorted({rate for rate, _, _ in parsed.values()})
+    states = [s for s in STATE_STYLE if any(st == s for _, st, _ in parsed.values())]
+    states += sorted({st for _, st, _ in parsed.values()} - set(states))
+    # One y range per signal, set once from every point's values: a shared axis left to
+    # autoscale would keep the first row's range and clip the busier rates below it.
+    top = {}
+    for metric, _, count, _ in drawn:
+        peak = max(
+            (s.loc[(s["source"] == "server") & (s["metric"] == metric), "value"].max()
+             for s in series.values()),
+            default=0.0,
+        )  # fmt: skip
+        peak = 0.0 if pd.isna(peak) else float(peak)
+        top[metric] = max(peak * 1.08, 1.0 if count else 1e-9)
+    rows, cols = max(1, len(rates)), max(1, len(drawn))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 2.4, 1.15 * rows + 2.1),
+                             sharex=True, sharey="col", squeeze=False)  # fmt: skip
+    for row, rate in enumerate(rates):
+        here = sorted((k for k, (r, _, _) in parsed.items() if r == rate), key=parsed.get)
+        for col, (metric, label, count, share) in enumerate(drawn):
+            ax = axes[row][col]
+            for key in here:
+                _, state, rep = parsed[key]
+                s = series[key]
+                m = s[(s["source"] == "server") & (s["metric"] == metric)]
+                color = STATE_STYLE.get(state, ("gray", "x"))[0]
+                # Later repeats faint: they show the spread without hiding repeat 0's shape.
+                ax.plot(m["t_offset_ns"] / 1e9, m["value"], color=color,
+                        lw=1.4 if rep == 0 else 0.8, alpha=1.0 if rep == 0 else 0.35)  # fmt: skip
+            ax.set_ylim(*(share or (0, top[metric])))
+            if share:
+                ax.set_yticks([share[0], (share[0] + share[1]) / 2, share[1]])
+            else:
+                ax.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=count))
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(label, fontsize=9)
+            if row == rows - 1:
+                ax.set_xlabel("time since the point's start (s)", fontsize=8)
+            if any(verdicts.get(k) == "fail" for k in here):
+                ax.set_facecolor(fail_tint)
+        first = axes[row][0]
+        first.annotate(f"{rate:g} RPS", (0, 0.5), xycoords="axes fraction", xytext=(-34, 12),
+                       textcoords="offset points", ha="right", va="center", fontsize=9,
+                       fontweight="bold")  # fmt: skip
+        for i, state in enumerate(st for st in states if any(parsed[k][1] == st for k in here)):
+            words = [verdicts.get(k, "n/a") for k in here if parsed[k][1] == state]
+            text = " / ".join(f"{marks.get(w, '')} {w}".strip() for w in words)
+            first.annotate(f"{state}: {text}", (0, 0.5), xycoords="axes fraction",
+                           xytext=(-34, -2 - 12 * i), textcoords="offset points", ha="right",
+                           va="center", fontsize=8, color=STATE_STYLE.get(state, ("gray",))[0],
+                           fontweight="bold" if "fail" in words else "normal")  # fmt: skip
+    if not drawn:
+        for ax in axes.flat:
+            ax.set_yticks([])
+    handles = [plt.Line2D([], [], color=STATE_STYLE.get(s, ("gray",))[0], lw=1.4) for s in states]
+    labels = [f"{s} cache" for s in states]
+    if any(rep > 0 for _, _, rep in parsed.values()):
+        handles.append(plt.Line2D([], [], color="gray", lw=0.8, alpha=0.35))
+        labels.append("later repeats (faint)")
+    handles.append(Patch(facecolor=fail_tint, edgecolor="lightgray"))
+    labels.append("a repeat at this rate failed")
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.3 / fig.get_figheight()))  # fmt: skip
+    # The figure travels without its caption: the one reading of a red row it needs is on it.
+    kv = " and whose KV usage stays under 1" if "kv_usage" in present else ""
+    fig.text(0.5, 0.05 / fig.get_figheight(), f"A failed rate whose queue stays flat{kv} kept up: "
+             "its misses are latency or errors (latency.png, the README's 'limited by').",
+             ha="center", va="bottom", fontsize=8, color="dimgray")  # fmt: skip
+    title = (
+        "Does the server keep up? Queue, running requests and KV cache over time at each "
+        "offered rate\n"
+        "one row per open-loop rate, repeat 0 solid; per cache state the verdict of each "
+        "repeat (/)"
+    )
     if missing:
         title += f"\nnot exposed by this engine, not drawn: {', '.join(missing)}"
-    fig.suptitle(title)
-    # A second title line needs the room above the top row's panel titles.
-    fig.subplots_adjust(hspace=0.55, wspace=0.35, top=0.84 if missing else 0.9)
+    fig.suptitle(title, fontsize=10)
+    top_in = 0.95 + 0.17 * bool(missing)
+    # Margins in inches, so the row labels, title and legend keep their room at any grid size.
+    width, height = fig.get_figwidth(), fig.get_figheight()
+    fig.subplots_adjust(left=2.2 / width, right=1 - 0.15 / width, hspace=0.18, wspace=0.22,
+                        top=1 - top_in / height, bottom=1.1 / height)  # fmt: skip
     save_figure(fig, path)
     return missing
 
@@ -332,12 +409,14 @@ def write_pack(
         with atomic_path(out_dir / "requests.csv") as tmp:
             shutil.copyfile(selected_tables / "requests.csv", tmp)
         files.append(out_dir / "requests.csv")
+    # Each time-series row names its points' verdicts, so the plot says which point failed.
+    verdicts = {r["key"]: r["verdict"] for r in reports if "key" in r}
     plots = {
         "throughput.png": lambda p: plot_throughput(capacity["open_loop"], p),
         "attainment.png": lambda p: plot_attainment(reports, classes, gate, p),
         "latency.png": lambda p: plot_latency(reports, classes, cutoffs, p),
         "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p, cutoffs),
-        "timeseries.png": lambda p: plot_timeseries(series, p),
+        "timeseries.png": lambda p: plot_timeseries(series, p, verdicts),
     }
     for name, draw in plots.items():
         if name == "closed_loop.png" and not capacity["closed_loop"]:
