@@ -745,6 +745,89 @@ def autopsy(config: Path, results_root: Path, log_dir: Path, output: Path) -> No
     click.echo(f"{output}, {output.with_suffix('.json')}")
 
 
+#: ``compare --exit-code``: the status when a difference exceeds run-to-run variation (1 is an
+#: error, 2 a usage error).
+COMPARE_DIFFERS_STATUS = 3
+
+
+@main.command()
+@click.argument("pack_a")
+@click.argument("pack_b")
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="MLflow store of mlflow:<run id> sources (default: $MLFLOW_TRACKING_URI, else "
+    "results/mlflow.db here).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the Markdown here instead of standard output.",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a self-contained HTML page here.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the comparison as JSON here.",
+)
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0.5, 1, max_open=True),
+    default=0.95,
+    show_default=True,
+    help="Family-wise confidence of the attainment and latency tests.",
+)
+@click.option(
+    "--exit-code",
+    is_flag=True,
+    help=f"Exit {COMPARE_DIFFERS_STATUS} when a difference exceeds run-to-run variation.",
+)
+def compare(
+    pack_a: str,
+    pack_b: str,
+    tracking_uri: str | None,
+    output: Path | None,
+    html_path: Path | None,
+    json_path: Path | None,
+    confidence: float,
+    exit_code: bool,
+) -> None:
+    """Compare pack B against pack A and say whether they differ beyond run-to-run variation.
+
+    PACK_A and PACK_B are results folders (results/<pack> or its pack/ subfolder) or MLflow
+    parent runs (mlflow:<run id>). The capacity per cache state, each class's attainment and P95
+    latencies at the rates both measured, the plan, the drills and the manifest fields that
+    differ, with the verdict on the first line; the method is in docs/metrics.md.
+    """
+    from capacity_pack.decide.compare import run_compare
+
+    text, doc = run_compare(
+        pack_a,
+        pack_b,
+        tracking=tracking_uri,
+        confidence=confidence,
+        markdown=output,
+        html_path=html_path,
+        json_path=json_path,
+    )
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        click.echo(f"{doc['summary']}\n{output}" + (f", {html_path}" if html_path else ""))
+    if exit_code and doc["beyond"]:
+        sys.exit(COMPARE_DIFFERS_STATUS)
+
+
 def _echo_json(obj) -> None:
     import json
 
