@@ -85,6 +85,7 @@ include: "rules/capacity.smk"
 include: "rules/failure.smk"
 include: "rules/track.smk"
 include: "rules/autopsy.smk"
+include: "rules/html.smk"
 
 
 rule all:
@@ -92,6 +93,8 @@ rule all:
     input:
         all_targets(),
         AUTOPSY_MD,
+        # After the autopsy (it reads the autopsy): not in all_targets(), which the autopsy waits on.
+        stage_output("html", "index"),
 
 
 # The run ends on its answer: the decision, the plan, the failure verdict and the pack's path

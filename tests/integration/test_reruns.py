@@ -107,6 +107,7 @@ def test_a_measurement_never_hashes_presentation_modules():
     assert "capacity_pack.measure.run" in drill
     presentation = (
         "decide.report",
+        "decide.html",
         "decide.console",
         "track.tracking",
         "drills.dashboard",

@@ -232,6 +232,13 @@ _STAGES = [
         outputs={"markdown": "autopsy.md", "json": "autopsy.json"},
         doc="Where the run's wall clock and each SLO miss went.",
     ),
+    Stage(
+        "html",
+        entry="capacity_pack.stages.html:run",
+        folder="pack",
+        outputs={"index": "index.html"},
+        doc="The pack as one self-contained page: decision first, evidence per point, limits.",
+    ),
 ]
 
 #: Every stage by name, in pipeline order.
