@@ -528,21 +528,22 @@ def point_details(r: dict[str, Any], *, selected: bool = False) -> str:
         + "</span>"
     )
     point_rows = [
-        ("attempted", r.get("attempted")),
-        ("successful", r.get("successful")),
-        ("error_rate", r.get("error_rate")),
-        ("offered_rps", r.get("offered_rate_rps")),
-        ("achieved_rps", r.get("request_throughput_rps")),
-        ("goodput", r.get("observed_goodput_rps")),
-        ("output_throughput", r.get("output_throughput_tps")),
-        ("measured_window", r.get("measured_window_s")),
-        ("queue_trend", r.get("queue_trend")),
-        ("server_hit_rate", r.get("prefix_cache_hit_rate")),
-        ("client_cached_share", r.get("client_cached_token_fraction")),
+        ("attempted", r.get("attempted"), "requests"),
+        ("successful", r.get("successful"), "requests"),
+        ("error_rate", r.get("error_rate"), "of attempts"),
+        ("offered_rps", r.get("offered_rate_rps"), "RPS"),
+        ("achieved_rps", r.get("request_throughput_rps"), "RPS"),
+        ("goodput", r.get("observed_goodput_rps"), "RPS"),
+        ("output_throughput", r.get("output_throughput_tps"), "tokens/s"),
+        ("measured_window", r.get("measured_window_s"), "s"),
+        ("queue_trend", r.get("queue_trend"), ""),
+        ("server_hit_rate", r.get("prefix_cache_hit_rate"), "of prompt tokens"),
+        ("client_cached_share", r.get("client_cached_token_fraction"), "of prompt tokens"),
     ]
     facts = "".join(
-        f'<tr><th scope="row"><a href="#def-{k}">{_e(METRICS[k][0])}</a></th>' + _num(v) + "</tr>"
-        for k, v in point_rows
+        f'<tr><th scope="row"><a href="#def-{k}">{_e(METRICS[k][0])}</a></th>'
+        f'{_num(v)}<td class="label">{_e(unit)}</td></tr>'
+        for k, v, unit in point_rows
     )
     reasons = r.get("verdict_reasons") or []
     why = (
