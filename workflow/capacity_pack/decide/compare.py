@@ -34,7 +34,8 @@ the source has no per-point reports, which the report says). With Wilson score i
     [d - sqrt((p_B - l_B)^2 + (u_A - p_A)^2),  d + sqrt((u_B - p_B)^2 + (p_A - l_A)^2)]
 
 (Newcombe, Statist. Med. 17, 1998, method 10); it keeps its coverage near 0 and 1 where the
-Wald interval of a difference fails. Beyond run-to-run variation when it excludes 0.
+Wald interval of a difference fails. Beyond run-to-run variation when it excludes 0. A rate
+with a client-bound deciding repeat is tested all the same and marked so in its status.
 
 **P95 latencies at matched rates: pooled between-repeat variation on the log scale.** The
 per-point reports hold each repeat's P95 but no interval for it, and a pack's ``pack/`` folder
@@ -586,6 +587,15 @@ def matched_rates(a: Source, b: Source) -> list[tuple[str, float, dict, dict]]:
     return out
 
 
+def _status(row: dict[str, Any]) -> str | None:
+    """The rate's status, marked when a deciding repeat was client-bound: its requests are the
+    server's answers, but the load was not sent as scheduled, so the reader should know."""
+    status = row.get("status")
+    if any(str(r).startswith("client-bound") for r in row.get("reasons", [])):
+        return f"{status}, client-bound"
+    return status
+
+
 def _classes(row: dict[str, Any]) -> dict[str, Any]:
     return ((row.get("variation") or {}).get("classes")) or {}
 
@@ -609,7 +619,7 @@ def attainment_rows(a: Source, b: Source) -> list[dict[str, Any]]:
                         "attainment": pooled.get("value"),
                         "design_effect": max(deffs, default=1.0),
                         "design_effect_known": bool(deffs),
-                        "status": row.get("status"),
+                        "status": _status(row),
                         "repeats": row.get("repeats"),
                     }
                 )
@@ -681,7 +691,7 @@ def latency_rows(a: Source, b: Source) -> list[dict[str, Any]]:
             }  # fmt: skip
             rows.append({"cache_state": state, "offered_rps": rate, "class": cls,
                          "eligible": "fail" not in (ra.get("status"), rb.get("status")),
-                         "statuses": [ra.get("status"), rb.get("status")],
+                         "statuses": [_status(ra), _status(rb)],
                          "metrics": metrics})  # fmt: skip
     return rows
 
@@ -1095,7 +1105,7 @@ def blocks(doc: dict[str, Any]) -> list[tuple]:
     pv = doc["latency_variation"]
     out.append(("p", "B / A of each class's P95 (mean of its repeats), against the "
                 "between-repeat variation of log P95 pooled over both packs' repeated points "
-                "at rates neither pack fails: "
+                "(at rates that pack does not fail; tested where neither fails): "
                 + "; ".join(f"{LATENCY_METRICS[m]} s = {_num(p['sd_log'])} over {p['df']} df"
                             if p["df"] else f"{LATENCY_METRICS[m]}: no repeated point"
                             for m, p in pv.items())
