@@ -95,6 +95,7 @@ rule all:
         AUTOPSY_MD,
         # After the autopsy (it reads the autopsy): not in all_targets(), which the autopsy waits on.
         stage_output("html", "index"),
+        stage_output("publish", "published"),
 
 
 # The run ends on its answer: the decision, the plan, the failure verdict and the pack's path

@@ -22,7 +22,7 @@ rule capacity:
 
 
 rule report:
-    """The pack a person reads: README, plots, manifest, requests and SLO report; MLflow run."""
+    """The pack a person reads: README, plots, manifest, requests and SLO report."""
     input:
         **stage_outputs("freeze"),
         **stage_outputs("capacity"),
@@ -43,7 +43,6 @@ rule report:
             for name in PACK_PLOTS
         ],
     params:
-        results_root=results_root,
         code=stage_code_hash("report"),
     conda:
         "../workflow/envs/capacity-pack.yaml"

@@ -187,27 +187,31 @@ def pack_timeline_targets():
 
 
 def tracked_targets(tracked):
-    """The summaries the jobs of the stage tracked as `tracked` write (one per point or drill)."""
-    stage = stages_lib.TRACKED[tracked]
-    if "{drill}" in stage.folder:
-        return [stage.output(stage.summary, RESULTS, drill=d) for d in DRILLS]
-    return point_targets(stage.name, stage.summary)
+    """The summaries of the jobs tracked as `tracked` (per point, its schedule's, measurement's
+    and analysis's; per drill, its report)."""
+    out = []
+    for stage in stages_lib.TRACKED[tracked]:
+        if "{drill}" in stage.folder:
+            out += [stage.output(stage.summary, RESULTS, drill=d) for d in DRILLS]
+        else:
+            out += point_targets(stage.name, stage.summary)
+    return out
 
 
 def has_tracked_jobs(tracked):
-    """Whether the stage tracked as `tracked` has jobs in this pack (known before any job)."""
-    if "{drill}" in stages_lib.TRACKED[tracked].folder:
+    """Whether the jobs tracked as `tracked` exist in this pack (known before any job)."""
+    if any("{drill}" in stage.folder for stage in stages_lib.TRACKED[tracked]):
         return bool(DRILLS)
     return bool(POINTS) or SEARCH is not None
 
 
-# Stages whose jobs get MLflow child runs (those with jobs in this pack), by track job name.
+# The MLflow runs of the pack's jobs (those it has), by track job name.
 TRACKED_STAGES = [t for t in stages_lib.TRACKED if has_tracked_jobs(t)]
 
 
-def tracked_record_module(tracked):
-    """The module of the tracked stage's record function: the track job runs it too."""
-    return stages_lib.TRACKED[tracked].record_module
+def tracked_record_modules(tracked):
+    """The modules of the tracked stages' record functions: the track job runs them."""
+    return sorted({stage.record_module for stage in stages_lib.TRACKED[tracked]})
 
 
 def search_targets():
@@ -233,6 +237,12 @@ def all_targets():
         *([stage_output("failure_test", "markdown")] if DRILLS else []),
         stage_output("dashboard", "dashboard"),
     ]
+
+
+def publish_targets():
+    """What the pack folder holds once it is finished: the pipeline's outputs, the autopsy and
+    the HTML report (the last to be written)."""
+    return [*all_targets(), AUTOPSY_MD, stage_output("html", "index")]
 
 
 # The SLO-boundary search (rules/search.smk): its settings and the walk over its rounds.

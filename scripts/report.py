@@ -14,7 +14,6 @@ with job_logging(snakemake.log[0]) as log:
         tables=list(i.tables),
         metrics=list(i.metrics),
         readme=snakemake.output.readme,
-        results_root=snakemake.params.results_root,
         log=log,
         # The failure test's JSON when the pack has drills (an empty input otherwise).
         failure=i.failure[0] if len(i.failure) else None,

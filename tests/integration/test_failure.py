@@ -33,10 +33,11 @@ from capacity_pack.drills.plan import (
     drill_schedule,
     plan_drill,
 )
-from capacity_pack.drills.render import failure_test, failure_test_markdown, tracking_record
+from capacity_pack.drills.render import failure_test, failure_test_markdown
 from capacity_pack.drills.run import run_drill
 from capacity_pack.engines.metric_map import ROUTER_OUTSTANDING
 from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.track import records
 from tests.conftest import pack_data
 
 NS = 1_000_000_000
@@ -386,8 +387,9 @@ def test_real_target_drill_runs_the_configured_commands(tmp_path):
 
 def test_tracking_record_of_a_skipped_drill():
     skipped = {"drill": "x", "kind": "kv_pressure", "mechanism": "kv_pressure", "skipped": "why"}
-    rec = tracking_record(skipped)
+    rec = records.drill(skipped)
     assert rec["job"] == "failure/x" and rec["tags"]["capacity_pack.skipped"] == "true"
+    assert rec["run_name"] == "drill · x"
     assert rec["metrics"] == {}
 
 

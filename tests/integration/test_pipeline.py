@@ -211,7 +211,7 @@ def test_pipeline_writes_frozen_manifest_and_schedules(ran):
         assert (results / "benchmarks" / f"{job}.tsv").exists()
 
 
-def test_mlflow_holds_parent_and_child_runs(ran):
+def test_mlflow_holds_one_named_run_per_point_and_the_decision_on_the_parent(ran):
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{ran}/results/mlflow.db")
@@ -223,9 +223,16 @@ def test_mlflow_holds_parent_and_child_runs(ran):
     parent = parents[0]
     assert parent.data.tags["capacity_pack.manifest_sha256"] == frozen["sha256"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 20
-    stages = {"schedule", "sweep", "analysis", "failure"}
-    assert {c.data.tags["capacity_pack.stage"] for c in children} == stages
+    # One run per measured point (its schedule, measurement and analysis), one per drill.
+    assert sorted(c.info.run_name for c in children) == sorted(
+        [
+            f"{p} · {c} · rep0"
+            for p in ("open-r10", "open-r20", "closed-c1")
+            for c in ("cold", "warm")
+        ]
+        + ["drill · replica_kill", "drill · plan_replica_kill"]
+    )
+    assert {c.data.tags["capacity_pack.stage"] for c in children} == {"point", "failure"}
     drills = {
         c.data.tags["capacity_pack.job"]: c
         for c in children
@@ -238,30 +245,69 @@ def test_mlflow_holds_parent_and_child_runs(ran):
     drill = drills["failure/replica_kill"]
     assert drill.data.metrics["detection_after_injection_s"] > 0
     assert "ReplicaDown" in drill.data.tags["capacity_pack.alerts_fired"]
+    sections = json.dumps(frozen["section_sha256"], sort_keys=True, separators=(",", ":"))
     for child in children:
-        tags = child.data.tags
+        tags, params, metrics = child.data.tags, child.data.params, child.data.metrics
+        # Provenance in one tag, not one per manifest section.
+        assert tags["capacity_pack.section_sha256"] == sections
+        assert not [t for t in tags if t.startswith("capacity_pack.section.")]
+        assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["capacity_pack.git_commit"])
+        assert params["engine"] == "capacity-pack-sim" and params["engine_version"] == "0.1.0"
+        assert params["model"] == "sim-small" and params["model_revision"] == "sim-small-r1"
+        assert params["target"] == "sim" and params["target_profile"] == "small-fast"
         if tags["capacity_pack.stage"] == "failure":
             continue
-        assert tags["capacity_pack.cache_state"] in {"cold", "warm"}
-        assert tags["capacity_pack.repeat"] == "0"
-        assert tags["capacity_pack.point"] in {"open-r10", "open-r20", "closed-c1"}
-        assert tags["capacity_pack.model.revision"] == "sim-small-r1"
-        assert tags["capacity_pack.engine.version"] == "0.1.0"
-        assert tags["capacity_pack.model.tokenizer_revision"] == "capacity-pack-ws-v1"
-        assert tags["capacity_pack.section.client"] == frozen["section_sha256"]["client"]
-        assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["capacity_pack.git_commit"])
-        if tags["capacity_pack.stage"] == "schedule":
-            assert child.data.metrics["scheduled_requests"] > 0
-        elif tags["capacity_pack.stage"] == "analysis":
-            assert "interactive.attainment" in child.data.metrics
-            assert tags["capacity_pack.verdict"] in {"pass", "marginal", "fail", "inconclusive"}
-            # The gate metric means what the verdict says (a marginal point is no pass).
-            passed = child.data.metrics["verdict_pass"]
-            assert passed == float(tags["capacity_pack.verdict"] == "pass")
-            assert passed <= child.data.metrics["point_estimate_gates_pass"]
+        # The params that define the point, so the UI plots results against offered load.
+        point, cache, rep = child.info.run_name.split(" · ")
+        assert params["cache_state"] == cache and params["repeat"] == rep.removeprefix("rep")
+        if point.startswith("open-r"):
+            assert params["mode"] == "open"
+            assert float(params["offered_rps"]) == float(point.removeprefix("open-r"))
         else:
-            assert child.data.metrics["requests_recorded"] > 0
-            assert "server_prefix_hit_rate" in child.data.metrics
+            assert params["mode"] == "closed" and params["concurrency"] == "1"
+        # The schedule's, the measurement's and the analysis's results on the one run.
+        assert metrics["scheduled_requests"] > 0 and metrics["requests_recorded"] > 0
+        assert "server_prefix_hit_rate" in metrics
+        for name in ("interactive.attainment", "interactive.p95_ttft_ms", "observed_goodput_rps"):
+            assert name in metrics, name
+        assert tags["capacity_pack.verdict"] in {"pass", "marginal", "fail", "inconclusive"}
+        # The gate metric means what the verdict says (a marginal point is no pass).
+        assert metrics["verdict_pass"] == float(tags["capacity_pack.verdict"] == "pass")
+        assert metrics["verdict_pass"] <= metrics["point_estimate_gates_pass"]
+        # The run's start and end are the measurement window, not the moment it was logged.
+        key = f"{point}/{cache}/{rep}"
+        report = json.loads(
+            (ran / f"results/pipeline-test/reports/{key}/slo-report.json").read_text()
+        )
+        assert child.info.start_time == report["window_start_unix_ns"] // 1_000_000
+        window_s = (child.info.end_time - child.info.start_time) / 1000
+        assert window_s == pytest.approx(report["measured_window_s"], abs=0.01)
+        arts = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert arts == {"schedule", "sweep", "analysis"}
+
+    # The parent: the decision as its description and metrics, every pack file as an artifact
+    # with its path relative to the pack folder.
+    parent = client.get_run(parent.info.run_id)
+    note = parent.data.tags["mlflow.note.content"]
+    console = (ran / "console.txt").read_text()
+    decision = next(line for line in console.splitlines() if line.startswith("  decision, "))
+    assert decision.strip() in note
+    assert "required_replicas" in parent.data.metrics
+    pack = ran / "results/pipeline-test/pack"
+    local = sorted(str(p.relative_to(pack.parent)) for p in pack.rglob("*") if p.is_file())
+
+    def walk(path: str) -> list[str]:
+        out = []
+        for a in client.list_artifacts(parent.info.run_id, path):
+            out += walk(a.path) if a.is_dir else [a.path]
+        return out
+
+    assert sorted(walk("pack")) == local
+    assert {"pack/failure-test.md", "pack/autopsy.md", "pack/alerts/alert-rules.yaml"} <= set(local)
+    # The parent ends when its pack is finished, after the last measurement. (It starts when
+    # the manifest is frozen, which need not precede the measurements: they do not read it.)
+    points = [c for c in children if c.data.tags["capacity_pack.stage"] == "point"]
+    assert parent.info.end_time >= max(c.info.end_time for c in points)
 
 
 def test_nothing_to_do_after_a_complete_run(ran):
@@ -269,8 +315,9 @@ def test_nothing_to_do_after_a_complete_run(ran):
 
 
 POINTS = [f"{p}/{c}/rep0" for c in ("cold", "warm") for p in ("open-r10", "open-r20", "closed-c1")]
-# Jobs that follow any manifest change: tracking per stage, the decision and the pack.
-TRACKS = ["autopsy", "capacity", "report", "track:analysis", "track:schedule", "track:sweep"]
+# Jobs that follow any manifest change: the points' MLflow runs, the decision, the pack, its
+# HTML report and its publication on the parent run.
+TRACKS = ["autopsy", "capacity", "html", "publish", "report", "track:point"]
 # The alert rules follow any manifest change (cheap), so each drill is re-analyzed; a new
 # capacity decision re-runs the drill, since its rate comes from that decision.
 FAILURE = [
@@ -359,8 +406,10 @@ def test_new_manifest_gets_its_own_parent_with_every_child(ran):
         assert len(parents) == 2
         for parent in parents:
             kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-            assert len(kids) == 20  # 6 schedules, 6 sweeps, 6 analyses, 2 drills
-            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 20
+            assert len(kids) == 8  # 6 points, 2 drills
+            assert len({r.data.tags["capacity_pack.job"] for r in kids}) == 8
+        # Packs of one name share an experiment: the two manifests compare side by side.
+        assert {p.info.experiment_id for p in parents} == {exp.experiment_id}
     finally:
         # The last test on `ran`: the pack file is restored, nothing needs re-running.
         write_pack(ran, small_pack())

@@ -16,11 +16,12 @@ from capacity_pack.io import write_json_atomic
 from capacity_pack.measure.records import read_records
 from capacity_pack.measure.run import run_point
 from capacity_pack.measure.settings import LoadSettings
-from capacity_pack.measure.sweep import measure_point, tracking_record
+from capacity_pack.measure.sweep import measure_point
 from capacity_pack.measure.target import SimProcess, TargetError, open_target
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
 from capacity_pack.track import tracking
+from capacity_pack.track.records import sweep as sweep_record
 from tests.paths import DEFAULT, ROOT
 from tests.processes import stop_group
 from tests.unit.engines.test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
@@ -67,7 +68,9 @@ def test_a_measured_and_tracked_point_never_stores_the_key(tmp_path, key):
     assert summary["identity_mismatches"] == [] and summary["tls_verify"] is True
     assert frozen["manifest"]["target"]["api_key_env"] == name
 
-    runs = tracking.log_stage(frozen, tracking_record, [out / "summary.json"], results_dir=results)
+    runs = tracking.log_stage(
+        frozen, lambda _path, doc: sweep_record(doc), [out / "summary.json"], results_dir=results
+    )
     # An artifact that captured the key (a server log, say) is stored redacted, or not at all.
     (tmp_path / "server-notes.txt").write_text(f"auth header was Bearer {secret}\n")
     (tmp_path / "dump.bin").write_bytes(b"\x00\xff" + secret.encode() + b"\x00\xfe")

@@ -28,9 +28,10 @@ from capacity_pack.measure.shards import (
     clock_sample,
     merge_series,
 )
-from capacity_pack.measure.sweep import measure_point, tracking_record
+from capacity_pack.measure.sweep import measure_point
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.track.records import sweep as sweep_record
 from tests.paths import DEFAULT
 
 
@@ -245,12 +246,12 @@ def test_two_shards_send_the_same_population_as_one(runs):
     assert report["shard_clock_valid"] is True
     assert report["classes"]["interactive"]["successful_count"] > 0
     # MLflow: the shard count is a setting, per-shard lateness and CPU are metrics.
-    rec = tracking_record(summary)
+    rec = sweep_record(summary)
     assert rec["params"]["client_shards"] == 2
     assert {"shard0_dispatch_lateness_p99_ms", "shard1_client_cpu_s"} <= set(rec["metrics"])
     assert rec["metrics"]["shard_clock_skew_max_ms"] < 1.0
     assert rec["tags"]["capacity_pack.shard_clock_valid"] == "true"
-    assert tracking_record(runs[1][3])["params"]["client_shards"] == 1
+    assert sweep_record(runs[1][3])["params"]["client_shards"] == 1
 
 
 @pytest.mark.slow

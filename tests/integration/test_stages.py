@@ -44,17 +44,24 @@ def test_each_stage_names_objects_that_exist(name):
     if stage.record is not None:
         assert callable(stages.resolve(stage.record))
         assert stage.summary in stage.outputs
-        assert stages.record(stage.tracked_as) is stages.resolve(stage.record)
+        assert stage in stages.TRACKED[stage.tracked_as]
 
 
-def test_tracked_stages_keep_their_track_job_names():
-    assert list(stages.TRACKED) == ["schedule", "sweep", "analysis", "failure"]
-    assert {s.name for s in stages.TRACKED.values()} == {
-        "schedule",
-        "sweep",
-        "analyze",
-        "failure_analyze",
+def test_a_point_is_one_run_and_a_drill_another():
+    assert {name: [s.name for s in group] for name, group in stages.TRACKED.items()} == {
+        "point": ["schedule", "sweep", "analyze"],
+        "failure": ["failure_analyze"],
     }
+
+
+def test_the_record_of_a_summary_is_its_stages():
+    """A tracked job's summary finds its stage's record by its path, and no other does."""
+    point = stages.record("point")
+    summary = {"point": "open-r30", "cache_state": "cold", "repeat": 0}
+    with pytest.raises(ValueError, match="not the summary of a job tracked as 'point'"):
+        point("results/p/tables/open-r30/cold/rep0/summary.json", summary)
+    with pytest.raises(ValueError, match="tracked as 'failure'"):
+        stages.record("failure")("results/p/reports/open-r30/cold/rep0/slo-report.json", summary)
 
 
 @pytest.mark.parametrize("name", sorted(stages.STAGES))

@@ -119,7 +119,9 @@ def test_parent_created_once_and_found_again(results: Path, frozen: dict) -> Non
         "capacity_pack.engine.name": manifest["engine"]["name"],
         "capacity_pack.engine.version": manifest["engine"]["version"],
     }
-    expected.update({f"capacity_pack.section.{s}": frozen["section_sha256"][s] for s in SECTIONS})
+    expected["capacity_pack.section_sha256"] = json.dumps(
+        {s: frozen["section_sha256"][s] for s in sorted(SECTIONS)}, separators=(",", ":")
+    )
     assert {k: tags.get(k) for k in expected} == expected
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
@@ -189,7 +191,9 @@ def test_child_run_carries_parent_tags_params_metrics_artifacts(
         "capacity_pack.metrics_withheld": "ttft_p999_ms",
         "host": "node-1",
     }
-    expected.update({f"capacity_pack.section.{s}": frozen["section_sha256"][s] for s in SECTIONS})
+    expected["capacity_pack.section_sha256"] = json.dumps(
+        {s: frozen["section_sha256"][s] for s in sorted(SECTIONS)}, separators=(",", ":")
+    )
     assert {k: tags.get(k) for k in expected} == expected
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "loadgen open_loop rps_10 warm r2"
@@ -197,6 +201,8 @@ def test_child_run_carries_parent_tags_params_metrics_artifacts(
         "rate_rps": "10.0",
         "schedule.seed": "7",
         "schedule.classes": '["a", "b"]',
+        # What defines every run of the manifest: its target, engine and model.
+        **tracking.identity_params(frozen),
     }
     assert run.data.metrics == {"ttft_p99_ms": 123.5, "goodput_rps": 9.0}
 
@@ -318,13 +324,15 @@ def test_secrets_never_reach_mlflow(
     )
     client = client_for(results)
     run = client.get_run(run_id)
-    assert run.data.params == {"input_tokens": "5", "time_to_first_token_ms": "250"}
+    identity = tracking.identity_params(frozen)
+    del identity["model_revision"]  # the "secret" above: scrubbed like any other value
+    assert run.data.params == {"input_tokens": "5", "time_to_first_token_ms": "250", **identity}
     assert run.data.tags["ok"] == "yes"
     for key in ("Authorization", "DB_PASSWORD", "leak"):
         assert key not in run.data.tags
     dropped = set(run.data.tags["capacity_pack.redacted"].split(","))
     assert {"api_key", "target.hf_token", "endpoint_auth", "header", "leak"} <= dropped
-    assert "capacity_pack.model.revision" in dropped
+    assert {"capacity_pack.model.revision", "model_revision"} <= dropped
 
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert "model.revision" not in parent.data.params

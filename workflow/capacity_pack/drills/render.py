@@ -6,8 +6,8 @@ own mechanism alert fired, and the other mechanisms' alerts each set off.
 ``failure-test.md`` is its rendering: a summary table (detection and recovery as seconds after
 the injection), then per drill its load, admission limit, schedule completeness, clock check,
 the field table (every time on the drill clock with its offset from the injection), TTFT, TPOT
-and attainment by phase, and the alert episodes. :func:`tracking_record` maps one drill report
-to its MLflow child run: times as seconds after the injection, counts, phase attainment.
+and attainment by phase, and the alert episodes. (A drill's MLflow run is
+``capacity_pack.track.records.drill``.)
 """
 
 from __future__ import annotations
@@ -303,53 +303,3 @@ def _plan_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def tracking_record(report: dict[str, Any]) -> dict[str, Any]:
-    """The MLflow child run of one drill (keyword arguments of ``log_child_run``)."""
-    inj = report.get("injection_time_s")
-
-    def after(t: float | None) -> float | None:
-        return None if t is None or inj is None else t - inj
-
-    metrics: dict[str, Any] = {}
-    params: dict[str, Any] = {"kind": report["kind"], "mechanism": report["mechanism"]}
-    tags = {"capacity_pack.drill": report["drill"]}
-    if report.get("skipped"):
-        tags["capacity_pack.skipped"] = "true"
-    else:
-        before = report["phases"]["before"]
-        during = report["phases"]["during"]
-        params.update(
-            rate_rps=report["rate_rps"],
-            replicas=report["replicas"],
-            admission_max_outstanding=report["admission_max_outstanding"],
-        )
-        metrics = {
-            "detection_after_injection_s": after(report["detection_time_s"]),
-            "router_removal_after_injection_s": after(report["router_removal_time_s"]),
-            "recovery_after_injection_s": after(report["recovery_time_s"]),
-            "requests_rejected": report["requests_rejected"],
-            "requests_lost": report["requests_lost"],
-            "requests_retried": report["requests_retried"],
-            "attainment_before": before["attainment"],
-            "attainment_during": during["attainment"],
-            "all_attempt_attainment_during": during.get("all_attempt_attainment"),
-            "error_rate_during": during["error_rate"],
-            "queue_peak_waiting": report["queue"].get("peak_server_waiting"),
-            "alerts_fired": len(report["alerts_fired"]),
-            "expected_alert_fired": float(report["expected_alert_fired"]),
-        }
-        tags["capacity_pack.alerts_fired"] = ",".join(report["alerts_fired"]) or "none"
-        tags["capacity_pack.drill_scope"] = report.get("scope", "capacity_point")
-        tags["capacity_pack.execution"] = report.get("execution", "live")
-        if report.get("n_plus_one"):
-            n = report["n_plus_one"]
-            tags["capacity_pack.n_plus_one"] = n["verdict"]
-            metrics["n_plus_one_pass"] = float(n["verdict"] == "PASS")
-    return {
-        "stage": "failure",
-        "job": f"failure/{report['drill']}",
-        "point": f"drill-{report['drill']}",
-        "params": {k: v for k, v in params.items() if v is not None},
-        "metrics": metrics,
-        "tags": tags,
-    }

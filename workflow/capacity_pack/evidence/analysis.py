@@ -152,6 +152,10 @@ def analyze_point(
         ),
         window_start_offset_ns=start_ns,
         window_end_offset_ns=end_ns,
+        # The same window on the wall clock (first measured send, last measured end): where
+        # a reader (the MLflow run's start and end) places the point in time.
+        window_start_unix_ns=int(m["sent_realtime_ns"].min()),
+        window_end_unix_ns=int(m["end_realtime_ns"].max()),
         errors_by_status={s: int(status_counts.get(s, 0)) for s in STATUSES},
         client_scheduling_delay_ms=percentiles(m["client_delay_ms"].to_numpy(float), False),
         chunks_carry_several_tokens=multi_token,
@@ -357,56 +361,6 @@ def failing_gates(report: dict[str, Any], gates: Gates) -> list[str]:
     ]
     out += [msg for g in gates.active("point") if (msg := g.failure(report, gates))]
     return out
-
-
-def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
-    """The MLflow child run of one analysis job (metrics per class, gates, trend, hit rate)."""
-    metrics: dict[str, Any] = {
-        "attempted_requests": summary["attempted"],
-        "successful_requests": summary["successful"],
-        "error_rate": summary["error_rate"],
-        "observed_goodput_rps": summary["observed_goodput_rps"],
-        "request_throughput_rps": summary["request_throughput_rps"],
-        "output_throughput_tps": summary["output_throughput_tps"],
-        "measured_window_s": summary["measured_window_s"],
-        "verdict_pass": float(summary["verdict_pass"]),
-        "point_estimate_gates_pass": float(summary["point_estimate_gates_pass"]),
-        "queue_trend_flat": float(summary["queue_trend"] == "flat"),
-        "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
-        "little_relative_gap": summary["littles_law"].get("relative_gap"),
-        "client_scheduling_delay_p99_ms": summary["client_scheduling_delay_ms"]["p99"],
-    }
-    for name, c in summary["classes"].items():
-        metrics[f"{name}.attainment"] = c["attainment"]
-        metrics[f"{name}.all_attempt_attainment"] = c["all_attempt_attainment"]
-        if c["attainment_ci"]:
-            metrics[f"{name}.attainment_ci_low"] = c["attainment_ci"][0]
-            metrics[f"{name}.attainment_ci_high"] = c["attainment_ci"][1]
-        metrics[f"{name}.successful_requests"] = c["successful_count"]
-        for key in (
-            "p50_ttft_ms",
-            "p95_ttft_ms",
-            "p99_ttft_ms",
-            "p50_tpot_ms",
-            "p95_tpot_ms",
-            "p99_tpot_ms",
-            "p95_e2e_ms",
-        ):
-            metrics[f"{name}.{key}"] = c[key]
-        metrics[f"{name}.itl_p99_ms"] = c["itl_ms"]["p99"]
-    return {
-        "stage": "analysis",
-        "job": f"analysis/{summary['key']}",
-        "point": summary["point"],
-        "cache_state": summary["cache_state"],
-        "repeat": summary["repeat"],
-        "params": {"percentile_method": summary["percentile_method"]},
-        "metrics": metrics,
-        "tags": {
-            "capacity_pack.verdict": summary["verdict"],
-            "capacity_pack.queue_trend": summary["queue_trend"],
-        },
-    }
 
 
 class AnalysisSpec(BaseModel):

@@ -838,36 +838,5 @@ def prewarm_rows(source: Pack | ScheduleInputs, point: Point) -> pd.DataFrame:
     )[COLUMNS]
 
 
-def tracking_record(summary: dict[str, Any]) -> dict[str, Any]:
-    """The MLflow child run of one schedule job: keyword arguments of ``log_child_run``."""
-    metrics = {
-        "scheduled_requests": summary["requests"],
-        "measured_requests": summary["phase_counts"]["measure"],
-        "warmup_requests": summary["phase_counts"]["warmup"],
-        "schedule_duration_s": summary["duration_s"],
-        "realised_rps": summary.get("realised_rps"),
-        "gap_cv": summary.get("gap_cv"),
-    }
-    params = {
-        "arrival_pattern": summary["arrival_pattern"],
-        "arrival_cv": summary.get("arrival_cv"),
-        "offered_rps": summary.get("offered_rps"),
-        "concurrency": summary.get("concurrency"),
-        "seed_entropy": summary["seed_entropy"],
-        "class_counts": summary["class_counts"]["measure"],
-    }
-    return {
-        "stage": "schedule",
-        "job": f"schedule/{summary['key']}",
-        "point": summary["point"],
-        "cache_state": summary["cache_state"],
-        "repeat": summary["repeat"],
-        "params": {k: v for k, v in params.items() if v is not None},
-        "metrics": metrics,
-        "tags": {"capacity_pack.schedule_sha256": summary["schedule_sha256"]},
-        "fingerprint": summary["schedule_sha256"],
-    }
-
-
 def read_schedule(path: str | Path) -> pd.DataFrame:
     return pd.read_parquet(path)

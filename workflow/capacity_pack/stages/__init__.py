@@ -99,8 +99,8 @@ _STAGES = [
         inputs="capacity_pack.plan.schedule:ScheduleInputs",
         folder="schedules/" + POINT_DIR,
         outputs={"schedule": "schedule.parquet", "summary": "summary.json"},
-        record="capacity_pack.plan.schedule:tracking_record",
-        tracked_as="schedule",
+        record="capacity_pack.track.records:schedule",
+        tracked_as="point",
         doc="Seeded arrival schedule of one point.",
     ),
     Stage(
@@ -113,8 +113,8 @@ _STAGES = [
             "metrics": "metrics.parquet",
             "summary": "summary.json",
         },
-        record="capacity_pack.measure.sweep:tracking_record",
-        tracked_as="sweep",
+        record="capacity_pack.track.records:sweep",
+        tracked_as="point",
         doc="Measure one point against the target.",
     ),
     Stage(
@@ -137,8 +137,8 @@ _STAGES = [
         inputs="capacity_pack.evidence.analysis:AnalysisSpec",
         folder="reports/" + POINT_DIR,
         outputs={"report": "slo-report.json"},
-        record="capacity_pack.evidence.analysis:tracking_record",
-        tracked_as="analysis",
+        record="capacity_pack.track.records:analysis",
+        tracked_as="point",
         summary="report",
         doc="Per-class SLO report of one point.",
     ),
@@ -171,7 +171,7 @@ _STAGES = [
         entry="capacity_pack.stages.report:run",
         folder="pack",
         outputs={"readme": "README.md"},
-        doc="The pack folder (README, plots, copies); the decision on the MLflow parent run.",
+        doc="The pack folder (README, plots, copies).",
     ),
     Stage(
         "dashboard",
@@ -205,7 +205,7 @@ _STAGES = [
         inputs="capacity_pack.drills.analyze:DrillAnalysisSpec",
         folder="failure/{drill}",
         outputs={"report": "drill-report.json", "timeline": "timeline.png"},
-        record="capacity_pack.drills.render:tracking_record",
+        record="capacity_pack.track.records:drill",
         tracked_as="failure",
         summary="report",
         doc="One drill's failure-test fields; the alert rules evaluated on its series.",
@@ -222,7 +222,14 @@ _STAGES = [
         entry="capacity_pack.track.tracking:run_stage",
         folder="tracking",
         outputs={"runs": "{stage}.json"},
-        doc="MLflow child runs of a tracked stage's jobs.",
+        doc="MLflow runs of the tracked jobs: one per measured point, one per drill.",
+    ),
+    Stage(
+        "publish",
+        entry="capacity_pack.stages.publish:run",
+        folder="tracking",
+        outputs={"published": "parent.json"},
+        doc="The finished pack on its MLflow parent run: decision, metrics, every pack file.",
     ),
     Stage(
         "autopsy",
@@ -243,8 +250,12 @@ _STAGES = [
 
 #: Every stage by name, in pipeline order.
 STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}
-#: The stages whose jobs get MLflow child runs, by their ``track`` job's name.
-TRACKED: dict[str, Stage] = {s.tracked_as: s for s in _STAGES if s.tracked_as}
+#: The stages whose jobs get MLflow child runs, by their ``track`` job's name: a measured point's
+#: schedule, measurement and analysis share one run (``point``); each drill has its own.
+TRACKED: dict[str, tuple[Stage, ...]] = {}
+for _stage in _STAGES:
+    if _stage.tracked_as:
+        TRACKED[_stage.tracked_as] = (*TRACKED.get(_stage.tracked_as, ()), _stage)
 #: The plots the report writes beside the README, and the sweep each needs.
 REPORT_PLOTS = {
     "throughput.png": None,
@@ -271,6 +282,23 @@ def entry(name: str) -> Callable[..., Any]:
     return resolve(STAGES[name].entry)
 
 
-def record(tracked: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The tracking record function of the stage tracked as ``tracked``."""
-    return resolve(TRACKED[tracked].record)
+def record(tracked: str) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """The record function of the jobs tracked as ``tracked``: it maps a summary's path (under
+    the pack's results folder) and content to its run's keyword arguments, with the record of
+    the stage whose folder holds the path."""
+    import re
+
+    matchers = []
+    for stage in TRACKED[tracked]:
+        pattern = re.escape(f"{stage.folder}/{stage.outputs[stage.summary]}")
+        # Wildcards ({point}, {cache}, {repeat}, {drill}) match one path component each.
+        pattern = re.sub(r"\\\{\w+\\\}", "[^/]+", pattern)
+        matchers.append((re.compile(f"(?:^|/){pattern}$"), resolve(stage.record)))
+
+    def record_of(path: str, summary: dict[str, Any]) -> dict[str, Any]:
+        for matcher, fn in matchers:
+            if matcher.search(str(path)):
+                return fn(summary)
+        raise ValueError(f"{path}: not the summary of a job tracked as {tracked!r}")
+
+    return record_of

@@ -1,5 +1,5 @@
 """Stage ``report``: the pack folder a person reads (README, plots, manifest, the selected point's
-requests and SLO report) and the decision on the MLflow parent run."""
+requests and SLO report). The ``publish`` stage puts it on the MLflow parent run, last."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from capacity_pack.decide.capacity import decision_metrics
 from capacity_pack.decide.report import load_reports, selected_point, write_pack
-from capacity_pack.track import tracking
 
 
 def run(
@@ -25,14 +23,13 @@ def run(
     tables: Sequence[str | Path],
     metrics: Sequence[str | Path],
     readme: str | Path,
-    results_root: str | Path,
     log: logging.Logger,
     failure: str | Path | None = None,
 ) -> list[Path]:
     """Write the pack beside ``readme``; ``tables`` are the points' requests.csv and ``metrics``
     their server-metrics tables (the open-loop ones make the time-series plot); ``failure`` the
     failure test's JSON (its plan drill answers the failure question at the README's top).
-    Returns the files written, which are also the parent run's artifacts."""
+    Returns the files written."""
     frozen_doc = json.loads(Path(frozen).read_text())
     cap = json.loads(Path(capacity).read_text())
     replicas = json.loads(Path(plan).read_text())
@@ -56,14 +53,6 @@ def run(
         series=series,
         extra_files=[Path(fit)],
         failure=json.loads(Path(failure).read_text()) if failure else None,
-    )
-    decision = " | ".join(s["decision"] for s in cap["open_loop"].values())
-    tracking.log_parent_results(
-        frozen_doc,
-        metrics=decision_metrics(cap, replicas),
-        tags={"capacity_pack.decision": decision[:4000]},
-        artifacts=files,
-        results_dir=results_root,
     )
     log.info("pack written to %s (%d files)", out_dir, len(files))
     return files

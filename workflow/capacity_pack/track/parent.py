@@ -12,9 +12,12 @@ processes never create two parents.
 
 Provenance tags (parents and children): ``capacity_pack.`` + ``pack``, ``pack_size``,
 ``pack_label``, ``model.id``, ``model.revision``, ``model.tokenizer_revision``,
-``model.precision``, ``engine.name``, ``engine.version``, ``section.<name>`` (one per section
-hash), ``tool_version``, and ``git_commit`` and ``git_dirty`` of the checkout that holds this
-package.
+``model.precision``, ``engine.name``, ``engine.version``, ``section_sha256`` (every section's
+hash in one JSON object, not one tag each: the UI's tag panel stays readable),
+``tool_version``, and ``git_commit`` and ``git_dirty`` of the checkout that holds this package.
+
+The parent's description (MLflow's ``mlflow.note.content`` tag, shown on the run's page) is the
+pack's decision once the pack is written (:func:`log_parent_results`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -65,6 +69,11 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 MANIFEST_ARTIFACT = "frozen_manifest.json"
+SECTIONS = TAG + "section_sha256"
+#: Where the parent keeps the pack's files.
+PACK_ARTIFACTS = "pack"
+#: MLflow's run description: the UI shows this tag's Markdown on the run's page.
+DESCRIPTION = "mlflow.note.content"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,8 +143,9 @@ def provenance_tags(frozen: Mapping[str, Any]) -> dict[str, str]:
         TAG + "git_dirty": dirty,
         TAG + "tool_version": frozen.get("tool", {}).get("capacity_pack_version", "unknown"),
     }
-    for section, digest in frozen["section_sha256"].items():
-        tags[TAG + "section." + section] = digest
+    tags[SECTIONS] = json.dumps(
+        dict(sorted(frozen["section_sha256"].items())), separators=(",", ":")
+    )
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit  # shown by the MLflow UI
     return {k: str(v) for k, v in tags.items() if v != ""}
@@ -267,27 +277,33 @@ def log_parent_results(
     *,
     metrics: Mapping[str, Any],
     tags: Mapping[str, Any] | None = None,
-    artifacts: list[Path] | None = None,
+    description: str | None = None,
+    pack_dir: str | os.PathLike[str] | None = None,
     results_dir: str | os.PathLike[str],
 ) -> str:
-    """Put the pack's decision on its parent run: metrics, tags and the pack files.
+    """Put the pack's decision on its parent run: metrics, tags, the description (Markdown the
+    UI shows on the run's page) and every file of ``pack_dir``, under ``pack/`` with their
+    paths relative to it (``pack/alerts/alert-rules.yaml``).
 
     Metrics are overwritten by a later call with the same keys (the latest decision for this
-    manifest wins); artifacts are logged under ``pack/``.
+    manifest wins), as are the description and the files.
     """
     check_frozen(frozen)
     results = Path(results_dir).resolve()
     metric_values, withheld = prepare_metrics(metrics)
     secrets = manifest_secret_values(frozen)
     redacted: list[str] = []
-    tag_values = scrub(
-        clean_items(dict(tags or {}), "tags", MAX_TAG_VALUE_LENGTH), secrets, redacted
-    )
+    tag_values = clean_items(dict(tags or {}), "tags", MAX_TAG_VALUE_LENGTH)
+    if description is not None:
+        # A description longer than a tag holds is cut, not refused: it is a summary.
+        tag_values[DESCRIPTION] = truncate(description, MAX_TAG_VALUE_LENGTH)
+    tag_values = scrub(tag_values, secrets, redacted)
     if withheld:
         tag_values[METRICS_WITHHELD] = truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
     uri = tracking_uri(results)
     client = open_client(uri, results)
-    files, scratch = redacted_artifacts([Path(p) for p in artifacts or []], secrets, redacted)
+    folder = [Path(pack_dir)] if pack_dir is not None else []
+    files, scratch = redacted_artifacts(folder, secrets, redacted)
     if redacted:
         tag_values[REDACTED] = truncate(",".join(redacted), MAX_TAG_VALUE_LENGTH)
     with writing(uri, results, always=True):
@@ -296,6 +312,9 @@ def log_parent_results(
         for key, value in tag_values.items():
             retry(client.set_tag, run_id, key, value)
     for path in files:
-        retry(client.log_artifact, run_id, str(path), artifact_path="pack")
+        retry(client.log_artifacts, run_id, str(path), artifact_path=PACK_ARTIFACTS)
     del scratch  # the redacted copies (if any) are logged: remove them
+    with writing(uri, results):
+        # The parent ends with its finished pack (it starts when the manifest is frozen).
+        retry(client.set_terminated, run_id, "FINISHED", end_time=int(time.time() * 1000))
     return run_id

@@ -1,18 +1,24 @@
-"""MLflow tracking of a pack: one experiment per pack, one parent run per frozen manifest, one
-child run per Snakemake job.
+"""MLflow tracking of a pack: one experiment per pack name, one parent run per frozen manifest,
+one child run per measured point and per failure drill.
 
 This module holds the child runs and is the package's entry point: it re-exports what scripts,
 rules and the CLI use of the others (the store's location and names from :mod:`.store`, the
-parent run from :mod:`.parent`; :mod:`.scrub` decides what may reach MLflow).
+parent run from :mod:`.parent`; :mod:`.scrub` decides what may reach MLflow; what each job puts
+on its run is in :mod:`.records`).
 
 Runs:
 
-- experiment ``capacity-pack/<pack name>``;
+- experiment ``capacity-pack/<pack name>``: every pack of that name in one store lands in it,
+  so two engine versions or two configurations of one service compare side by side;
 - parent run ``<pack name> @ <sha[:12]>``, tagged ``capacity_pack.run_kind=parent`` and
   ``capacity_pack.manifest_sha256=<sha>``; it carries the pack settings as params (dotted keys)
-  and the frozen manifest as the artifact ``frozen_manifest.json`` (:mod:`.parent`);
+  and the frozen manifest as the artifact ``frozen_manifest.json`` (:mod:`.parent`), and once
+  the pack is written its decision (description and metrics) and every pack file;
 - child runs, tagged ``mlflow.parentRunId`` (what ``start_run(parent_run_id=...)`` sets),
-  ``capacity_pack.run_kind=child`` and the job's stage, job, point, cache state and repeat.
+  ``capacity_pack.run_kind=child`` and the job's stage, job, point, cache state and repeat; named
+  for people (``open-r30 · cold · rep0``, ``drill · replica_kill``); the engine and model that
+  define every run are params as well as tags (:func:`identity_params`), so the UI plots by
+  them. A run's start and end times are its measurement window where the record gives one.
   Params are settings, metrics numbers (units in their names), tags provenance, files artifacts.
 
 Both kinds carry the provenance tags listed in :mod:`.parent`. A child is logged in steps so a
@@ -130,10 +136,12 @@ __all__ = [
     "find_parent_run",
     "git_state",
     "holds_secret",
+    "identity_params",
     "is_server",
     "log_child_run",
     "log_parent_results",
     "log_stage",
+    "merge_records",
     "run_stage",
     "looks_secret",
     "redact_text",
@@ -186,15 +194,21 @@ def _child_tags(
     return scrub({**own_tags, **extra}, secrets, redacted)
 
 
-def _checked_artifacts(artifacts: list[Path] | None) -> list[Path]:
-    files = [Path(p) for p in artifacts or []]
-    missing = [str(p) for p in files if not p.exists()]
+Artifact = Path | tuple[Path, str]
+
+
+def _checked_artifacts(artifacts: list[Artifact] | None) -> list[tuple[Path, str | None]]:
+    """(file, artifact folder or None) pairs; a file may be named with the folder it goes to."""
+    pairs = [
+        (Path(a[0]), a[1]) if isinstance(a, tuple) else (Path(a), None) for a in artifacts or []
+    ]
+    missing = [str(p) for p, _ in pairs if not p.exists()]
     if missing:
         raise FileNotFoundError(f"artifacts do not exist: {', '.join(missing)}")
-    names = [p.name for p in files]
+    names = [f"{folder}/{p.name}" if folder else p.name for p, folder in pairs]
     if len(set(names)) != len(names):
         raise ValueError(f"artifacts would overwrite each other (same names): {names}")
-    return files
+    return pairs
 
 
 def _run_name(run_tags: Mapping[str, str]) -> str:
@@ -220,12 +234,31 @@ def _finished_twin(
     return same[0].info.run_id if same else None
 
 
-def _log_files(client: MlflowClient, run_id: str, files: list[Path]) -> None:
-    for path in files:
+def _log_files(client: MlflowClient, run_id: str, files: list[tuple[Path, str | None]]) -> None:
+    for path, folder in files:
         if path.is_dir():
-            retry(client.log_artifacts, run_id, str(path), artifact_path=path.name)
+            where = f"{folder}/{path.name}" if folder else path.name
+            retry(client.log_artifacts, run_id, str(path), artifact_path=where)
         else:
-            retry(client.log_artifact, run_id, str(path))
+            retry(client.log_artifact, run_id, str(path), artifact_path=folder)
+
+
+def identity_params(frozen: Mapping[str, Any]) -> dict[str, str]:
+    """What defines every run of a manifest besides its own point: the target's engine and
+    model, as params (the UI's scatter and parallel-coordinates views plot params, not tags)."""
+    manifest = frozen["manifest"]
+    model, engine = manifest["model"], manifest["engine"]
+    target = manifest.get("target") or {}
+    params = {
+        "target": target.get("kind"),
+        # A simulated engine's performance profile is what distinguishes two sim targets.
+        "target_profile": target.get("profile"),
+        "engine": engine["name"],
+        "engine_version": engine["version"],
+        "model": model["id"],
+        "model_revision": model["revision"],
+    }
+    return {k: str(v) for k, v in params.items() if v is not None}
 
 
 def log_child_run(
@@ -239,14 +272,20 @@ def log_child_run(
     params: Mapping[str, Any] | None = None,
     metrics: Mapping[str, Any] | None = None,
     tags: Mapping[str, Any] | None = None,
-    artifacts: list[Path] | None = None,
+    artifacts: list[Artifact] | None = None,
     results_dir: str | os.PathLike[str],
     fingerprint: str | None = None,
+    run_name: str | None = None,
+    start_time_ms: int | None = None,
+    end_time_ms: int | None = None,
 ) -> str:
     """Record one job as a child run of the manifest's parent run; return its run id.
 
-    ``params`` may nest (flattened to dotted keys). ``metrics`` values must be finite numbers or
-    ``None`` (withheld). ``artifacts`` are files or directories, logged under their own names.
+    ``params`` may nest (flattened to dotted keys); the manifest's :func:`identity_params` are
+    added. ``metrics`` values must be finite numbers or ``None`` (withheld). ``artifacts`` are
+    files or directories, logged under their own names, or ``(path, folder)`` pairs logged in
+    ``folder``. ``start_time_ms`` and ``end_time_ms`` (epoch milliseconds) are the run's start
+    and end as MLflow shows them: the measurement's window, not the moment it was logged.
     Everything is checked before the store is touched, so a bad call leaves no run behind.
     With a ``fingerprint`` (e.g. the sha256 of the job's output), logging is idempotent: when
     the parent already has a finished child for the same job and fingerprint, its id is returned
@@ -260,7 +299,11 @@ def log_child_run(
     redacted: list[str] = []
 
     metric_values, withheld = prepare_metrics(metrics or {})
-    flat_params = flatten(dict(params or {}))
+    if (start_time_ms is None) != (end_time_ms is None) or (
+        start_time_ms is not None and end_time_ms < start_time_ms
+    ):
+        raise ValueError(f"run window [{start_time_ms}, {end_time_ms}] ms is not a window")
+    flat_params = {**identity_params(frozen), **flatten(dict(params or {}))}
     param_values = scrub(
         clean_items(flat_params, "params", MAX_PARAM_VALUE_LENGTH), secrets, redacted
     )
@@ -278,10 +321,15 @@ def log_child_run(
     if withheld:
         run_tags[METRICS_WITHHELD] = truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
     # The copies live as long as ``scratch`` does: until this function returns or raises.
-    files, scratch = redacted_artifacts(_checked_artifacts(artifacts), secrets, redacted)
+    files: list[tuple[Path, str | None]] = []
+    scratch = []
+    for path, folder in _checked_artifacts(artifacts):
+        copies, holder = redacted_artifacts([path], secrets, redacted)
+        files += [(copy, folder) for copy in copies]
+        scratch.append(holder)
     if redacted:
         run_tags[REDACTED] = truncate(",".join(redacted), MAX_TAG_VALUE_LENGTH)
-    run_name = _run_name(run_tags)
+    run_name = scrub({"name": run_name or _run_name(run_tags)}, secrets, redacted)["name"]
 
     uri = tracking_uri(results)
     client = open_client(uri, results)
@@ -293,7 +341,9 @@ def log_child_run(
             twin = _finished_twin(client, exp_id, parent, run_tags)
             if twin is not None:
                 return twin
-        run_id = retry(client.create_run, exp_id, tags=run_tags, run_name=run_name).info.run_id
+        run_id = retry(
+            client.create_run, exp_id, start_time=start_time_ms, tags=run_tags, run_name=run_name
+        ).info.run_id
         try:
             log_batches(client, run_id, param_values, metric_values)
         except BaseException:
@@ -307,33 +357,74 @@ def log_child_run(
             _mark_failed(client, run_id)
         raise
     with writing(uri, results):
-        retry(client.set_terminated, run_id, "FINISHED")
+        retry(client.set_terminated, run_id, "FINISHED", end_time=end_time_ms)
     return run_id
+
+
+def merge_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's keyword arguments from the shares of the jobs that make it (same ``job``).
+
+    Params and tags are united; a key two shares set differently is an error, not a silent
+    pick. Metrics are united the same way. Each share's summary goes to its ``artifact_dir``.
+    The run's window is the one share that gives it; its fingerprint covers every share."""
+    import hashlib
+
+    first = records[0]
+    merged: dict[str, Any] = {
+        k: first[k] for k in ("stage", "job", "point", "cache_state", "repeat", "run_name")
+    }
+    merged = {k: v for k, v in merged.items() if v is not None}
+    for key in ("params", "metrics", "tags"):
+        united: dict[str, Any] = {}
+        for rec in records:
+            for name, value in flatten(dict(rec.get(key) or {})).items():
+                if name in united and united[name] != value:
+                    raise ValueError(
+                        f"{first['job']}: {key[:-1]} {name!r} is {united[name]!r} in one share "
+                        f"and {value!r} in another"
+                    )
+                united[name] = value
+        merged[key] = united
+    windows = {(r["start_time_ms"], r["end_time_ms"]) for r in records if "start_time_ms" in r}
+    if len(windows) > 1:
+        raise ValueError(f"{first['job']}: shares give different windows {sorted(windows)}")
+    if windows:
+        merged["start_time_ms"], merged["end_time_ms"] = windows.pop()
+    merged["artifacts"] = [a for r in records for a in r["artifacts"]]
+    digest = hashlib.sha256("|".join(sorted(r["fingerprint"] for r in records)).encode())
+    merged["fingerprint"] = digest.hexdigest()
+    return merged
 
 
 def log_stage(
     frozen: Mapping[str, Any],
-    record_of: Callable[[dict[str, Any]], dict[str, Any]],
+    record_of: Callable[[str, dict[str, Any]], dict[str, Any]],
     summary_paths: list[Path],
     *,
     results_dir: str | os.PathLike[str],
 ) -> dict[str, str]:
-    """One child run per job of a stage, from the jobs' JSON summaries; idempotent.
+    """One child run per tracked job, from the jobs' JSON summaries; idempotent.
 
-    ``record_of`` is the stage's ``tracking_record(summary)`` (the stage table,
-    :mod:`capacity_pack.stages`, names it): it maps a summary to the child run's keyword
-    arguments; the summary itself is the run's artifact.
+    ``record_of(path, summary)`` is the tracked stages' record function (the stage table,
+    :mod:`capacity_pack.stages`, names each; :mod:`.records` holds them): it maps a summary to
+    its run's keyword arguments. Summaries whose records name the same job are shares of one
+    run (a point's schedule, measurement and analysis), merged by :func:`merge_records`; each
+    summary is an artifact of its run, in its share's folder.
     """
     import json
 
-    runs: dict[str, str] = {}
+    by_job: dict[str, list[dict[str, Any]]] = {}
     for path in summary_paths:
-        record = record_of(json.loads(Path(path).read_text()))
+        record = dict(record_of(str(path), json.loads(Path(path).read_text())))
         # The summary's own bytes identify the job's result: re-tracking it logs nothing new.
         record.setdefault("fingerprint", file_sha256(path))
-        runs[record["job"]] = log_child_run(
-            frozen, artifacts=[Path(path)], results_dir=results_dir, **record
-        )
+        folder = record.pop("artifact_dir", None)
+        record["artifacts"] = [(Path(path), folder) if folder else Path(path)]
+        by_job.setdefault(record["job"], []).append(record)
+    runs: dict[str, str] = {}
+    for job, records in by_job.items():
+        record = merge_records(records) if len(records) > 1 else records[0]
+        runs[job] = log_child_run(frozen, results_dir=results_dir, **record)
     return runs
 
 

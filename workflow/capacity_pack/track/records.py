@@ -1,0 +1,240 @@
+"""What each tracked job puts on its MLflow run: the records the ``track`` stage logs.
+
+One run per measured point, named ``open-r30 · cold · rep0``: the point's schedule, measurement
+and analysis each give a share (:func:`schedule`, :func:`sweep`, :func:`analysis`) under the same
+job key, which :func:`capacity_pack.track.tracking.log_stage` merges into one run. Its params
+define the point (mode, offered rate or concurrency, experiment, cache state, repeat; the
+target's engine and model are added for every run by the tracker), so the MLflow UI's scatter
+and parallel-coordinates views plot goodput, attainment per class, P95 TTFT/TPOT and achieved
+rate against the offered load; its start and end times are the analysis's measurement window
+(first measured send to last measured end, wall clock). Each share's summary is an artifact in
+a folder of its own name. One run per failure drill (:func:`drill`), named ``drill · <name>``.
+
+These functions live here, not beside the code that writes the summaries: what MLflow shows is
+presentation, and a change to it must not change the code hash of a measurement (the hash is
+the import closure of the code a rule runs, :mod:`capacity_pack.codehash`).
+
+Params are settings, metrics numbers (units in their names), tags verdicts and provenance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capacity_pack.plan.schedule import Point
+
+
+def _share(
+    summary: dict[str, Any],
+    part: str,
+    *,
+    params: dict[str, Any],
+    metrics: dict[str, Any],
+    tags: dict[str, str],
+) -> dict[str, Any]:
+    """One job's share of its point's run: the point's identity and defining params plus the
+    job's own params, metrics and tags; its summary goes to the artifact folder ``part``."""
+    point = Point.parse(summary["point"], summary["cache_state"], int(summary["repeat"]))
+    defining = {
+        "mode": point.mode,
+        "offered_rps": point.rate_rps,
+        "concurrency": point.concurrency,
+        "experiment": point.experiment,
+        "cache_state": point.cache_state,
+        "repeat": point.repeat,
+    }
+    return {
+        "stage": "point",
+        "job": f"point/{point.key}",
+        "run_name": f"{point.point_id} · {point.cache_state} · rep{point.repeat}",
+        "point": point.point_id,
+        "cache_state": point.cache_state,
+        "repeat": point.repeat,
+        "artifact_dir": part,
+        "params": {k: v for k, v in {**defining, **params}.items() if v is not None},
+        "metrics": metrics,
+        "tags": tags,
+    }
+
+
+def schedule(summary: dict[str, Any]) -> dict[str, Any]:
+    """A schedule's share of its point's run: seeds, arrival process, sizes."""
+    metrics = {
+        "scheduled_requests": summary["requests"],
+        "measured_requests": summary["phase_counts"]["measure"],
+        "warmup_requests": summary["phase_counts"]["warmup"],
+        "schedule_duration_s": summary["duration_s"],
+        "realised_rps": summary.get("realised_rps"),
+        "gap_cv": summary.get("gap_cv"),
+    }
+    params = {
+        "arrival_pattern": summary["arrival_pattern"],
+        "arrival_cv": summary.get("arrival_cv"),
+        "seed_entropy": summary["seed_entropy"],
+        "class_counts": summary["class_counts"]["measure"],
+    }
+    return _share(
+        summary,
+        "schedule",
+        params=params,
+        metrics=metrics,
+        tags={"capacity_pack.schedule_sha256": summary["schedule_sha256"]},
+    )
+
+
+def sweep(summary: dict[str, Any]) -> dict[str, Any]:
+    """A measurement's share of its point's run: the client's health, cache state, statuses."""
+    late, lag = summary["dispatch_lateness_ms"], summary["event_loop_lag_ms"]
+    metrics = {
+        "requests_recorded": summary["requests_recorded"],
+        "failed_requests": summary["failed"],
+        "streamed_tokens": summary["streamed_tokens"],
+        "wall_s": summary["wall_s"],
+        "client_cpu_s": summary["client_cpu_s"],
+        "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
+        "dispatch_lateness_p50_ms": late["p50"],
+        "dispatch_lateness_p99_ms": late["p99"],
+        "event_loop_lag_p99_ms": lag["p99"],
+        "client_bound": float(summary["client_bound"]),
+        "server_prefix_hit_rate": summary.get("server_prefix_hit_rate"),
+        "client_cached_token_fraction": summary.get("client_cached_token_fraction"),
+        "prefix_cache_evictions": summary.get("prefix_cache_evictions"),
+        "extension_blocks": summary["extension_blocks"],
+        "prewarm_requests": summary["prewarm_requests"],
+        "stopped_early": float(bool(summary.get("stopped_early"))),
+        "unsent_requests": summary.get("unsent_requests", 0),
+    }
+    metrics.update({f"status_{k}_requests": v for k, v in summary.get("status_counts", {}).items()})
+    params = {
+        "cache_preparation": summary.get("cache_preparation"),
+        "lateness_bound_ms": summary["lateness_bound_ms"],
+    }
+    tags = {"capacity_pack.client_bound": str(summary["client_bound"]).lower()}
+    if summary.get("sequential"):
+        tags["capacity_pack.sequential_decision"] = summary["sequential"]["decision"]
+    shards = summary.get("shards")
+    params["client_shards"] = shards["count"] if shards else 1
+    if shards:
+        for p in shards["per_shard"]:
+            metrics[f"shard{p['shard']}_dispatch_lateness_p99_ms"] = p["dispatch_lateness_ms"][
+                "p99"
+            ]
+            metrics[f"shard{p['shard']}_client_cpu_s"] = p["client_cpu_s"]
+        check = shards["clock_check"]
+        drift = [abs(d["drift_ms"]) for d in check["drift"]]
+        spread = [s["spread_ms"] for s in check["same_host_skew"]]
+        metrics["shard_clock_drift_max_ms"] = max(drift) if drift else None
+        metrics["shard_clock_skew_max_ms"] = max(spread) if spread else None
+        valid = summary.get("shard_clock_valid")
+        tags["capacity_pack.shard_clock_valid"] = (
+            "unverified" if valid is None else str(valid).lower()
+        )
+    if "cache_empty_verified" in summary:
+        tags["capacity_pack.cache_empty_verified"] = str(summary["cache_empty_verified"]).lower()
+    return _share(summary, "sweep", params=params, metrics=metrics, tags=tags)
+
+
+def analysis(summary: dict[str, Any]) -> dict[str, Any]:
+    """An analysis's share of its point's run: goodput, attainment and latency per class, the
+    verdict; its measurement window is the run's start and end time."""
+    metrics: dict[str, Any] = {
+        "attempted_requests": summary["attempted"],
+        "successful_requests": summary["successful"],
+        "error_rate": summary["error_rate"],
+        "observed_goodput_rps": summary["observed_goodput_rps"],
+        "request_throughput_rps": summary["request_throughput_rps"],
+        "output_throughput_tps": summary["output_throughput_tps"],
+        "measured_window_s": summary["measured_window_s"],
+        "offered_rate_achieved_rps": summary.get("offered_rate_rps"),
+        "verdict_pass": float(summary["verdict_pass"]),
+        "point_estimate_gates_pass": float(summary["point_estimate_gates_pass"]),
+        "queue_trend_flat": float(summary["queue_trend"] == "flat"),
+        "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
+        "little_relative_gap": summary["littles_law"].get("relative_gap"),
+        "client_scheduling_delay_p99_ms": summary["client_scheduling_delay_ms"]["p99"],
+    }
+    for name, c in summary["classes"].items():
+        metrics[f"{name}.attainment"] = c["attainment"]
+        metrics[f"{name}.all_attempt_attainment"] = c["all_attempt_attainment"]
+        if c["attainment_ci"]:
+            metrics[f"{name}.attainment_ci_low"] = c["attainment_ci"][0]
+            metrics[f"{name}.attainment_ci_high"] = c["attainment_ci"][1]
+        metrics[f"{name}.successful_requests"] = c["successful_count"]
+        for key in (
+            "p50_ttft_ms",
+            "p95_ttft_ms",
+            "p99_ttft_ms",
+            "p50_tpot_ms",
+            "p95_tpot_ms",
+            "p99_tpot_ms",
+            "p95_e2e_ms",
+        ):
+            metrics[f"{name}.{key}"] = c[key]
+        metrics[f"{name}.itl_p99_ms"] = c["itl_ms"]["p99"]
+    record = _share(
+        summary,
+        "analysis",
+        params={"percentile_method": summary["percentile_method"]},
+        metrics=metrics,
+        tags={
+            "capacity_pack.verdict": summary["verdict"],
+            "capacity_pack.queue_trend": summary["queue_trend"],
+        },
+    )
+    if summary.get("window_start_unix_ns") and summary.get("window_end_unix_ns"):
+        record["start_time_ms"] = int(summary["window_start_unix_ns"]) // 1_000_000
+        record["end_time_ms"] = -(-int(summary["window_end_unix_ns"]) // 1_000_000)
+    return record
+
+
+def drill(report: dict[str, Any]) -> dict[str, Any]:
+    """One failure drill's run (keyword arguments of ``log_child_run``)."""
+    inj = report.get("injection_time_s")
+
+    def after(t: float | None) -> float | None:
+        return None if t is None or inj is None else t - inj
+
+    metrics: dict[str, Any] = {}
+    params: dict[str, Any] = {"kind": report["kind"], "mechanism": report["mechanism"]}
+    tags = {"capacity_pack.drill": report["drill"]}
+    if report.get("skipped"):
+        tags["capacity_pack.skipped"] = "true"
+    else:
+        before = report["phases"]["before"]
+        during = report["phases"]["during"]
+        params.update(
+            rate_rps=report["rate_rps"],
+            replicas=report["replicas"],
+            admission_max_outstanding=report["admission_max_outstanding"],
+        )
+        metrics = {
+            "detection_after_injection_s": after(report["detection_time_s"]),
+            "router_removal_after_injection_s": after(report["router_removal_time_s"]),
+            "recovery_after_injection_s": after(report["recovery_time_s"]),
+            "requests_rejected": report["requests_rejected"],
+            "requests_lost": report["requests_lost"],
+            "requests_retried": report["requests_retried"],
+            "attainment_before": before["attainment"],
+            "attainment_during": during["attainment"],
+            "all_attempt_attainment_during": during.get("all_attempt_attainment"),
+            "error_rate_during": during["error_rate"],
+            "queue_peak_waiting": report["queue"].get("peak_server_waiting"),
+            "alerts_fired": len(report["alerts_fired"]),
+            "expected_alert_fired": float(report["expected_alert_fired"]),
+        }
+        tags["capacity_pack.alerts_fired"] = ",".join(report["alerts_fired"]) or "none"
+        tags["capacity_pack.drill_scope"] = report.get("scope", "capacity_point")
+        tags["capacity_pack.execution"] = report.get("execution", "live")
+        if report.get("n_plus_one"):
+            n = report["n_plus_one"]
+            tags["capacity_pack.n_plus_one"] = n["verdict"]
+            metrics["n_plus_one_pass"] = float(n["verdict"] == "PASS")
+    return {
+        "stage": "failure",
+        "job": f"failure/{report['drill']}",
+        "point": f"drill-{report['drill']}",
+        "run_name": f"drill · {report['drill']}",
+        "params": {k: v for k, v in params.items() if v is not None},
+        "metrics": metrics,
+        "tags": tags,
+    }
