@@ -280,10 +280,8 @@ def snakemake(workdir: Path, uri: str, *args: str) -> subprocess.CompletedProces
 
 def targets() -> list[str]:
     out = f"results/{PACK}"
-    # Each tracked stage's child runs, and the decision that report puts on the parent run.
-    return [f"{out}/tracking/{s}.json" for s in ("schedule", "sweep", "analysis")] + [
-        f"{out}/pack/README.md"
-    ]
+    # The points' runs, and the finished pack that publish puts on the parent run.
+    return [f"{out}/tracking/point.json", f"{out}/tracking/parent.json"]
 
 
 @pytest.fixture(scope="module")
@@ -333,26 +331,24 @@ def test_parent_run_per_manifest_on_the_server(ran: Path, client) -> None:
     assert parent.info.run_name == f"{PACK} @ {frozen['sha256'][:12]}"
     assert parent.data.params["pack.name"] == PACK
     assert parent.data.params["sweep.open_loop_rps"] == "[10.0]"
-    # report put the decision on it: metrics, and the pack files under pack/.
+    # publish put the decision on it: metrics, description, and the pack files under pack/.
     assert parent.data.metrics, "the decision's metrics are missing"
     assert "capacity_pack.decision" in parent.data.tags
+    assert "decision, warm: " in parent.data.tags["mlflow.note.content"]
     pack_files = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "pack")}
-    assert "README.md" in pack_files
+    assert {"README.md", "index.html", "autopsy.md"} <= pack_files
     assert tracking.find_parent_run(frozen, results_dir=ran / "results") == parent.info.run_id
 
 
 @server_test
-def test_child_run_per_tracked_job(ran: Path, client) -> None:
+def test_one_run_per_point(ran: Path, client) -> None:
     frozen = frozen_of(ran)
     parent = tracking.find_parent_run(frozen, results_dir=ran / "results")
     children = tracking.child_runs(frozen, results_dir=ran / "results")
-    # Two points (open-r10, closed-c1), warm, one repeat: one job each in three stages.
-    assert sorted(
-        (c.data.tags[tracking.STAGE], c.data.tags["capacity_pack.point"]) for c in children
-    ) == [
-        (stage, point)
-        for stage in ("analysis", "schedule", "sweep")
-        for point in ("closed-c1", "open-r10")
+    # Two points (open-r10, closed-c1), warm, one repeat: one run each, named for people.
+    assert sorted(c.info.run_name for c in children) == [
+        "closed-c1 · warm · rep0",
+        "open-r10 · warm · rep0",
     ]
     for child in children:
         tags = child.data.tags
@@ -360,16 +356,84 @@ def test_child_run_per_tracked_job(ran: Path, client) -> None:
         assert tags[tracking.PARENT_RUN_ID] == parent
         assert tags[tracking.RUN_KIND] == "child"
         assert tags[tracking.MANIFEST_SHA] == frozen["sha256"]
+        assert tags[tracking.STAGE] == "point"
         assert tags["capacity_pack.cache_state"] == "warm"
-        assert tags["capacity_pack.section.client"] == frozen["section_sha256"]["client"]
-        assert child.data.params, f"{child.info.run_name} has no params"
-        assert child.data.metrics, f"{child.info.run_name} has no metrics"
-        # Each job's summary went up through the server and lies under its artifact root.
+        assert json.loads(tags["capacity_pack.section_sha256"]) == frozen["section_sha256"]
+        assert child.data.params["cache_state"] == "warm"
+        assert child.data.metrics["requests_recorded"] > 0
+        assert "observed_goodput_rps" in child.data.metrics
+        # Each share's summary went up through the server and lies under its artifact root.
         assert child.info.artifact_uri.startswith("mlflow-artifacts:")
-        names = [a.path for a in client.list_artifacts(child.info.run_id)]
-        assert len(names) == 1, names
-    sweep = [c for c in children if c.data.tags[tracking.STAGE] == "sweep"]
-    assert all(c.data.metrics["requests_recorded"] > 0 for c in sweep)
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert names == {"schedule", "sweep", "analysis"}
+
+
+@server_test
+def test_the_mlflow_ui_shows_the_named_points_with_their_params(
+    ran: Path, server: Server, client
+) -> None:
+    """What a person sees in the MLflow UI, in headless Chromium: the experiment's runs table
+    with the parent expanded onto its points (named, lasting their measurement windows), and
+    the compare view with the params that define each point and its results."""
+    import urllib.parse
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import chromium
+
+    exp = client.get_experiment_by_name(tracking.experiment_name(PACK))
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    frozen = frozen_of(ran)
+    points = tracking.child_runs(frozen, results_dir=ran / "results")
+    parent = client.get_run(tracking.find_parent_run(frozen, results_dir=ran / "results"))
+    base = f"{server.uri}/#/experiments/{exp.experiment_id}"
+
+    def body_shows(browser, *texts: str) -> bool:
+        body = browser.find_element(By.TAG_NAME, "body").text
+        return all(t in body for t in texts)
+
+    with chromium(1600, 1000) as browser:
+        wait = WebDriverWait(browser, 90, poll_frequency=0.25)
+        browser.get(f"{base}/runs?workflowType=machine_learning")
+
+        def parent_row(b):
+            rows = b.find_elements(By.CSS_SELECTOR, "[role=row]")
+            return next((r for r in rows if parent.info.run_name in r.text), False)
+
+        row = wait.until(parent_row)
+        # The parent folds its points: its expander opens them, each under its own name.
+        row.find_element(By.CSS_SELECTOR, "button").click()
+        names = [p.info.run_name for p in points]
+        wait.until(lambda b: body_shows(b, *names))
+        rows = browser.find_elements(By.CSS_SELECTOR, "[role=row]")
+        for point in points:
+            window_s = (point.info.end_time - point.info.start_time) / 1000
+            assert window_s > 0.5, "the run lasts its measurement window, not its logging"
+            assert any(point.info.run_name in r.text for r in rows)
+
+        ids = json.dumps([p.info.run_id for p in points])
+        query = urllib.parse.urlencode(
+            {"runs": ids, "experiments": json.dumps([exp.experiment_id])}
+        )
+        browser.get(f"{server.uri}/#/compare-runs?{query}")
+        wait.until(lambda b: body_shows(b, "Parameters", "offered_rps", *names))
+        lines = browser.find_element(By.TAG_NAME, "body").text.splitlines()
+
+        def row_of(key: str) -> list[str]:
+            line = next(x for x in lines if x.split(" ")[0] == key)
+            return line.split(" ")[1:]
+
+        by_name = {p.info.run_name: p for p in points}
+        # The columns, in the order the header lists the runs' names.
+        order = [x for x in lines if x in by_name]
+        assert sorted(order) == sorted(names)
+        assert row_of("mode") == [by_name[n].data.params["mode"] for n in order]
+        assert row_of("cache_state") == ["warm"] * len(order)
+        assert row_of("offered_rps") == ["10.0"]  # the closed-loop point has none
+        assert row_of("engine") == [frozen["manifest"]["engine"]["name"]] * len(order)
+        # The results on the same runs (the table lists the first metrics; it scrolls on).
+        wait.until(lambda b: body_shows(b, "Metrics", "attempted_requests"))
 
 
 @server_test
@@ -400,7 +464,7 @@ def test_runs_live_in_postgresql_and_nowhere_local(ran: Path, client, postgres: 
         tracking.experiment_name(PACK),
     )
     assert {row[0] for row in rows} == {r.info.run_id for r in runs}
-    assert len(rows) == 1 + 6
+    assert len(rows) == 1 + 2
     (tagged,) = postgres.query(
         "SELECT count(*) FROM tags WHERE key = %s AND value = %s",
         tracking.MANIFEST_SHA,
@@ -454,7 +518,9 @@ def test_secrets_stay_out_of_the_server(
     )
     client = MlflowClient(tracking_uri=server.uri)
     run = client.get_run(run_id)
-    assert run.data.params == {"input_tokens": "5"}
+    identity = tracking.identity_params(frozen)
+    del identity["model_revision"]  # the "secret" below: scrubbed like any other value
+    assert run.data.params == {"input_tokens": "5", **identity}
     assert {"api_key", "header", "store_auth", "artifact:note.txt"} <= set(
         run.data.tags[tracking.REDACTED].split(",")
     )

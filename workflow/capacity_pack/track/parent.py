@@ -70,6 +70,9 @@ if TYPE_CHECKING:
 
 MANIFEST_ARTIFACT = "frozen_manifest.json"
 SECTIONS = TAG + "section_sha256"
+#: The MLflow UI files an experiment of measured runs under "Model training" (runs, params and
+#: metrics), not under "GenAI" (traces), by this tag.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 #: Where the parent keeps the pack's files.
 PACK_ARTIFACTS = "pack"
 #: MLflow's run description: the UI shows this tag's Markdown on the run's page.
@@ -166,7 +169,7 @@ def _experiment_id(client: MlflowClient, name: str, location: str | None) -> str
                 client.create_experiment,
                 name,
                 artifact_location=location,
-                tags={TAG + "pack": name.removeprefix(EXPERIMENT_PREFIX)},
+                tags={TAG + "pack": name.removeprefix(EXPERIMENT_PREFIX), **EXPERIMENT_KIND},
             )
         except MlflowException:
             # Created meanwhile by a process that does not share our lock (a server store).
