@@ -86,6 +86,7 @@ include: "rules/failure.smk"
 include: "rules/track.smk"
 include: "rules/autopsy.smk"
 include: "rules/html.smk"
+include: "rules/progress.smk"
 
 
 rule all:
@@ -96,6 +97,12 @@ rule all:
         # After the autopsy (it reads the autopsy): not in all_targets(), which the autopsy waits on.
         stage_output("html", "index"),
         stage_output("publish", "published"),
+
+
+# The whole pack's progress: the measurement points planned and the load ahead, then a line as
+# each measurement finishes (rules/progress.smk).
+onstart:
+    start_pack_progress()
 
 
 # The run ends on its answer: the decision, the plan, the failure verdict and the pack's path

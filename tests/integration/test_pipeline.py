@@ -77,6 +77,16 @@ def test_the_console_reports_every_point_and_ends_on_the_answer(ran):
         line = next(x for x in console.splitlines() if x.startswith(f"{key}: load ended: "))
         assert f"finished {measured}, failed 0" in line, line  # warm-up requests not counted
         assert "lateness p99" in line and "ok " in line
+    # The whole pack: one plan line before any point (3 levels x cold/warm, none measured
+    # before), then one line per measured point counting up to all of them.
+    lines = console.splitlines()
+    plans = [i for i, x in enumerate(lines) if x.startswith("pack plan: ")]
+    assert len(plans) == 1, plans
+    assert lines[plans[0]].startswith("pack plan: 6 measurement points, about "), lines[plans[0]]
+    assert plans[0] < min(i for i, x in enumerate(lines) if ": load ended: " in x)
+    counts = [re.match(r"pack: (\d+) of 6 points measured", x) for x in lines]
+    assert [int(m.group(1)) for m in counts if m] == [1, 2, 3, 4, 5, 6]
+    assert "pack: 6 of 6 points measured" in lines
     assert "HTTP Request:" not in console
     for log in results.glob("logs/sweep/*/*/*.log"):
         assert "HTTP Request:" not in log.read_text(), log

@@ -109,6 +109,7 @@ def test_a_measurement_never_hashes_presentation_modules():
         "decide.report",
         "decide.html",
         "decide.console",
+        "decide.progress",
         "track.tracking",
         "drills.dashboard",
         "drills.alerts",
