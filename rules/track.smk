@@ -6,6 +6,9 @@ rule track:
         summaries=lambda w: tracked_targets(w.stage),
     output:
         **stage_outputs("track"),
+    wildcard_constraints:
+        # Only the tracked jobs' names: tracking/parent.json is publish's.
+        stage="|".join(TRACKED_STAGES),
     params:
         stage=lambda w: w.stage,
         results_root=results_root,

@@ -191,6 +191,94 @@ def test_the_pack_holds_its_autopsy(ran):
     assert len(doc["requests"]["points"]) == 6
 
 
+VERDICT_WORDS = ("pass", "marginal", "fail", "inconsistent", "inconclusive")
+
+
+def _pack(workdir):
+    return workdir / "results" / "pipeline-test" / "pack"
+
+
+def test_the_pack_page_in_a_browser(ran):
+    """The pack page, ``pack/index.html``, as a person sees it, opened from ``file://`` in
+    headless Chromium (``tests/browser.py``): the decision visible at the top, above every plot;
+    every plot really decoded; a point's drill-down opening onto its per-class numbers; nothing
+    fetched; every verdict word defined."""
+    from tests.browser import chromium
+
+    pack = _pack(ran)
+    pngs = sorted(p.name for p in pack.glob("*.png"))
+    assert {"throughput.png", "attainment.png", "failure-timeline-replica_kill.png"} <= set(pngs)
+    with chromium() as browser:
+        browser.get((pack / "index.html").as_uri())
+        run = browser.execute_script
+        # The decision, first: displayed within the first screen, above every plot.
+        decision = browser.find_element("id", "decision-sentence")
+        assert decision.is_displayed()
+        assert "SLO-compliant capacity" in decision.text, decision.text
+        top = run("return arguments[0].getBoundingClientRect().top + window.scrollY", decision)
+        bottom = run(
+            "return arguments[0].getBoundingClientRect().bottom + window.scrollY", decision
+        )
+        assert 0 <= top < run("return window.innerHeight")
+        # Every plot: displayed, decoded (a broken image has naturalWidth 0), below the decision.
+        images = browser.find_elements("tag name", "img")
+        assert len(images) == len(pngs)
+        for img in images:
+            assert img.is_displayed()
+            decoded = run("return arguments[0].complete && arguments[0].naturalWidth", img)
+            assert decoded and decoded > 0, img.get_attribute("alt")[:80]
+            y = run("return arguments[0].getBoundingClientRect().top + window.scrollY", img)
+            assert y > bottom
+        # Nothing fetched: no resource at all (the plots are data URIs), no link off the page.
+        fetched = run(
+            "return performance.getEntriesByType('resource').map(e => e.name)"
+            ".filter(n => !n.startsWith('data:'))"
+        )
+        assert fetched == []
+        remote = run(
+            "return Array.from(document.querySelectorAll('[src],[href]'))"
+            ".map(e => e.getAttribute('src') || e.getAttribute('href'))"
+            ".filter(u => /^(https?:)?\\/\\//i.test(u))"
+        )
+        assert remote == []
+        # A point's drill-down: folded, then open onto its per-class numbers.
+        point = browser.find_element("css selector", "details.point")
+        row = point.find_element("css selector", "tr.class-row")
+        assert not row.is_displayed()
+        point.find_element("tag name", "summary").click()
+        assert point.get_attribute("open") is not None and row.is_displayed()
+        cells = [td.text for td in row.find_elements("tag name", "td")]
+        assert cells[0] in {"interactive", "long_context", "generation_heavy"}
+        assert re.fullmatch(r"\d+", cells[1]) and re.fullmatch(r"[\d.,]+", cells[6]), cells
+        # Every verdict word is defined, on the page as displayed.
+        definitions = browser.find_element("id", "definitions")
+        words = {w.text for w in definitions.find_elements("css selector", "strong")}
+        assert set(VERDICT_WORDS) <= words, words
+        # Every metric link lands on its definition.
+        targets = run(
+            "return Array.from(document.querySelectorAll('a[href^=\"#def-\"]'))"
+            ".map(a => a.getAttribute('href').slice(1))"
+            ".filter(id => !document.getElementById(id))"
+        )
+        assert targets == []
+
+
+def test_snakemake_report_carries_the_page_as_html(ran):
+    """`snakemake --report` carries the page as an HTML entry, and no Markdown entry."""
+    import zipfile
+
+    out = ran / "report.zip"
+    snakemake(ran, "--report", str(out))
+    page = (_pack(ran) / "index.html").read_bytes()
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+        carried = [n for n in names if n.endswith("/index.html")]
+        assert len(carried) == 1 and z.read(carried[0]) == page
+        registry = z.read(next(n for n in names if n.endswith("report.html"))).decode()
+    mimes = re.findall(r'"mime_type": "([^"]+)"', registry)
+    assert "text/html" in mimes and not [m for m in mimes if m.startswith("text/markdown")]
+
+
 def test_changed_alert_threshold_reanalyzes_drills_without_running_them(ran):
     jobs = replan(
         ran, lambda d: d["failure"].__setitem__("alert_thresholds", {"health_rtt_max_s": 0.2})

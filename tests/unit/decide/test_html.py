@@ -1,7 +1,7 @@
 """The pack page (``pack/index.html``) from a pack folder's files: decision first, every plot
 embedded, nothing fetched, one folded drill-down per point with its per-class numbers, every
 verdict word and every linked metric defined, the pack's texts escaped. The browser check of the
-page a real pipeline writes is ``tests/integration/test_report_page.py``."""
+page a real pipeline writes is in ``tests/integration/test_pipeline.py``."""
 
 from __future__ import annotations
 

@@ -274,3 +274,18 @@ def test_the_closed_loop_plot_shows_ttft_and_tpot_against_their_cutoffs(tmp_path
     assert "How far can concurrency go within the SLOs? (closed loop)" in words
     assert {"TTFT", "TPOT", "SLO cutoff"} <= set(words)
     assert "worst class P95 TPOT / its cutoff" in words and "c=32" in words
+
+
+def test_the_latency_plot_of_a_one_class_pack(tmp_path):
+    """One class: a TTFT panel over a TPOT panel (a 2 x 1 grid), each against its cutoff."""
+    from PIL import Image
+
+    from capacity_pack.decide.report import plot_latency
+
+    reports = [report(rate, 0, "pass") for rate in (10, 20)]
+    for r in reports:
+        r["classes"] = {"chat": dict(r["classes"][CLASSES[0]])}
+    path = tmp_path / "latency.png"
+    plot_latency(reports, ["chat"], {"chat": (500.0, 50.0)}, path)
+    words = Image.open(path).text["Description"].splitlines()
+    assert {"chat: P95 TTFT (ms)", "chat: P95 TPOT (ms)"} <= set(words)

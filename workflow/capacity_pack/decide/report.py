@@ -173,8 +173,10 @@ def plot_latency(
     path: Path,
 ) -> None:  # fmt: skip
     plt = pyplot()
-    fig, axes = plt.subplots(2, len(classes), figsize=(4.2 * len(classes), 6.5), sharex=True)
-    axes = np.atleast_2d(axes)
+    # squeeze=False: one class gives a 2 x 1 grid, which atleast_2d would turn into 1 x 2.
+    fig, axes = plt.subplots(
+        2, len(classes), figsize=(4.2 * len(classes), 6.5), sharex=True, squeeze=False
+    )
     for j, c in enumerate(classes):
         for i, (metric, cutoff) in enumerate((("p95_ttft_ms", cutoffs[c][0]),
                                               ("p95_tpot_ms", cutoffs[c][1]))):  # fmt: skip

@@ -301,5 +301,3 @@ def _plan_section(r: dict[str, Any]) -> list[str]:
     if n["why_fail"]:
         lines += ["Why it fails: " + "; ".join(n["why_fail"]) + ".", ""]
     return lines
-
-

@@ -342,5 +342,3 @@ def measurement_error(records_path: str | Path, ground_truth_path: str | Path) -
                              "p99": float(np.percentile(err_e2e, 99)),
                              "max": float(err_e2e.max())},
     }  # fmt: skip
-
-

@@ -70,7 +70,9 @@ def schedule(summary: dict[str, Any]) -> dict[str, Any]:
     params = {
         "arrival_pattern": summary["arrival_pattern"],
         "arrival_cv": summary.get("arrival_cv"),
-        "seed_entropy": summary["seed_entropy"],
+        # Words, not a JSON list: the UI parses a list's 64-bit integers as doubles and shows
+        # them rounded.
+        "seed_entropy": " ".join(str(x) for x in summary["seed_entropy"]),
         "class_counts": summary["class_counts"]["measure"],
     }
     return _share(
