@@ -176,7 +176,7 @@ def test_a_tracking_password_reaches_no_file_and_no_console(tmp_path, sqlite_ser
                                   "cache_states": ["warm"]})  # fmt: skip
     data.pop("failure")
     write_pack(tmp_path, data)
-    target = f"results/{TRACK_PACK}/tracking/schedule.json"
+    target = f"results/{TRACK_PACK}/tracking/point.json"
     env = quiet_mlflow_env()
     env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # the failing run fails at once
     # First a tracking server that is not there: freeze, which opens the parent run, fails
@@ -197,7 +197,7 @@ def test_a_tracking_password_reaches_no_file_and_no_console(tmp_path, sqlite_ser
     assert password not in ran.stdout + ran.stderr
     # Each log is its good run's alone: the failure's traceback went with the rerun.
     assert "Traceback" not in (logs / "freeze.log").read_text()
-    assert (logs / "track" / "schedule.log").is_file()
+    assert (logs / "track" / "point.log").is_file()
     assert leaks(tmp_path, password) == []
 
 
