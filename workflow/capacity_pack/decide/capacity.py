@@ -665,7 +665,9 @@ def tail_fit(
     rate = plan["throughput"]["peak_rps"] / load_replicas
     if sent.durations_s is None and not p95_e2e_s:
         out["fit_probe_at_planned_concurrency"] = {
-            "verdict": None, "reason": "no time in system measured at the capacity point"}
+            "verdict": None,
+            "reason": "no time in system measured at the capacity point",
+        }
         return out
     held = sizing.kv_at_concurrency(
         rate, sent.contexts, mem["kv_bytes_per_token"], durations_s=sent.durations_s,
@@ -728,8 +730,11 @@ def tail_fit_sentences(plan: dict[str, Any]) -> list[str]:
             f"{conc['in_flight_p95']} as a Poisson count), holding {g(conc['kv_mean_gb'])} GB "
             f"of KV on average and **{g(conc['kv_gb'])} GB at P95** (the sum over a Poisson "
             "count of contexts drawn "
-            + ("in proportion to their time in system" if conc["duration_weighted"]
-               else "uniformly")
+            + (
+                "in proportion to their time in system"
+                if conc["duration_weighted"]
+                else "uniformly"
+            )
             + f", {conc['resamples']} resamples, seed {conc['seed']}); weights + that KV + "
             f"overhead: {fit(conc)}.",
             "",

@@ -296,7 +296,9 @@ class ConcurrencyKV(_Model):
     mean_time_in_system_s: float = Field(description="E[S]: mean send-to-last-event time.")
     in_flight_mean: float = Field(description="L = lambda_r x E[S] (Little's law).")
     in_flight_p95: int = Field(description="P95 of the Poisson(L) number in flight.")
-    kv_mean_gb: float = Field(description="lambda_r x E[S x C] x KV bytes per token (H = lambda G).")
+    kv_mean_gb: float = Field(
+        description="lambda_r x E[S x C] x KV bytes per token (H = lambda G)."
+    )
     kv_gb: float = Field(description="P95 of the KV held: the compound sum's resampled P95.")
     quantile: float
     resamples: int
