@@ -736,7 +736,14 @@ def tail_fit_sentences(plan: dict[str, Any]) -> list[str]:
                 else "uniformly"
             )
             + f", {conc['resamples']} resamples, seed {conc['seed']}); weights + that KV + "
-            f"overhead: {fit(conc)}.",
+            f"overhead: {fit(conc)}."
+            + (
+                " The requests in flight at the planned load would not fit on a replica: the "
+                "plan needs more replicas, or more memory per replica, than its replica count "
+                "says."
+                if conc["verdict"] == "does-not-fit"
+                else ""
+            ),
             "",
         ]
     elif conc:
