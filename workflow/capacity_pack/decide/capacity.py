@@ -671,8 +671,8 @@ def tail_fit(
         return out
     held = sizing.kv_at_concurrency(
         rate, sent.contexts, mem["kv_bytes_per_token"], durations_s=sent.durations_s,
-        # Without per-request times, the largest class P95 E2E stands in for E[S] (an upper
-        # bound of the mean), so the in-flight count is not understated.
+        # Without per-request times, the largest class P95 E2E stands in for E[S]: a P95 lies
+        # above the mean unless the top 5 % dominate it, so the in-flight count errs high.
         mean_time_in_system_s=None if sent.durations_s is not None else p95_e2e_s,
     )  # fmt: skip
     out["fit_probe_at_planned_concurrency"] = {
