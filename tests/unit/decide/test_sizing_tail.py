@@ -24,14 +24,16 @@ CLASSES = {
 
 
 def tail_pack_data(name: str = "tail") -> dict:
+    """The small default pack with its workload replaced by ``CLASSES`` (each class keeps the
+    first default class's other fields: cutoffs, and whatever else a class carries)."""
     data = small_pack_data(name, requests=40, min_samples=5)
-    for c in data["workload"]:
-        mix, (p50, p95, top), out = CLASSES[c["name"]]
-        c.update(
-            mix=mix,
-            output_tokens=out,
-            input_tokens={"distribution": "lognormal", "p50": p50, "p95": p95, "max": top},
-        )
+    template = {k: v for k, v in data["workload"][0].items() if k not in {"name", "mix"}}
+    data["workload"] = []
+    for cls, (mix, (p50, p95, top), out) in CLASSES.items():
+        data["workload"].append({
+            **template, "name": cls, "mix": mix, "output_tokens": out,
+            "input_tokens": {"distribution": "lognormal", "p50": p50, "p95": p95, "max": top},
+        })  # fmt: skip
     return data
 
 
