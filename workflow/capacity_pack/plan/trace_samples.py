@@ -93,8 +93,10 @@ def azure_frame(
     stamps = pd.Timestamp(AZURE_START) + pd.to_timedelta(np.rint(offsets * 1e7) * 100, unit="ns")
     return pd.DataFrame(
         {
-            # pandas prints 9 fractional digits; the release writes 7 (100 ns ticks).
-            "TIMESTAMP": [s.strftime("%Y-%m-%d %H:%M:%S.%f") + f"{s.nanosecond // 100}" for s in stamps],
+            # Microseconds then the 100 ns digit: the release's seven fractional digits.
+            "TIMESTAMP": [
+                f"{s.strftime('%Y-%m-%d %H:%M:%S.%f')}{s.nanosecond // 100}" for s in stamps
+            ],
             "ContextTokens": _lognormal(rng, rows, 900, 3500, 6000),
             "GeneratedTokens": _lognormal(rng, rows, 80, 300, 600),
         }
@@ -112,7 +114,8 @@ def write_sample(
     with atomic_path(path) as tmp:
         if fmt == "mooncake":
             lines = mooncake_rows(rng, rows, seconds, burstiness=burstiness)
-            Path(tmp).write_text("".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in lines))
+            text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in lines)
+            Path(tmp).write_text(text)
         elif fmt == "azure":
             azure_frame(rng, rows, seconds, burstiness=burstiness).to_csv(tmp, index=False)
         else:
