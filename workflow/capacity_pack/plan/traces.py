@@ -106,13 +106,18 @@ def _row_word(fmt: str) -> str:
     return "line" if fmt == "mooncake" else "row"
 
 
+def _shown(value: Any) -> str:
+    """A cell as the file has it (numpy scalars as plain numbers)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
 def _lengths(values: pd.Series, path: Path, column: str, rows: np.ndarray) -> np.ndarray:
     numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     bad = ~(numbers >= 1) | (numbers % 1 != 0)
     if bad.any():
         i = int(np.argmax(bad))
         raise TraceError(
-            f"{path}: row {int(rows[i])}, column {column!r}: {values.iloc[i]!r} is not a "
+            f"{path}: row {int(rows[i])}, column {column!r}: {_shown(values.iloc[i])} is not a "
             "positive whole number of tokens"
         )
     return numbers.astype(np.int64)
@@ -145,7 +150,7 @@ def _read_capacity_pack(
     if bad.any():
         i = int(np.argmax(bad))
         raise TraceError(
-            f"{path}: row {i + 1}, column {time_column!r}: {raw[time_column].iloc[i]!r} "
+            f"{path}: row {i + 1}, column {time_column!r}: {_shown(raw[time_column].iloc[i])} "
             "is not a non-negative number of seconds"
         )
     out = pd.DataFrame({"offset_s": offset, "class": raw[class_column].astype(str).to_numpy()})
@@ -174,7 +179,8 @@ def _read_azure(path: Path) -> pd.DataFrame:
             f"{path}: row {i + 1}, column 'TIMESTAMP': {raw['TIMESTAMP'].iloc[i]!r} is not a "
             "date-time (expected e.g. '2023-11-16 18:15:46.6805900')"
         )
-    ns = stamps.astype("int64").to_numpy()
+    # The parsed unit follows the text (us for six fractional digits, ns for seven): fix it.
+    ns = stamps.dt.as_unit("ns").astype("int64").to_numpy()
     return pd.DataFrame(
         {
             "offset_s": (ns - ns.min()) / 1e9,
