@@ -17,6 +17,7 @@ from capacity_pack.evidence.trace_replay import under_sampled_reasons
 from capacity_pack.io import file_sha256
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan import schedule_table as T
+from capacity_pack.plan.lint import lint_notes, lint_pack
 from capacity_pack.plan.manifest import ManifestError, freeze, load_pack, validate_pack
 from capacity_pack.plan.prompts import build_prompt
 from capacity_pack.plan.traces import TraceError, native_rate, read_trace, verbatim_rates
@@ -328,3 +329,32 @@ def test_under_sampled_class_of_a_verbatim_trace_says_why():
 def test_load_pack_reads_the_shipped_pack_from_the_checkout(monkeypatch):
     monkeypatch.chdir(ROOT)
     assert load_pack(PACK).client.trace.sha256 == file_sha256(MOONCAKE)
+
+
+# --- lint and the command line ------------------------------------------------------------------
+
+
+def test_lint_notes_a_verbatim_trace_short_of_samples_and_refuses_nothing():
+    d = pack_data(time_scales=[0.25])
+    d["acceptance"]["min_successful_samples_per_class"] = 100
+    pack = validate_pack(d)
+    assert lint_pack(pack) == []  # no quota findings: the rows are the trace's
+    first, second = lint_notes(pack)
+    assert "never extended, never stopped early, never bisected by a search" in first
+    assert second.startswith(f"client.trace at time scale 0.25 ({pack.sweep.open_loop_rps[0]:g}")
+    assert "'long'" in second and "'short'" not in second and "never extended" in second
+    shipped = first.replace("[0.25]", "[1.0, 0.5]").replace("[19.933]", "[4.983, 9.967]")
+    assert lint_notes(validate_pack(pack_data())) == [shipped]
+
+
+def test_freeze_command_fails_in_one_line_on_a_bad_row(tmp_path):
+    trace = write_lines(tmp_path / "t.jsonl", [GOOD, {**GOOD, "timestamp": 5, "input_length": 0}])
+    config = tmp_path / "pack.yaml"
+    config.write_text(yaml.safe_dump(pack_data(path=str(trace))))
+    res = subprocess.run(
+        [sys.executable, "-m", "capacity_pack", "freeze", str(config), "-o", str(tmp_path / "f")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode != 0 and not (tmp_path / "f").exists()
+    assert "Traceback" not in res.stderr
+    assert f"{trace}: line 2, field 'input_length': 0 is not a positive whole number" in res.stderr
