@@ -226,6 +226,13 @@ def test_azure_pack_with_class_rules_freezes(tmp_path):
     [
         ({"sweep": {"search": {"resolution_rps": 1, "initial": [4, 8]}}}, "search bisects"),
         ({"sweep": {"cache_states": ["cold", "warm"]}}, "measure it cold"),
+        (
+            {
+                "trace": {"replay": "stretch", "time_scales": [1.0]},
+                "sweep": {"cache_states": ["warm"], "open_loop_rps": [5.0]},
+            },
+            "measure it cold",
+        ),
         ({"sweep": {"open_loop_rps": [5.0]}}, "a verbatim trace's rates are its own"),
         ({"trace": {"classes": []}}, "declare class rules"),
         ({"trace": {"time_scales": [1.0, 1.0]}}, "time_scales has duplicates"),
@@ -358,3 +365,18 @@ def test_freeze_command_fails_in_one_line_on_a_bad_row(tmp_path):
     assert res.returncode != 0 and not (tmp_path / "f").exists()
     assert "Traceback" not in res.stderr
     assert f"{trace}: line 2, field 'input_length': 0 is not a positive whole number" in res.stderr
+
+
+def test_an_azure_trace_stretched_to_a_declared_rate():
+    d = pack_data(path=str(AZURE), format="azure", replay="stretch", time_scales=[1.0])
+    d["sweep"]["open_loop_rps"] = [10.0]
+    pack = validate_pack(d)
+    point = S.Point(mode="open", rate_rps=10.0, cache_state="cold", repeat=0)
+    frame = T.validate_schedule(S.build_schedule(pack, point), pack.class_names, "s")
+    offsets = frame["scheduled_offset_ns"].to_numpy() / 1e9
+    assert (len(frame) - 1) / offsets[-1] == pytest.approx(10.0, rel=1e-6)
+    trace = read_trace(AZURE, "azure", class_rules=RULES)
+    assert frame["input_tokens"].tolist() == trace["input_tokens"].tolist()
+    assert frame["output_tokens"].tolist() == trace["output_tokens"].tolist()
+    assert frame["class"].tolist() == trace["class"].tolist()
+    assert (frame["prefix_blocks"] == "").all()

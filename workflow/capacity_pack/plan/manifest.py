@@ -1373,6 +1373,12 @@ class Pack(_Model):
             )
         trace = spec.arrivals(default_class=names[0])
         check_classes(trace, names, spec.path, spec.format)
+        if "hash_ids" in trace.columns and "warm" in sweep.cache_states:
+            raise ValueError(
+                f"sweep.cache_states: a {spec.format} trace carries its own prefix reuse "
+                "(hash_ids), which its prompts replay; measure it cold (warm points prewarm "
+                "prompts.prefix's set, which these prompts do not use)"
+            )
         if not spec.verbatim:
             return self
         if sweep.search is not None:
@@ -1393,12 +1399,6 @@ class Pack(_Model):
                 f"own, {rates} for time_scales {spec.time_scales}; leave the list empty"
             )
         sweep.open_loop_rps = rates
-        if "hash_ids" in trace.columns and "warm" in sweep.cache_states:
-            raise ValueError(
-                f"sweep.cache_states: a {spec.format} trace carries its own prefix reuse "
-                "(hash_ids), which its prompts replay; measure it cold (warm points prewarm "
-                "prompts.prefix's set, which these prompts do not use)"
-            )
         return self
 
     @model_validator(mode="after")
