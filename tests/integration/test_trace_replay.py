@@ -66,8 +66,9 @@ def test_trace_pack_replays_the_sample_as_recorded(tmp_path):
     assert summary["server_prefix_hit_rate"] > 0.3
 
     report = json.loads(
-        (out / "reports" / f"open-r{format_level(rate)}" / "cold" / "rep0" / "slo-report.json")
-        .read_text()
+        (
+            out / "reports" / f"open-r{format_level(rate)}" / "cold" / "rep0" / "slo-report.json"
+        ).read_text()
     )
     assert report["verdict"] == "inconclusive"
     why = "long: under-sampled, {} successful of 100 needed; a verbatim trace is never extended"
