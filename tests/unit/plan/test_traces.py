@@ -210,6 +210,15 @@ def test_frozen_manifest_pins_the_trace_and_its_verbatim_rates():
     assert trace["time_scales"] == [1.0, 0.5]
     rates = verbatim_rates(read_trace(MOONCAKE, "mooncake", class_rules=RULES), [1.0, 0.5])
     assert doc["manifest"]["sweep"]["open_loop_rps"] == rates == [4.983, 9.967]
+    shown = doc["derived"]["trace"]
+    assert (
+        shown["rows"] == 300
+        and shown["block_hashes"]
+        and shown["native_rps"] == pytest.approx(4.983, abs=5e-4)
+    )
+    assert shown["classes"]["long"]["requests"] == 80
+    assert shown["classes"]["long"]["input_tokens"]["max"] == 5103
+    assert shown["classes"]["short"]["input_tokens"]["max"] <= 2048
     # The frozen manifest validates again as it is (the filled rates are the trace's).
     assert validate_pack(doc["manifest"]).sweep.open_loop_rps == rates
 

@@ -74,7 +74,7 @@ from capacity_pack.plan.limits import (
     check_bound,
     is_mutable_revision,
 )
-from capacity_pack.plan.traces import check_classes, read_trace, verbatim_rates
+from capacity_pack.plan.traces import check_classes, read_trace, trace_summary, verbatim_rates
 from capacity_pack.plan.yamlfile import TextInputError, decode_utf8, parse_yaml, shorten
 from capacity_pack.redact import watch_env
 
@@ -1687,6 +1687,10 @@ def freeze(pack: Pack, source: str = "<config>") -> dict[str, Any]:
             if isinstance(c.input_tokens, int) and isinstance(c.output_tokens, int)
         ],
     }
+    if (spec := pack.client.trace) is not None and pack.client.arrival_pattern == "trace":
+        # What the trace sends, per class: its own lengths, not the classes' declared ones.
+        trace = spec.arrivals(default_class=pack.class_names[0])
+        derived["trace"] = trace_summary(trace, pack.class_names)
     return {
         "format": FROZEN_FORMAT,
         "sha256": sha256_of_obj(manifest),

@@ -28,7 +28,9 @@ Verbatim replay (``client.trace.replay: verbatim``) sends the rows at their own 
 declared factor s (``time_scales``): t'_i = s (t_i - t_0); s = 0.5 replays twice as fast. The
 trace's own rate is r = (n - 1) / (t_{n-1} - t_0) and the factor's open-loop rate
 r_s = r / s, rounded to :data:`RATE_DECIMALS` decimals: that is the rate of the open-loop point
-that replays it (:func:`verbatim_rates`).
+that replays it (:func:`verbatim_rates`). :func:`trace_summary` is what the frozen manifest shows
+of a trace (``derived.trace``): rows, span, r, and per class its requests and lengths (mean,
+nearest-rank P50/P95/P99, max).
 """
 
 from __future__ import annotations
@@ -313,3 +315,35 @@ def check_classes(trace: pd.DataFrame, names: Sequence[str], path: str | Path, f
             f"{path}: {_row_word(fmt)} {int(trace['row'].iloc[i])}, {column}: unknown class "
             f"{trace['class'].iloc[i]!r}; expected one of {list(names)}"
         )
+
+
+def _nearest_rank(values: np.ndarray, p: float) -> int:
+    return int(values[max(0, math.ceil(p * values.size) - 1)])
+
+
+def trace_summary(trace: pd.DataFrame, names: Sequence[str]) -> dict[str, Any]:
+    """What the frozen manifest shows of a trace: rows, span, own rate, and per class its
+    requests and the lengths it sends (mean and nearest-rank p50/p95/p99/max), or None for a
+    length the file does not give."""
+    classes: dict[str, Any] = {}
+    for c in names:
+        rows = trace[trace["class"] == c]
+        entry: dict[str, Any] = {"requests": len(rows)}
+        for col in ("input_tokens", "output_tokens"):
+            if col not in trace.columns or rows.empty:
+                entry[col] = None
+                continue
+            v = np.sort(rows[col].to_numpy(np.int64))
+            entry[col] = {
+                "mean": float(v.mean()),
+                **{f"p{q}": _nearest_rank(v, q / 100) for q in (50, 95, 99)},
+                "max": int(v[-1]),
+            }
+        classes[c] = entry
+    return {
+        "rows": len(trace),
+        "span_s": float(trace["offset_s"].iloc[-1]),
+        "native_rps": native_rate(trace),
+        "block_hashes": "hash_ids" in trace.columns,
+        "classes": classes,
+    }
