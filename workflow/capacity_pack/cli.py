@@ -154,6 +154,32 @@ def schema(output: Path | None) -> None:
         write_text_atomic(output, text)
 
 
+@main.command("trace-sample")
+@click.argument("fmt", metavar="FORMAT", type=click.Choice(["mooncake", "azure"]))
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--rows", type=click.IntRange(min=2), default=300, show_default=True)
+@click.option(
+    "--seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True
+)
+@click.option("--seed", type=click.IntRange(min=0), default=20261203, show_default=True)
+@click.option(
+    "--burstiness",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.5,
+    show_default=True,
+    help="Coefficient of variation of the inter-arrival gaps (1: Poisson).",
+)
+def trace_sample(
+    fmt: str, output: Path, rows: int, seconds: float, seed: int, burstiness: float
+) -> None:
+    """Write a seeded sample trace in a public layout (mooncake JSONL, azure CSV) to OUTPUT."""
+    from capacity_pack.io import file_sha256
+    from capacity_pack.plan.trace_samples import write_sample
+
+    write_sample(fmt, output, rows=rows, seconds=seconds, seed=seed, burstiness=burstiness)
+    click.echo(f"{output}: {rows} requests over {seconds:g} s, sha256 {file_sha256(output)}")
+
+
 @main.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(

@@ -65,6 +65,7 @@ from capacity_pack.evidence.statistics import (
     percentiles,
     trend_of,
 )
+from capacity_pack.evidence.trace_replay import under_sampled_reasons
 from capacity_pack.plan.manifest import Acceptance, WorkloadClass
 
 MEASURED_PHASES = ("measure", "extension")
@@ -186,6 +187,10 @@ def analyze_point(
         percentile_method="nearest_rank",
     )
     _judge(report, classes, gates, bool(sweep_summary.get("shards")))
+    report["trace_replay"] = sweep_summary.get("trace_replay")
+    report["verdict_reasons"] += under_sampled_reasons(
+        report, report["trace_replay"], gates["min_successful_samples_per_class"]
+    )
     report["verdict_pass"] = report["verdict"] == "pass"
     in_run = sweep_summary.get("sequential") or {}
     report["in_run_decision"] = in_run.get("decision")

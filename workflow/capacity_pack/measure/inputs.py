@@ -110,7 +110,7 @@ class SweepInputs(BaseModel):
         """The in-run decision's gate: open-loop rate points on one client process only (a
         closed-loop level or an experiment runs its schedule, and a sharded point would need
         every shard's counts at once), so only their measurements follow a changed gate."""
-        if point.mode != "open" or pack.client.shards > 1:
+        if point.mode != "open" or pack.client.shards > 1 or pack.client.replays_verbatim:
             return None
         return AttainmentGate.of(pack)
 
@@ -166,6 +166,7 @@ def load_settings(
         ca_bundle=getattr(inputs.target, "ca_bundle", None),
         corpus_revision=inputs.prompts.corpus_revision,
         cold_unique_prefix_tokens=inputs.prompts.cold_unique_prefix_tokens,
+        prefix_block_tokens=c.trace.block_tokens if c.trace is not None else 512,
         min_successful_per_class=inputs.min_successful_samples_per_class,
         maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
         realtime_dispatch=c.realtime_dispatch,

@@ -90,4 +90,6 @@ class RequestBuilder:
             prefix_revision=self.s.prefix_revision,
             cold_unique_prefix_tokens=self.s.cold_unique_prefix_tokens,
             corpus_revision=self.s.corpus_revision,
+            prefix_blocks=str(row.get("prefix_blocks") or ""),
+            block_tokens=self.s.prefix_block_tokens,
         )

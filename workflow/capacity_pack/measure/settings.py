@@ -40,6 +40,9 @@ class LoadSettings(BaseModel):
     prefix_revision: str | None = Field(default=None)
     corpus_revision: str = Field(default="capacity-pack-text-v1")
     cold_unique_prefix_tokens: int = Field(default=8, ge=1)
+    prefix_block_tokens: int = Field(
+        default=512, ge=1, description="Tokens per hash id of a block-hash trace's prompts."
+    )
     min_successful_per_class: int | None = Field(
         default=None, description="Sample gate: extend the schedule until each class has this."
     )

@@ -46,7 +46,14 @@ from capacity_pack.measure.shards import (
 )
 from capacity_pack.measure.target import open_target
 from capacity_pack.plan.manifest import Pack, SimTarget
-from capacity_pack.plan.schedule import Point, build_schedule, extension_block_size, prewarm_rows
+from capacity_pack.plan.schedule import (
+    Point,
+    build_schedule,
+    extension_block_size,
+    load_trace,
+    prewarm_rows,
+    trace_facts,
+)
 
 
 def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -264,7 +271,8 @@ def measure_point(
         # closed-loop level traces the frontier and a load-shape experiment is its profile,
         # so neither is extended or stopped early. A sharded point runs its planned schedule
         # (the decision would need every shard's counts at once): the analysis judges it.
-        if point.mode != "open" or not in_run:
+        # A verbatim trace is replayed as recorded: neither extended nor cut short.
+        if point.mode != "open" or not in_run or inputs.client.replays_verbatim:
             settings.min_successful_per_class = None
         elif shard_count(inputs, point) == 1:
             settings.extension_block = ExtensionBlocks(inputs, point)
@@ -302,6 +310,8 @@ def measure_point(
         target_kind=inputs.target.kind,
         ground_truth=ground_truth.name if ground_truth is not None else None,
     )
+    if inputs.client.arrival_pattern == "trace" and point.mode == "open":
+        summary["trace_replay"] = trace_facts(inputs.schedule, load_trace(inputs.schedule), point)
     statuses = pd.Series([r["status"] for r in records]).value_counts().to_dict()
     summary["status_counts"] = {k: int(v) for k, v in statuses.items()}
     if stop is not None:

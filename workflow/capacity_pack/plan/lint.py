@@ -48,7 +48,10 @@ Extra findings (``extra: true``; not among the six, reported and refused the sam
   when that is below N for some class at the lowest rate, no capacity can ever be selected.
 
 :func:`lint_notes` says what is worth knowing but refuses nothing: a sample gate below N (the
-points then extend past it until every class reaches N or its verdict is certain).
+points then extend past it until every class reaches N or its verdict is certain); for a verbatim
+trace pack, its classes short of samples in each time scale's measured window instead
+(:mod:`capacity_pack.plan.trace_lint`, which also says why ``too-few-requests`` and
+``undecidable-gate`` are not made for it).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from capacity_pack.plan.manifest import (
     unwrap_frozen,
     validate_pack,
 )
+from capacity_pack.plan.trace_lint import verbatim_trace_notes
 
 # Successful requests per class before a percentile or attainment counts as evidence (the
 # full-size tutorial-70b pack's ``acceptance.min_successful_samples_per_class``), used when a
@@ -288,7 +292,7 @@ def lint_pack(pack: Pack) -> list[Finding]:
     gate = pack.acceptance.min_successful_samples_per_class
     counts = pack.class_counts(pack.client.initial_scheduled_requests)
     short = {c: n for c, n in counts.items() if n < gate}
-    if short:
+    if short and not pack.client.replays_verbatim:  # its rows, not the quota: trace_lint
         findings.append(
             _finding(
                 "too-few-requests",
@@ -394,7 +398,7 @@ def class_reach(pack: Pack, rate: float) -> dict[str, int]:
 
 def _undecidable_gate(pack: Pack) -> list[Finding]:
     need, rate = decision_sample(pack), _lowest_rate(pack)
-    if need is None or rate is None:
+    if need is None or rate is None or pack.client.replays_verbatim:
         return []
     short = {c: n for c, n in class_reach(pack, rate).items() if n < need}
     if not short:
@@ -416,8 +420,8 @@ def _undecidable_gate(pack: Pack) -> list[Finding]:
 def lint_notes(pack: Pack) -> list[str]:
     """What the pack's author should know that refuses nothing (module docstring)."""
     need, gate = decision_sample(pack), pack.acceptance.min_successful_samples_per_class
-    if need is None or gate >= need:
-        return []
+    if need is None or gate >= need or pack.client.replays_verbatim:
+        return verbatim_trace_notes(pack)
     return [
         f"acceptance.min_successful_samples_per_class {gate} is below {need}, the fewest "
         f"successful requests at which a class can pass class_slo_attainment_min "

@@ -74,6 +74,7 @@ from capacity_pack.plan.limits import (
     check_bound,
     is_mutable_revision,
 )
+from capacity_pack.plan.traces import check_classes, read_trace, trace_summary, verbatim_rates
 from capacity_pack.plan.yamlfile import TextInputError, decode_utf8, parse_yaml, shorten
 from capacity_pack.redact import watch_env
 
@@ -361,8 +362,45 @@ class Engine(_Model):
     )
 
 
+class TraceClassRule(_Model):
+    """One class rule of a trace without a class column: requests up to ``max_input_tokens``
+    input tokens (any, when unset) that no earlier rule took go to class ``name``."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="A workload class of the pack.")
+    max_input_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="Upper bound of input length (inclusive)."
+    )
+
+
 class TraceSpec(_Model):
-    path: str = Field(description="CSV or parquet of arrivals, relative to the working directory.")
+    path: str = Field(description="The trace file, relative to the working directory.")
+    format: Literal["capacity-pack", "mooncake", "azure"] = Field(
+        default="capacity-pack",
+        description="Layout: 'capacity-pack' (CSV/parquet: offset_s, class, input_tokens, "
+        "output_tokens), 'mooncake' (JSON Lines: timestamp ms, input_length, output_length, "
+        "hash_ids) or 'azure' (CSV: TIMESTAMP, ContextTokens, GeneratedTokens).",
+    )
+    replay: Literal["stretch", "verbatim"] | None = Field(
+        default=None,
+        description="'stretch': offsets scaled so the trace's mean rate is each open-loop "
+        "point's rate; 'verbatim': timestamps as recorded (times a time scale), one open-loop "
+        "point per time scale at the trace's own rate. Default: stretch for capacity-pack, "
+        "verbatim for mooncake and azure.",
+    )
+    time_scales: list[Annotated[float, Field(gt=0, le=1000)]] = Field(
+        default_factory=lambda: [1.0],
+        min_length=1,
+        description="Verbatim replay: each factor s replays t' = s x t (0.5: twice as fast), "
+        "one open-loop point each.",
+    )
+    classes: list[TraceClassRule] = Field(
+        default_factory=list,
+        description="Class rules for a layout without a class column (mooncake, azure), first "
+        "match wins; empty: every request is the pack's only class.",
+    )
+    block_tokens: int = Field(
+        default=512, ge=1, le=MAX_TOKENS, description="Tokens per hash id (mooncake: 512)."
+    )
     time_column: str = Field(default="offset_s", description="Arrival offset in seconds.")
     class_column: str = Field(default="class", description="Workload class of each arrival.")
     input_column: str | None = Field(default="input_tokens", description="Input tokens column.")
@@ -382,7 +420,40 @@ class TraceSpec(_Model):
                 f"{self.sha256}: the file changed"
             )
         self.sha256 = digest
+        if self.replay is None:
+            self.replay = "stretch" if self.format == "capacity-pack" else "verbatim"
+        if self.replay == "stretch" and self.time_scales != [1.0]:
+            raise ValueError("time_scales apply to replay 'verbatim' only")
+        if self.format == "capacity-pack" and self.classes:
+            raise ValueError("classes (rules) are for mooncake and azure traces; this one has "
+                             f"a class column ({self.class_column!r})")  # fmt: skip
+        if len(set(self.time_scales)) != len(self.time_scales):
+            raise ValueError(f"time_scales has duplicates: {self.time_scales}")
+        if self.format != "capacity-pack" and self.classes:
+            self.arrivals()  # every row parses and takes a class: an error names the row
         return self
+
+    @property
+    def verbatim(self) -> bool:
+        return self.replay == "verbatim"
+
+    def arrivals(self, default_class: str | None = None) -> Any:
+        """The trace's requests (:func:`capacity_pack.plan.traces.read_trace`); ``default_class``
+        takes every request of a trace without class column or rules."""
+        rules = [(r.name, r.max_input_tokens) for r in self.classes]
+        if not rules and default_class is not None and self.format != "capacity-pack":
+            rules = [(default_class, None)]
+        return read_trace(
+            self.path,
+            self.format,
+            class_rules=rules,
+            time_column=self.time_column,
+            class_column=self.class_column,
+            input_column=self.input_column,
+            output_column=self.output_column,
+            block_tokens=self.block_tokens,
+            sha256=self.sha256,
+        )
 
 
 class Client(_Model):
@@ -483,6 +554,11 @@ class Client(_Model):
                 "and attempts in one population"
             )
         return v
+
+    @property
+    def replays_verbatim(self) -> bool:
+        """Open-loop points replay the trace as recorded: never extended nor stopped early."""
+        return self.arrival_pattern == "trace" and self.trace is not None and self.trace.verbatim
 
     @model_validator(mode="after")
     def _check(self) -> Client:
@@ -1284,6 +1360,48 @@ class Pack(_Model):
         raise ValueError(f"expected a date as YYYY-MM-DD, not {type(value).__name__}")
 
     @model_validator(mode="after")
+    def _trace_replay(self) -> Pack:
+        """A trace's classes are the pack's; a verbatim trace's open-loop rates are its own
+        (filled into ``sweep.open_loop_rps``, so the frozen manifest records them)."""
+        spec, names, sweep = self.client.trace, self.class_names, self.sweep
+        if spec is None or self.client.arrival_pattern != "trace":
+            return self
+        if spec.format != "capacity-pack" and not spec.classes and len(names) > 1:
+            raise ValueError(
+                f"client.trace.classes: a {spec.format} trace has no class column; declare "
+                f"class rules (name, max_input_tokens) over the pack's classes {names}"
+            )
+        trace = spec.arrivals(default_class=names[0])
+        check_classes(trace, names, spec.path, spec.format)
+        if "hash_ids" in trace.columns and "warm" in sweep.cache_states:
+            raise ValueError(
+                f"sweep.cache_states: a {spec.format} trace carries its own prefix reuse "
+                "(hash_ids), which its prompts replay; measure it cold (warm points prewarm "
+                "prompts.prefix's set, which these prompts do not use)"
+            )
+        if not spec.verbatim:
+            return self
+        if sweep.search is not None:
+            raise ValueError(
+                "sweep.search: a verbatim trace is replayed at its own rate (client.trace."
+                "time_scales), never at a rate a search bisects; drop the search or use "
+                "replay 'stretch'"
+            )
+        rates = verbatim_rates(trace, spec.time_scales)
+        if len(set(rates)) != len(rates) or min(rates) < MIN_OPEN_LOOP_RPS:
+            raise ValueError(
+                f"client.trace.time_scales {spec.time_scales} give open-loop rates {rates}: "
+                f"each must be distinct and at least {MIN_OPEN_LOOP_RPS} RPS"
+            )
+        if sweep.open_loop_rps and sweep.open_loop_rps != rates:
+            raise ValueError(
+                f"sweep.open_loop_rps {sweep.open_loop_rps}: a verbatim trace's rates are its "
+                f"own, {rates} for time_scales {spec.time_scales}; leave the list empty"
+            )
+        sweep.open_loop_rps = rates
+        return self
+
+    @model_validator(mode="after")
     def _cross_checks(self) -> Pack:
         names = [c.name for c in self.workload]
         if len(set(names)) != len(names):
@@ -1569,6 +1687,10 @@ def freeze(pack: Pack, source: str = "<config>") -> dict[str, Any]:
             if isinstance(c.input_tokens, int) and isinstance(c.output_tokens, int)
         ],
     }
+    if (spec := pack.client.trace) is not None and pack.client.arrival_pattern == "trace":
+        # What the trace sends, per class: its own lengths, not the classes' declared ones.
+        trace = spec.arrivals(default_class=pack.class_names[0])
+        derived["trace"] = trace_summary(trace, pack.class_names)
     return {
         "format": FROZEN_FORMAT,
         "sha256": sha256_of_obj(manifest),

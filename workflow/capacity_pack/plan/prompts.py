@@ -15,6 +15,12 @@ A prompt of ``n`` tokens (under the project tokenizer, ``text.split()``) is laid
   whose first word encodes the request's prompt seed (so the very first KV block differs and no
   block of the prompt can be reused), then the body.
 
+- block-hash request (a Mooncake-style trace's ``hash_ids``, ``prefix_blocks`` in the schedule):
+  block ``h`` is ``block_tokens`` words that are a pure function of the corpus revision and ``h``
+  (:func:`hash_block`), the prompt is its blocks in order cut to ``n`` words (the last block
+  partial), then a body for any tokens beyond the blocks. Two requests with the same leading
+  hash ids send byte-identical leading text, which a prefix cache reuses block by block.
+
 The body is drawn from the request's ``prompt_seed``. Everything is a pure function of the
 schedule row and the manifest, so a rerun sends byte-identical prompts.
 """
@@ -106,6 +112,25 @@ def unique_head(prompt_seed: int, n_tokens: int) -> list[str]:
     return [f"Ticket-{prompt_seed:016x}:", *tail]
 
 
+@functools.lru_cache(maxsize=8192)
+def hash_block(corpus_revision: str, hash_id: int, block_tokens: int) -> tuple[str, ...]:
+    """The words of a block-hash trace's block ``hash_id``: the same in every request."""
+    return tuple(_words(_seed("block", corpus_revision, hash_id), block_tokens))
+
+
+def block_words(
+    blocks: str, n_tokens: int, block_tokens: int, corpus_revision: str = CORPUS_REVISION
+) -> list[str]:
+    """The leading words of a prompt made of the hash blocks ``blocks`` (space-separated ids),
+    at most ``n_tokens`` of them."""
+    words: list[str] = []
+    for h in blocks.split():
+        if len(words) >= n_tokens:
+            break
+        words.extend(hash_block(corpus_revision, int(h), block_tokens))
+    return words[:n_tokens]
+
+
 def body(prompt_seed: int, n_tokens: int, corpus_revision: str = CORPUS_REVISION) -> list[str]:
     return _words(_seed("body", corpus_revision, prompt_seed), n_tokens)
 
@@ -119,6 +144,8 @@ def build_prompt(
     prefix_revision: str | None,
     cold_unique_prefix_tokens: int,
     corpus_revision: str = CORPUS_REVISION,
+    prefix_blocks: str = "",
+    block_tokens: int = 512,
 ) -> str:
     """The prompt text of one schedule row: exactly ``input_tokens`` whitespace tokens."""
     if input_tokens < 1:
@@ -127,6 +154,9 @@ def build_prompt(
         raise ValueError(
             f"unknown corpus revision {corpus_revision!r}; this build generates {CORPUS_REVISION!r}"
         )
+    if prefix_blocks:
+        head = block_words(prefix_blocks, input_tokens, block_tokens, corpus_revision)
+        return " ".join(head + body(prompt_seed, input_tokens - len(head), corpus_revision))
     if prefix_id >= 0:
         if prefix_revision is None:
             raise ValueError("a shared prefix needs the prefix-set revision")
@@ -238,6 +268,12 @@ def build_prompt_for(counter: TokenCounter | None, **row: Any) -> str:
     seed = int(row["prompt_seed"])
     # Generous word supply: real tokenizers usually need fewer words than tokens.
     supply = body(seed, n + 16, row.get("corpus_revision", CORPUS_REVISION))
+    if row.get("prefix_blocks"):
+        # The blocks' words first, fitted as one piece: requests sharing leading blocks share
+        # the leading text up to where the shorter one is cut.
+        revision = row.get("corpus_revision", CORPUS_REVISION)
+        head = block_words(row["prefix_blocks"], n + 16, int(row["block_tokens"]), revision)
+        return fit_words(head + supply, n, counter)
     if int(row["prefix_id"]) >= 0:
         k = int(row["prefix_tokens"])
         prefix_words = shared_prefix(row["prefix_revision"], int(row["prefix_id"]), k + 16).split()

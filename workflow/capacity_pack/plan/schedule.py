@@ -22,7 +22,10 @@ Construction, per block (0 = warm-up, 1 = the measured schedule, 2.. = extension
    top); their measured block holds N = round(Lambda(T)) requests, drawn as N+1 gaps whose sum is
    scaled to Lambda(T), so the (N+1)-th arrival falls exactly at the profile end (for Poisson this
    is exactly the conditional law of an inhomogeneous Poisson process given N events).
-   Trace replay uses the trace's offsets, stretched so that its mean rate equals the point rate.
+   Trace replay (:mod:`capacity_pack.plan.traces`) uses the trace's offsets: stretched so that
+   its mean rate equals the point rate (``replay: stretch``), or as recorded times the point's
+   declared time scale (``replay: verbatim``), with the trace's classes and lengths and, for a
+   block-hash trace, its hash ids in ``prefix_blocks``; a trace schedule has no extension block.
 4. Warm-cache points draw a shared-prefix id per request (Zipf with exponent s: P(k) ~ 1/(k+1)^s,
    or uniform) from the versioned prefix set; cold points get -1, i.e. a unique prefix.
 
@@ -58,6 +61,13 @@ from capacity_pack.plan.manifest import (
     WorkloadClass,
     sample_lengths,
     stratified_counts,
+)
+from capacity_pack.plan.traces import (
+    TraceError,
+    block_ids_text,
+    check_classes,
+    native_rate,
+    verbatim_rates,
 )
 
 Mode = Literal["open", "closed", "exp"]
@@ -549,60 +559,34 @@ def _base_pattern(inputs: ScheduleInputs) -> str:
 
 
 def load_trace(inputs: ScheduleInputs) -> pd.DataFrame:
-    """Read and check the trace: offsets (s), class and lengths, sorted by time."""
+    """The trace's requests (:func:`capacity_pack.plan.traces.read_trace`), sorted by time,
+    offsets from the first arrival; a row whose class is not the pack's is an error naming it."""
     spec = inputs.client.trace
     assert spec is not None
-    path = Path(spec.path)
-    if not path.is_file():
-        raise ManifestError(f"client.trace.path: {spec.path!r} does not exist")
-    raw = pd.read_parquet(path) if path.suffix in {".parquet", ".pq"} else pd.read_csv(path)
-    needed = [spec.time_column, spec.class_column]
-    missing = [c for c in needed if c not in raw.columns]
-    if missing:
-        raise ManifestError(f"{path}: missing column(s) {missing}; columns: {list(raw.columns)}")
-    out = pd.DataFrame(
-        {
-            "offset_s": pd.to_numeric(raw[spec.time_column], errors="coerce"),
-            "class": raw[spec.class_column].astype(str),
-        }
-    )
-    bad = out.index[~np.isfinite(out["offset_s"].to_numpy(dtype=float)) | (out["offset_s"] < 0)]
-    if len(bad):
-        row = int(bad[0])
-        raise ManifestError(
-            f"{path}: row {row + 1}, column {spec.time_column!r}: "
-            f"{raw[spec.time_column].iloc[row]!r} is not a non-negative number"
-        )
-    unknown = ~out["class"].isin(inputs.class_names)
-    if unknown.any():
-        row = int(np.argmax(unknown.to_numpy()))
-        raise ManifestError(
-            f"{path}: row {row + 1}, column {spec.class_column!r}: unknown class "
-            f"{out['class'].iloc[row]!r}; expected one of {inputs.class_names}"
-        )
-    for col, name in ((spec.input_column, "input_tokens"), (spec.output_column, "output_tokens")):
-        if col is not None and col in raw.columns:
-            values = pd.to_numeric(raw[col], errors="coerce")
-            bad_len = ~(values >= 1) | (values % 1 != 0)
-            if bad_len.any():
-                row = int(np.argmax(bad_len.to_numpy()))
-                raise ManifestError(
-                    f"{path}: row {row + 1}, column {col!r}: {raw[col].iloc[row]!r}"
-                    " is not a positive whole number of tokens"
-                )
-            out[name] = values.astype(np.int64)
-    if len(out) < 2:
-        raise ManifestError(f"{path}: a trace needs at least two arrivals")
-    out = out.sort_values("offset_s", kind="stable").reset_index(drop=True)
-    out["offset_s"] -= out["offset_s"].iloc[0]
-    return out
+    try:
+        trace = spec.arrivals(default_class=inputs.class_names[0])
+        check_classes(trace, inputs.class_names, spec.path, spec.format)
+    except TraceError as err:
+        raise ManifestError(str(err)) from None
+    return trace
 
 
 def trace_native_rate(trace: pd.DataFrame) -> float:
-    span = float(trace["offset_s"].iloc[-1])
-    if span <= 0:
-        raise ManifestError("client.trace: every arrival has the same time; no rate to replay")
-    return (len(trace) - 1) / span
+    return native_rate(trace)
+
+
+def verbatim_time_scale(inputs: ScheduleInputs, trace: pd.DataFrame, point: Point) -> float:
+    """The declared time scale whose verbatim rate is ``point``'s rate."""
+    spec = inputs.client.trace
+    assert spec is not None and point.rate_rps is not None
+    rates = verbatim_rates(trace, spec.time_scales)
+    for scale, rate in zip(spec.time_scales, rates, strict=True):
+        if format_level(rate) == format_level(point.rate_rps):
+            return scale
+    raise ManifestError(
+        f"{point.point_id}: not a rate of the verbatim trace {spec.path} (its time_scales "
+        f"{spec.time_scales} give {rates} RPS)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,6 +604,7 @@ COLUMNS = [
     "scheduled_offset_ns",
     "prefix_id",
     "prefix_tokens",
+    "prefix_blocks",
     "prompt_seed",
     "cancel_after_ns",
 ]
@@ -706,6 +691,7 @@ def _synthetic_schedule(
                 "scheduled_offset_ns": offset_ns,
                 "prefix_id": prefix_id,
                 "prefix_tokens": prefix_tokens,
+                "prefix_blocks": "",
             }
         )
         if phase == "extension" and point.mode != "closed":
@@ -717,11 +703,36 @@ def _synthetic_schedule(
     return out
 
 
+def trace_facts(inputs: ScheduleInputs, trace: pd.DataFrame, point: Point) -> dict[str, Any]:
+    """What a trace point replays: the file, its layout and sha256, how (verbatim at which time
+    scale, or stretched by which factor) and its requests per class."""
+    spec = inputs.client.trace
+    assert spec is not None and point.rate_rps is not None
+    verbatim = spec.verbatim
+    return {
+        "path": spec.path,
+        "format": spec.format,
+        "sha256": spec.sha256,
+        "replay": spec.replay,
+        "time_scale": verbatim_time_scale(inputs, trace, point) if verbatim else None,
+        "stretch": None if verbatim else trace_native_rate(trace) / point.rate_rps,
+        "rows": len(trace),
+        "class_rows": {c: int((trace["class"] == c).sum()) for c in inputs.class_names},
+        "block_hashes": "hash_ids" in trace.columns,
+    }
+
+
 def _trace_schedule(inputs: ScheduleInputs, point: Point, entropy: list[int]) -> pd.DataFrame:
+    # Verbatim: the recorded offsets times the point's declared time scale; else stretched so
+    # the trace's mean rate is the point's. Never extended (plan.traces).
+    spec = inputs.client.trace
+    assert spec is not None and point.rate_rps is not None
     trace = load_trace(inputs)
-    assert point.rate_rps is not None
-    stretch = trace_native_rate(trace) / point.rate_rps
-    offsets = trace["offset_s"].to_numpy() * stretch
+    if spec.verbatim:
+        factor = verbatim_time_scale(inputs, trace, point)
+    else:
+        factor = trace_native_rate(trace) / point.rate_rps
+    offsets = trace["offset_s"].to_numpy() * factor
     n = len(trace)
     cols = _block_requests(inputs, entropy, 1, n, classes=trace["class"].to_numpy(dtype=object))
     for name in ("input_tokens", "output_tokens"):
@@ -730,6 +741,12 @@ def _trace_schedule(inputs: ScheduleInputs, point: Point, entropy: list[int]) ->
     phase = np.where(offsets < inputs.client.warmup_seconds, "warmup", "measure")
     block = np.where(phase == "warmup", 0, 1)
     prefix_id, prefix_tokens = _prefixes(inputs, point, entropy, 1, cols["input_tokens"])
+    blocks = np.full(n, "", dtype=object)
+    if "hash_ids" in trace.columns:
+        # The trace's own block hashes make each prompt (plan.prompts.block_prompt), shared
+        # prefixes and all: no prefix set on top.
+        blocks = np.array([block_ids_text(h) for h in trace["hash_ids"]], dtype=object)
+        prefix_id[:], prefix_tokens[:] = -1, 0
     return pd.DataFrame(
         {
             "block": block.astype(np.int64),
@@ -738,6 +755,7 @@ def _trace_schedule(inputs: ScheduleInputs, point: Point, entropy: list[int]) ->
             "scheduled_offset_ns": np.rint(offsets * NS_PER_S).astype(np.int64),
             "prefix_id": prefix_id,
             "prefix_tokens": prefix_tokens,
+            "prefix_blocks": blocks,
         }
     )
 
@@ -791,7 +809,9 @@ def summarize(frame: pd.DataFrame, inputs: ScheduleInputs, point: Point) -> dict
             "expected_requests": prof.total,
         }
     if inputs.client.arrival_pattern == "trace" and point.mode == "open":
-        summary["trace_native_rps"] = trace_native_rate(load_trace(inputs))
+        trace = load_trace(inputs)
+        summary["trace_native_rps"] = trace_native_rate(trace)
+        summary["trace"] = trace_facts(inputs, trace, point)
     if point.mode != "closed" and gaps.size > 1:
         span = offsets_s[-1] - offsets_s[0]
         summary["realised_rps"] = float(gaps.size / span) if span > 0 else None
@@ -832,6 +852,7 @@ def prewarm_rows(source: Pack | ScheduleInputs, point: Point) -> pd.DataFrame:
             "scheduled_offset_ns": np.int64(0),
             "prefix_id": np.arange(n, dtype=np.int32),
             "prefix_tokens": np.int32(spec.prefix_tokens),
+            "prefix_blocks": "",
             "prompt_seed": seeds,
             "cancel_after_ns": np.int64(-1),
         }

@@ -35,6 +35,8 @@ class ScheduleTable(pa.DataFrameModel):
     scheduled_offset_ns: Series[np.int64] = pa.Field(ge=0)
     prefix_id: Series[np.int32] = pa.Field(ge=-1)
     prefix_tokens: Series[np.int32] = pa.Field(ge=0)
+    # A block-hash trace's hash ids, space-separated ("" otherwise): plan.traces.
+    prefix_blocks: Series[str] = pa.Field(str_matches=r"^(\d+( \d+)*)?$")
     prompt_seed: Series[np.int64] = pa.Field(ge=0)
     cancel_after_ns: Series[np.int64] = pa.Field(ge=-1)
 
