@@ -483,9 +483,10 @@ def plot_stress(axes, doc: dict[str, Any], inputs: dict[str, Any]) -> None:
                 if w["classes"][c][key] is not None else np.nan
                 for w in rows
             ]  # fmt: skip
-            ax.plot(x, y, marker="o", ms=4, lw=1, label=c, color=f"C{j}")
+            # Markers only: along a plateau the windows' offered rates scatter around one rate.
+            ax.plot(x, y, marker="o", ms=4, ls="none", label=c, color=f"C{j}")
         ax.axhline(line, color="red", ls="--", lw=1)
-        ax.set_xlabel("offered RPS in the window (time order joined)")
+        ax.set_xlabel("offered RPS in the window (one marker per window)")
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -631,7 +632,7 @@ def spike(ctx: Context) -> dict[str, Any]:
     q_words = words.get(q_rec) if q_rec is None else f"{q_rec:.3g} s after the burst"
     text = (
         f"The {sp.rate_rps:g} RPS burst (t = {s0:g}-{s1:g} s) peaks the server queue at "
-        + (f"{peak_q:g} waiting requests (t = {peak_t:.3g} s)" if peak_q is not None
+        + (f"a depth of {peak_q:g} (t = {peak_t:.3g} s)" if peak_q is not None
            else "an unknown depth (no queue-depth scrape)")
         + f"; attainment (sliding {width:g} s windows, gate {ctx.gate:g}) recovers: {att_words}"
         + f"; the queue is back at its pre-spike level ({_f(pre_level)}): {q_words}."
@@ -915,13 +916,18 @@ def readme_lines(doc: dict[str, Any] | None) -> list[str]:
         "",
     ]
     for e in doc["experiments"]:
-        lines += [f"### {e['name']} ({e['test_type']}): {e['question']}", ""]
-        for p in e["points"]:
-            lines.append(f"- `{p['key']}` (SLO verdict {p['verdict']}): {p['answer']}")
-            if p.get("caveat"):
-                lines.append(f"  Caveat: {p['caveat']}.")
-        lines += ["", f"![{e['name']}: {e['question']}]({e['plot']})", ""]
+        lines += [*experiment_lines(e), f"![{e['name']}: {e['question']}]({e['plot']})", ""]
     return lines
+
+
+def experiment_lines(e: dict[str, Any]) -> list[str]:
+    """One experiment's heading (its question) and each point's answer, as Markdown."""
+    lines = [f"### {e['name']} ({e['test_type']}): {e['question']}", ""]
+    for p in e["points"]:
+        lines.append(f"- `{p['key']}` (SLO verdict {p['verdict']}): {p['answer']}")
+        if p.get("caveat"):
+            lines.append(f"  Caveat: {p['caveat']}.")
+    return [*lines, ""]
 
 
 def draw(doc: dict[str, Any], folder: Path) -> list[Path]:
