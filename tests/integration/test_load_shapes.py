@@ -23,8 +23,8 @@ ANSWERS = {
     "smoke": r"(Yes: every class works|No: )",
     "average-load": r"At the expected load \(10 RPS held\) the SLO verdict is \*\*\w+\*\*",
     "stress": r"At the \S+ RPS plateau all-attempt attainment is .*P95 TTFT goes from",
-    "spike": r"The 30 RPS burst \(t = 4-6 s\) peaks the server queue at .*attainment .*"
-    r"recovers: .*the queue is back at its pre-spike level",
+    "spike": r"The 30 RPS burst \(t = 4-6 s\) peaks the server queue at .*in sliding 2 s "
+    r"windows .*attainment (never fell|fell to).*the queue is back at its pre-spike level",
     "soak": r"(No drift|Drift) over the 12 s soak.*Mann-Kendall two-sided",
     "breakpoint": r"(first breaks its SLO at about \S+ RPS \(the window .* spans .* RPS nominal"
     r"|did not break its SLO on the ramp)",

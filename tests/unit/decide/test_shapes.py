@@ -214,7 +214,8 @@ def test_spike_recovers_at_a_known_time():
     assert got["peak_queue_depth"] == 40 and got["peak_queue_t_s"] == pytest.approx(26)
     assert got["pre_spike_queue"] == 1.0  # the blips: 1 in 5 pre-spike scrapes is 1
     assert got["queue_recovery_s"] == pytest.approx(34 - 25)
-    assert "6.25 s after the burst" in got["answer"]
+    assert got["lowest_attainment"] < 0.95
+    assert "back at the gate 6.25 s after the burst" in got["answer"]
 
 
 def test_spike_that_does_not_recover_says_so():
@@ -224,6 +225,7 @@ def test_spike_that_does_not_recover_says_so():
     assert got["attainment_recovered"] is False and got["attainment_recovery_s"] is None
     assert got["queue_recovered"] is False
     assert got["answer"].count("did not recover within the run") == 2
+    assert "attainment fell to 0" in got["answer"]
 
 
 def test_spike_whose_attainment_holds_recovers_at_once():

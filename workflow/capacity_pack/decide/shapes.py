@@ -625,16 +625,23 @@ def spike(ctx: Context) -> dict[str, Any]:
     if peak_t is not None:
         back = (qt >= peak_t) & (qv <= pre_level)
         q_rec = max(0.0, float(qt[back][0]) - s1) if back.any() else None
-    words = {None: "did not recover within the run"}
-    att_words = words.get(att_rec) if att_rec is None else (
-        "attainment never fell under the gate" if not bad else f"{att_rec:.3g} s after the burst"
-    )  # fmt: skip
-    q_words = words.get(q_rec) if q_rec is None else f"{q_rec:.3g} s after the burst"
+    # The dip: the least attainment of the windows overlapping the burst or after it.
+    dip = [v for a, v in zip(starts, att, strict=True) if v is not None and a + width > s0]
+    lowest = min(dip) if dip else None
+    late = "did not recover within the run"
+    if not bad:
+        att_words = f"attainment never fell under the gate (lowest {_f(lowest)})"
+    elif att_rec is None:
+        att_words = f"attainment fell to {_f(lowest)} and {late}"
+    else:
+        again = f"back at the gate {att_rec:.3g} s after the burst"
+        att_words = f"attainment fell to {_f(lowest)}, {again}"
+    q_words = late if q_rec is None else f"{q_rec:.3g} s after the burst"
     text = (
         f"The {sp.rate_rps:g} RPS burst (t = {s0:g}-{s1:g} s) peaks the server queue at "
         + (f"a depth of {peak_q:g} (t = {peak_t:.3g} s)" if peak_q is not None
            else "an unknown depth (no queue-depth scrape)")
-        + f"; attainment (sliding {width:g} s windows, gate {ctx.gate:g}) recovers: {att_words}"
+        + f"; in sliding {width:g} s windows (gate {ctx.gate:g}) {att_words}"
         + f"; the queue is back at its pre-spike level ({_f(pre_level)}): {q_words}."
     )  # fmt: skip
     grid = np.linspace(0, end, 200)
@@ -645,6 +652,7 @@ def spike(ctx: Context) -> dict[str, Any]:
         "peak_queue_depth": peak_q,
         "peak_queue_t_s": peak_t,
         "pre_spike_queue": pre_level,
+        "lowest_attainment": lowest,
         "attainment_recovery_s": att_rec,
         "attainment_recovered": att_rec is not None,
         "queue_recovery_s": q_rec,
