@@ -624,7 +624,7 @@ def _shapes(p: PackFiles) -> str:
     doc = _json(p.folder / "shapes.json")
     lines = load_shapes.readme_lines(doc)
     if not lines:
-        return ""
+        return _section("shapes", "Load shapes", "<p>This pack ran no load-shape experiments.</p>")
     parts = [markdown("\n".join(lines[2:4]))]
     for e in doc["experiments"]:
         parts.append(markdown("\n".join(load_shapes.experiment_lines(e))))
