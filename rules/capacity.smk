@@ -33,6 +33,8 @@ rule report:
         metrics=lambda w: point_targets("normalize", "metrics"),
         # The failure answer belongs next to the decision: the README waits for the drills.
         failure=[stage_output("failure_test", "json")] if DRILLS else [],
+        # Each load shape's answer and plot (pack/shapes.json, shape-<name>.png).
+        shapes=shapes_targets(),
     output:
         # In `snakemake --report` through pack/index.html (rules/html.smk), which holds it.
         readme=stage_output("report", "readme"),

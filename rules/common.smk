@@ -14,6 +14,7 @@ import json
 
 from capacity_pack import codehash
 from capacity_pack.decide import search as search_lib
+from capacity_pack.decide import shapes as shapes_lib
 from capacity_pack.evidence import analysis as analysis_lib
 from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
@@ -157,6 +158,22 @@ def report_targets():
 
 def open_report_targets():
     return point_targets("analyze", "report", [p for p in all_points() if p.mode == "open"])
+
+
+# Load-shape experiments (rules/shapes.smk): their points, what their answers read, the plots.
+EXP_POINTS = [p for p in POINTS if p.mode == "exp"]
+SHAPES_INPUTS_JSON = shapes_lib.ShapesInputs.of(PACK).canonical_json()
+
+
+def shape_plot_targets():
+    """Each experiment's picture beside the README (none without experiments)."""
+    folder = Path(stage_output("shapes", "json")).parent
+    return [str(folder / f"shape-{e.name}.png") for e in PACK.experiments] if EXP_POINTS else []
+
+
+def shapes_targets():
+    """shapes.json when the pack has experiments (the report's input)."""
+    return [stage_output("shapes", "json")] if EXP_POINTS else []
 
 
 # Failure drills: their names, what each reads, and what analysing them reads.

@@ -17,4 +17,6 @@ with job_logging(snakemake.log[0]) as log:
         log=log,
         # The failure test's JSON when the pack has drills (an empty input otherwise).
         failure=i.failure[0] if len(i.failure) else None,
+        # The load shapes' answers when the pack has experiments (an empty input otherwise).
+        shapes=i.shapes[0] if len(i.shapes) else None,
     )

@@ -159,6 +159,13 @@ def test_the_rules_outputs_are_the_tables(workflow):
             plots = got.pop("plots")
             assert [Path(p).name for p in plots] == list(stages.REPORT_PLOTS)
             assert {str(Path(p).parent) for p in plots} == {f"{results}/{stage.folder}"}
+        if name == "shapes":
+            # Each experiment's picture beside the README: the pack's experiments decide which.
+            from capacity_pack.plan.manifest import load_pack
+
+            pictures = [Path(p).name for p in got.pop("plots")]
+            names = [e.name for e in load_pack(DEFAULT_CONFIG).experiments]
+            assert pictures == [f"shape-{n}.png" for n in names]
         if name == "failure_test":
             # Each drill's timeline beside failure-test.md: the pack's drills decide which.
             pictures = [Path(p).name for p in got.pop("timelines")]

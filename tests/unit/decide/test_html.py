@@ -193,3 +193,33 @@ def test_a_pack_without_drills_or_autopsy_still_has_its_page(folder, tmp_path):
     assert parsed.order == ["decision"] and not parsed.details
     assert "ran no failure drills" in parsed.section_text["failure"]
     assert "No autopsy" in parsed.section_text["autopsy"]
+
+
+def test_load_shapes_sit_beside_their_pictures(folder, tmp_path):
+    """A pack with experiments: each answer in the load-shapes section, its picture after it
+    (not among the other figures); without experiments the section says so."""
+    import shutil
+
+    assert (
+        "This pack ran no load-shape experiments."
+        in Page(render_page(load_pack(folder))).section_text["shapes"]
+    )
+    pack = tmp_path / "pack"
+    shutil.copytree(folder, pack)
+    doc = {
+        "experiments": [
+            {"name": "spike", "test_type": "spike", "question": "How high does the queue go?",
+             "plot": "shape-spike.png",
+             "points": [{"key": "exp-spike/warm/rep0", "verdict": "pass",
+                         "answer": "The 50 RPS burst peaks the server queue at a depth of 7."}]}
+        ]
+    }  # fmt: skip
+    (pack / "shapes.json").write_text(json.dumps(doc))
+    _png(pack / "shape-spike.png")
+    page = render_page(load_pack(pack))
+    shapes = Page(page).section_text["shapes"]
+    assert "spike (spike): How high does the queue go?" in shapes
+    assert "peaks the server queue at a depth of 7" in shapes
+    section = page.split('<section id="shapes">', 1)[1].split("</section>", 1)[0]
+    assert "<figcaption><code>shape-spike.png</code>" in section
+    assert '<section id="other-figures">' not in page

@@ -13,6 +13,7 @@ summarizes never disagree. In order:
 6. the evidence per measured point, one folded ``<details>`` each (its ``slo-report.json``): the
    verdict and its reasons, rates, goodput, queue trend and prefix-cache hit rate, then per
    class the attainment with its confidence bound, P95 TTFT and TPOT against the cutoffs, errors;
+   then each load-shape experiment's question and answer with its picture (``shapes.json``);
 7. cold against warm cache: capacity, goodput and hit rates side by side, the per-repeat tables,
    the closed loop and the server signals over time;
 8. the full failure test and the performance autopsy (``failure-test.md``, ``autopsy.md``),
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from capacity_pack.decide import report as readme
+from capacity_pack.decide import shapes as load_shapes
 from capacity_pack.evidence.gates import GATES
 from capacity_pack.io import write_text_atomic
 from capacity_pack.plan.words import target_words
@@ -435,6 +437,7 @@ def _nav() -> str:
         ("failure", "When a replica fails"),
         ("gates", "Gates"),
         ("evidence", "Evidence per point"),
+        ("shapes", "Load shapes"),
         ("cache", "Cold vs warm"),
         ("failure-test", "Failure test"),
         ("autopsy", "Autopsy"),
@@ -616,6 +619,20 @@ def _evidence(p: PackFiles, figures: str) -> str:
     return _section("evidence", "Evidence per point", *parts, figures)
 
 
+def _shapes(p: PackFiles) -> str:
+    """Each load-shape experiment's question, answers and picture (``shapes.json``)."""
+    doc = _json(p.folder / "shapes.json")
+    lines = load_shapes.readme_lines(doc)
+    if not lines:
+        return _section("shapes", "Load shapes", "<p>This pack ran no load-shape experiments.</p>")
+    parts = [markdown("\n".join(lines[2:4]))]
+    for e in doc["experiments"]:
+        parts.append(markdown("\n".join(load_shapes.experiment_lines(e))))
+        if e["plot"] in p.plots:
+            parts.append(figure(e["plot"], p.plots[e["plot"]], e["question"]))
+    return _section("shapes", "Load shapes", *parts)
+
+
 def _mean(values: Iterable[Any]) -> float | None:
     vals = [v for v in values if isinstance(v, (int, float))]
     return sum(vals) / len(vals) if vals else None
@@ -774,6 +791,8 @@ def render_page(p: PackFiles) -> str:
         if name in PLOTS:
             where, caption = PLOTS[name]
             placed[where].append(figure(name, data, caption))
+        elif name.startswith("shape-"):
+            continue  # in the load-shapes section, beside its answer
         elif name.startswith("failure-timeline-"):
             drill = name.removeprefix("failure-timeline-").removesuffix(".png")
             placed["failure"].append(
@@ -794,6 +813,7 @@ def render_page(p: PackFiles) -> str:
         _failure(p, figs["failure"]),
         _gates(p),
         _evidence(p, figs["evidence"]),
+        _shapes(p),
         _cache(p, figs["cache"]),
         _folded("failure-test", "Failure test in full", p.failure_md, "No failure drills ran."),
         _autopsy(p),

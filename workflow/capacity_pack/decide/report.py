@@ -384,8 +384,10 @@ def write_pack(
     series: dict[str, pd.DataFrame],
     extra_files: list[Path] | None = None,
     failure: dict[str, Any] | None = None,
+    shapes: tuple[list[str], list[str]] | None = None,
 ) -> list[Path]:
-    """Write the pack folder; returns the files written. ``failure``: failure-test.json."""
+    """Write the pack folder; returns the files written. ``failure``: failure-test.json;
+    ``shapes``: the load shapes' README section and its files, written beside it."""
     import yaml
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -439,9 +441,11 @@ def write_pack(
         written = ["failure-test.md", "failure-test.json"]
         written += [f"failure-timeline-{r['drill']}.png" for r in failure["drills"]]
         files += [out_dir / n for n in written if (out_dir / n).exists()]
-    readme = render_readme(
-        frozen, capacity, plan, selected_report, [f.name for f in files], failure
-    )
+    if shapes is not None:
+        files += [out_dir / n for n in shapes[1] if (out_dir / n).exists()]
+    names = [f.name for f in files]
+    section = shapes[0] if shapes else None
+    readme = render_readme(frozen, capacity, plan, selected_report, names, failure, section)
     write_text_atomic(out_dir / "README.md", readme)
     files.append(out_dir / "README.md")
     return files
@@ -475,9 +479,11 @@ def render_readme(
     selected: dict[str, Any] | None,
     files: list[str],
     failure: dict[str, Any] | None = None,
+    shapes: list[str] | None = None,
 ) -> str:
-    """The pack's README.md: decision, the failure answer, replica plan, gates, evidence,
-    selected point, failure test, limits and files, one section renderer each."""
+    """The pack's README.md: decision, the failure answer, replica plan, gates, evidence, the
+    load shapes' answers, selected point, failure test, limits and files, one section
+    renderer each."""
     m = frozen["manifest"]
     lines = [
         *_readme_title(m["pack"]),
@@ -487,6 +493,7 @@ def render_readme(
         *_readme_gates(m),
         *_readme_verdict_words(m),
         *_readme_evidence(capacity),
+        *(shapes or []),
         *_readme_selected(selected),
         *_readme_failure(m),
         *_readme_limits(m),

@@ -167,6 +167,14 @@ _STAGES = [
         doc="Capacity per cache state, the closed-loop operating point, the replica plan.",
     ),
     Stage(
+        "shapes",
+        entry="capacity_pack.stages.shapes:run",
+        inputs="capacity_pack.decide.shapes:ShapesInputs",
+        folder="pack",
+        outputs={"json": "shapes.json"},
+        doc="Each load-shape experiment's own answer and plot (shape-<experiment>.png).",
+    ),
+    Stage(
         "report",
         entry="capacity_pack.stages.report:run",
         folder="pack",

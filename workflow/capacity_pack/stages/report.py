@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from capacity_pack.decide.report import load_reports, selected_point, write_pack
+from capacity_pack.decide.shapes import readme_lines as shapes_readme
 
 
 def run(
@@ -25,6 +26,7 @@ def run(
     readme: str | Path,
     log: logging.Logger,
     failure: str | Path | None = None,
+    shapes: str | Path | None = None,
 ) -> list[Path]:
     """Write the pack beside ``readme``; ``tables`` are the points' requests.csv and ``metrics``
     their server-metrics tables (the open-loop ones make the time-series plot); ``failure`` the
@@ -53,6 +55,15 @@ def run(
         series=series,
         extra_files=[Path(fit)],
         failure=json.loads(Path(failure).read_text()) if failure else None,
+        shapes=_shapes(shapes),
     )
     log.info("pack written to %s (%d files)", out_dir, len(files))
     return files
+
+
+def _shapes(path: str | Path | None) -> tuple[list[str], list[str]] | None:
+    """The README's load-shape section and the pack files it refers to."""
+    if path is None:
+        return None
+    doc = json.loads(Path(path).read_text())
+    return shapes_readme(doc), [Path(path).name, *(e["plot"] for e in doc["experiments"])]
