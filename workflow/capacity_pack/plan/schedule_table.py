@@ -9,7 +9,7 @@ is reserved.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,11 @@ class ScheduleTable(pa.DataFrameModel):
     prefix_tokens: Series[np.int32] = pa.Field(ge=0)
     prompt_seed: Series[np.int64] = pa.Field(ge=0)
     cancel_after_ns: Series[np.int64] = pa.Field(ge=-1)
+    # Session classes only (capacity_pack.plan.sessions); absent from other packs' schedules.
+    session: Optional[Series[np.int64]] = pa.Field(ge=-1)
+    turn: Optional[Series[np.int32]] = pa.Field(ge=-1)
+    think_ns: Optional[Series[np.int64]] = pa.Field(ge=0)
+    user_tokens: Optional[Series[np.int64]] = pa.Field(ge=0)
 
     class Config:
         strict = True
