@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.decide import sessions
 from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
 from capacity_pack.plan.words import target_words
@@ -427,6 +428,9 @@ def write_pack(
             continue
         draw(out_dir / name)
         files.append(out_dir / name)
+    if (fig := sessions.figure(reports, pyplot())) is not None:
+        save_figure(fig, out_dir / "sessions.png")
+        files.append(out_dir / "sessions.png")
     for f in extra_files or []:
         if f.exists():
             with atomic_path(out_dir / f.name) as tmp:
@@ -439,7 +443,13 @@ def write_pack(
         written += [f"failure-timeline-{r['drill']}.png" for r in failure["drills"]]
         files += [out_dir / n for n in written if (out_dir / n).exists()]
     readme = render_readme(
-        frozen, capacity, plan, selected_report, [f.name for f in files], failure
+        frozen,
+        capacity,
+        plan,
+        selected_report,
+        [f.name for f in files],
+        failure,
+        sessions.readme_lines(reports),
     )
     write_text_atomic(out_dir / "README.md", readme)
     files.append(out_dir / "README.md")
@@ -474,9 +484,11 @@ def render_readme(
     selected: dict[str, Any] | None,
     files: list[str],
     failure: dict[str, Any] | None = None,
+    session_lines: list[str] | None = None,
 ) -> str:
     """The pack's README.md: decision, the failure answer, replica plan, gates, evidence,
-    selected point, failure test, limits and files, one section renderer each."""
+    sessions by turn (``session_lines``: :mod:`capacity_pack.decide.sessions`), selected
+    point, failure test, limits and files, one section renderer each."""
     m = frozen["manifest"]
     lines = [
         *_readme_title(m["pack"]),
@@ -486,6 +498,7 @@ def render_readme(
         *_readme_gates(m),
         *_readme_verdict_words(m),
         *_readme_evidence(capacity),
+        *(session_lines or []),
         *_readme_selected(selected),
         *_readme_failure(m),
         *_readme_limits(m),

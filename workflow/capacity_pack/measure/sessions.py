@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-
 #: Why a held turn was never sent: an earlier turn of its session did not end ``ok``; the in-run
 #: decision stopped the arrivals; a signal interrupted the run.
 NOT_SENT = ("session_ended", "arrivals_stopped", "interrupted")

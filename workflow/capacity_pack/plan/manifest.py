@@ -565,8 +565,10 @@ class ThinkTime(_Model):
     max_s: float | None = Field(default=None, ge=0, description="Draws above this are clipped.")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        s = rng.exponential(self.mean_s, size=n) if self.distribution == "exponential" else (
-            np.full(n, self.mean_s)
+        s = (
+            rng.exponential(self.mean_s, size=n)
+            if self.distribution == "exponential"
+            else (np.full(n, self.mean_s))
         )
         return np.minimum(s, self.max_s) if self.max_s is not None else s
 

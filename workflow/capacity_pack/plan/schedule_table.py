@@ -9,7 +9,7 @@ is reserved.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,10 +38,10 @@ class ScheduleTable(pa.DataFrameModel):
     prompt_seed: Series[np.int64] = pa.Field(ge=0)
     cancel_after_ns: Series[np.int64] = pa.Field(ge=-1)
     # Session classes only (capacity_pack.plan.sessions); absent from other packs' schedules.
-    session: Optional[Series[np.int64]] = pa.Field(ge=-1)
-    turn: Optional[Series[np.int32]] = pa.Field(ge=-1)
-    think_ns: Optional[Series[np.int64]] = pa.Field(ge=0)
-    user_tokens: Optional[Series[np.int64]] = pa.Field(ge=0)
+    session: Series[np.int64] | None = pa.Field(ge=-1)
+    turn: Series[np.int32] | None = pa.Field(ge=-1)
+    think_ns: Series[np.int64] | None = pa.Field(ge=0)
+    user_tokens: Series[np.int64] | None = pa.Field(ge=0)
 
     class Config:
         strict = True

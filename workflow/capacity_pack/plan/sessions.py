@@ -102,7 +102,6 @@ def expand_sessions(
 ) -> pd.DataFrame:
     """The schedule frame (one row per arrival, before ids) with each session arrival expanded
     into its turns, in order; the session columns added. Vectorized per block."""
-    by_name = {c.name: c for c in workload}
     s_tokens = system_prompt_tokens(prompts)
     frame = frame.reset_index(drop=True)
     out = []
@@ -160,8 +159,12 @@ def expand_sessions(
         rows["think_ns"] = think
         rows["user_tokens"] = user.astype(np.int64)
         out.append(rows)
-    return pd.concat(out, ignore_index=True) if out else frame.assign(
-        session=np.int64(-1), turn=np.int32(-1), think_ns=np.int64(0), user_tokens=np.int64(0)
+    return (
+        pd.concat(out, ignore_index=True)
+        if out
+        else frame.assign(
+            session=np.int64(-1), turn=np.int32(-1), think_ns=np.int64(0), user_tokens=np.int64(0)
+        )
     )
 
 
