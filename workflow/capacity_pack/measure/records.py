@@ -9,8 +9,8 @@ when SIGINT/SIGTERM interrupted the run, with the stamps it got so far), error t
 (prompt, completion, cached tokens); a session class's request also its ``session`` and
 ``turn`` (:mod:`capacity_pack.measure.sessions`). A chunk's arrival is the kernel's receive
 time of the socket read that completed it (:mod:`capacity_pack.measure.connection`), so a busy
-loop does not blur it; events read together share it. A request that is never written (no connection) keeps
-the later of its start and due time as its send time.
+loop does not blur it; events read together share it. A request that is never written (no
+connection) keeps the later of its start and due time as its send time.
 
 The latencies derived from a record (by :mod:`capacity_pack.evidence.normalize`) follow vLLM's
 serving benchmark (``benchmarks/benchmark_serving.py``: TTFT, TPOT, ITL), with s = send,
