@@ -15,7 +15,8 @@ from typing import Any
 
 from capacity_pack.evidence.sessions import RATE_UNIT
 
-STYLE = {"cold": ("tab:blue", "o"), "warm": ("tab:orange", "s")}
+# Cold dashed under warm: after turn 0 both reuse their own conversation alike, so they meet.
+STYLE = {"cold": ("tab:blue", "o", "--"), "warm": ("tab:orange", "s", "-")}
 
 
 def session_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,16 +79,16 @@ def figure(reports: list[dict[str, Any]], plt: Any) -> Any:
         return None
     fig, (ax_hit, ax_ttft) = plt.subplots(1, 2, figsize=(10, 3.8))
     for r in chosen:
-        color, marker = STYLE.get(r["cache_state"], ("tab:gray", "x"))
+        color, marker, line = STYLE.get(r["cache_state"], ("tab:gray", "x", ":"))
         for name, c in r["sessions"]["classes"].items():
             turns = [t["turn"] for t in c["turns"]]
             hit = [t["prefix_hit_rate"] for t in c["turns"]]
             p95 = [t["p95_ttft_ms"] for t in c["turns"]]
             label = f"{name}, {_label(r)}"
             ax_hit.plot(turns, [h if h is not None else float("nan") for h in hit],
-                        color=color, marker=marker, alpha=0.8, label=label)  # fmt: skip
+                        color=color, marker=marker, ls=line, alpha=0.8, label=label)  # fmt: skip
             ax_ttft.plot(turns, [v if v is not None else float("nan") for v in p95],
-                         color=color, marker=marker, alpha=0.8, label=label)  # fmt: skip
+                         color=color, marker=marker, ls=line, alpha=0.8, label=label)  # fmt: skip
     ax_hit.set(xlabel="turn index", ylabel="prefix-cache hit rate (cached / prompt tokens)",
                title="Prefix reuse by turn", ylim=(-0.02, 1.02))  # fmt: skip
     ax_ttft.set(xlabel="turn index", ylabel="P95 TTFT (ms)", title="P95 TTFT by turn")

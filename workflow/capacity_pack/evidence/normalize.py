@@ -28,8 +28,8 @@ counted in the facts, are (i) after an early stop of the in-run decision
 last ``unsent_requests`` rows in schedule order, never sent (``unsent_after_early_stop``);
 (ii) the tail of the last extension block cut at the declared maximum duration
 (``cut_at_max_duration``); and (iii) the later turns of a multi-turn session that the run
-lists as never sent (``session_turns_not_sent``: an earlier turn failed, the arrivals were
-stopped; :mod:`capacity_pack.measure.sessions`), each named by its ID. A row the summary
+lists as never sent (``session_turns_not_sent``: an earlier turn failed;
+:mod:`capacity_pack.measure.sessions`), each named by its ID. A row the summary
 calls unsent that has a record is an error too.
 A sharded point's records are also checked against its shard assignment
 (:func:`capacity_pack.measure.shards.check_merge`: every record on the shard it was assigned to,

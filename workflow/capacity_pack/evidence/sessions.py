@@ -10,8 +10,9 @@ session class (:mod:`capacity_pack.plan.sessions`), grouped by class and turn in
 - the prefix-cache hit rate by turn, as the client sees it: sum of
   ``usage.prompt_tokens_details.cached_tokens`` / sum of ``usage.prompt_tokens`` over the
   successful turns k (the point-wide ``client_cached_token_fraction`` of
-  :func:`capacity_pack.measure.sweep.hit_rates` restricted to turn k); None where the server
-  reports no cached tokens at all;
+  :func:`capacity_pack.measure.sweep.hit_rates` restricted to turn k; a request without the
+  field counts 0 cached tokens, as engines omit it when nothing was cached); None where no
+  request of the point reports cached tokens at all;
 - mean prompt tokens of turn k (the conversation's growth).
 
 Turn 0 carries no earlier turn of its own session, so its hit rate is the cross-session reuse:
@@ -20,7 +21,7 @@ set's share for warm ones. Turns k >= 1 add the reuse of their own conversation,
 with k as the resent history outweighs the new user message.
 
 Also per class: sessions started, sessions whose every scheduled turn was sent, and the turns
-never sent (an earlier turn failed, an early stop), from the sweep summary. The point's rate is
+never sent (an earlier turn failed, an interrupt), from the sweep summary. The point's rate is
 in arrivals per second, a session counting once (its turn 0): ``rate_unit`` says so; the
 report's request rates (``offered_rate_rps``, throughputs, goodput) count every turn.
 """
@@ -59,6 +60,9 @@ def per_turn(
         "hit_rate_method": "sum cached_tokens / sum prompt_tokens over successful turns k",
         "classes": {},
     }
+    # An engine that reports cached tokens omits the field when none were cached (the
+    # simulator, vLLM): absent then reads as 0, as in the point's client_cached_token_fraction.
+    reported = bool(m["cached_tokens"].notna().any())
     for c in classes:
         mine = m[m["class"] == c.name]
         if mine.empty:
@@ -71,12 +75,8 @@ def per_turn(
                 np.count_nonzero(meets_slo(ttft, tpot, c.ttft_cutoff_ms, c.tpot_cutoff_ms))
             )
             prompt = ok["prompt_tokens"].dropna().astype("int64").sum()
-            cached = ok["cached_tokens"]
-            hit = (
-                float(cached.fillna(0).astype("int64").sum() / prompt)
-                if prompt and cached.notna().any()
-                else None
-            )
+            cached = ok["cached_tokens"].fillna(0).astype("int64").sum()
+            hit = float(cached / prompt) if prompt and reported else None
             srt = np.sort(ttft)
             rows.append(
                 {

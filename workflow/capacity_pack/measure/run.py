@@ -352,8 +352,8 @@ class Run:
     ) -> None:
         """Send ``row``; when it starts a session, then each later turn in order, each due its
         think time after the previous turn ended, carrying the conversation so far
-        (:mod:`capacity_pack.measure.sessions`). A turn that does not end ``ok``, an early stop
-        or an interrupt ends the session: the rest are listed as never sent."""
+        (:mod:`capacity_pack.measure.sessions`). A turn that does not end ``ok`` or an interrupt
+        ends the session: the rest are listed as never sent."""
         later = self._sessions.take(row)
         a = await self._send(client, row, due_ns, block, capture=bool(later))
         if not later:
@@ -386,11 +386,11 @@ class Run:
             )
 
     def _held_back(self) -> tuple[str, str] | None:
-        """Why no further turn may be sent now (an interrupt, an early stop), or None."""
+        """Why no further turn may be sent now (an interrupt), or None. An early stop of the
+        arrivals starts no new session, but the sessions under way go on to their last turn,
+        as their users would."""
         if self.interrupted is not None:
             return "interrupted", f"interrupted by {self.interrupted}"
-        if self._stream is not None and self._stream.stopped:
-            return "arrivals_stopped", "the in-run decision stopped the arrivals"
         return None
 
     def _user_message(self, row: dict[str, Any]) -> str:

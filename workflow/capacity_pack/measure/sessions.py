@@ -13,9 +13,11 @@ chat completions as alternating user and assistant messages.
 
 A turn that does not end ``ok`` ends its session: the later turns are never sent and are
 listed, each with the reason, in the run summary's ``session_turns_not_sent`` (request id,
-session, turn, reason), never a crash. So are the turns held back when the in-run decision
-stops the arrivals or a signal interrupts the run; the sessions whose turn 0 was never started
-count in ``unsent_requests`` with it (all their turns follow it in schedule order).
+session, turn, kind, reason), never a crash; so are the turns held back when a signal
+interrupts the run. When the in-run decision stops the arrivals, no new session starts, but
+the sessions under way go on to their last turn (their users would); the sessions whose turn
+0 was never started count in ``unsent_requests`` with it (all their turns follow it in
+schedule order).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: Why a held turn was never sent: an earlier turn of its session did not end ``ok``; the in-run
-#: decision stopped the arrivals; a signal interrupted the run.
-NOT_SENT = ("session_ended", "arrivals_stopped", "interrupted")
+#: Why a held turn was never sent: an earlier turn of its session did not end ``ok``; a signal
+#: interrupted the run.
+NOT_SENT = ("session_ended", "interrupted")
 
 
 def turn_of(row: dict[str, Any]) -> int:
