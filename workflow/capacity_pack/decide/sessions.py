@@ -42,10 +42,11 @@ def readme_lines(reports: list[dict[str, Any]]) -> list[str]:
         "",
         f"Open-loop rates of session classes are in {RATE_UNIT}; each turn is one request for "
         "the SLO (the class's cutoffs apply per turn) and for the request rates. Turn k resends "
-        "turn k-1's prompt and answer plus a new user message, k think times later. Prefix hit "
-        "rate: cached / prompt tokens of the successful turns k, as the server's usage reports "
-        "them. Turn 0's rate is the reuse across sessions: near zero cold (a system prompt of "
-        "its own per session), the shared system prompts' share warm. Plot: `sessions.png`.",
+        "turn k-1's prompt and answer plus a new user message, a think time after turn k-1 "
+        "ended. Prefix hit rate: cached / prompt tokens of the successful turns k, as the "
+        "server's usage reports them. Turn 0's rate is the reuse across sessions: near zero "
+        "cold (a system prompt of its own per session), the shared system prompts' share warm. "
+        "Plot: `sessions.png`.",
         "",
     ]
     classes = sorted({c for r in chosen for c in r["sessions"]["classes"]})
