@@ -69,7 +69,8 @@ def test_session_pack_hit_rate_rises_with_the_turn_and_ttft_by_turn_is_reported(
             # TTFT by turn index, from the successful turns.
             assert t["successful"] > 0 and 0 < t["p50_ttft_ms"] <= t["p95_ttft_ms"]
         turns[cache] = rows
-        table = pd.read_parquet(results / "tables" / "open-r3" / cache / "rep0" / "requests.parquet")
+        tables = results / "tables" / "open-r3" / cache / "rep0"
+        table = pd.read_parquet(tables / "requests.parquet")
         measured = table[table["phase"] == "measure"]
         assert measured["turn"].notna().all() and measured["session"].notna().all()
         schedule = json.loads(
