@@ -192,3 +192,9 @@ def test_session_packs_refuse_shards_and_empty_sessions():
     d["workload"][0]["session"]["turns"] = 0
     with pytest.raises(ManifestError, match="at least one turn"):
         validate_pack(d)
+    # The per-point bound counts a session's turns: 2e6 arrivals x up to 100 turns.
+    d = data()
+    d["workload"][0]["session"]["turns"] = {"distribution": "geometric", "mean": 4, "max": 100}
+    d["sweep"]["open_loop_rps"] = [200_000]
+    with pytest.raises(ManifestError, match=r"sessions of up to 100 turns\), above the bound"):
+        validate_pack(d)

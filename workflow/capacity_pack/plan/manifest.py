@@ -589,6 +589,11 @@ class SessionSpec(_Model):
             raise ValueError("a session needs at least one turn")
         return v
 
+    @property
+    def max_turns(self) -> int:
+        t = self.turns
+        return t if isinstance(t, int) else (t.max if hasattr(t, "max") else t.stats().max)
+
 
 class WorkloadClass(_Model):
     name: str = Field(pattern=NAME_PATTERN, description="Class name (lower_snake_case).")
@@ -1459,11 +1464,14 @@ class Pack(_Model):
             if f.fallback_rate_per_replica_rps is not None:
                 rate = f.fallback_rate_per_replica_rps * replicas
                 sizes.append(("failure.fallback_rate_per_replica_rps", rate * f.duration_s))
+        # A session class's arrival is up to max_turns requests (capacity_pack.plan.sessions).
+        turns = max((w.session.max_turns for w in self.workload if w.session), default=1)
         for where, n in sizes:
-            if n > MAX_REQUESTS:
+            if n * turns > MAX_REQUESTS:
                 raise ValueError(
-                    f"{where}: the point schedules about {n:.4g} requests, above the bound of "
-                    f"{MAX_REQUESTS:,} requests per point"
+                    f"{where}: the point schedules about {n * turns:.4g} requests"
+                    + (f" ({n:.4g} arrivals, sessions of up to {turns} turns)" if turns > 1 else "")
+                    + f", above the bound of {MAX_REQUESTS:,} requests per point"
                 )
         return self
 
