@@ -4,6 +4,8 @@ rule capacity:
     input:
         # Functions: with sweep.search, the searched points are known only round by round.
         reports=lambda w: report_targets(),
+        # The plan sizes KV from the contexts sent at the capacity point (their tables).
+        tables=lambda w: point_targets("normalize", "requests"),
         search=search_targets(),
     output:
         **stage_outputs("capacity"),

@@ -8,6 +8,7 @@ with job_logging(snakemake.log[0]) as log:
     entry("capacity")(
         pack=snakemake.params.pack,
         reports=list(snakemake.input.reports),
+        tables=list(snakemake.input.tables),
         capacity=o.capacity,
         plan=o.plan,
         log=log,

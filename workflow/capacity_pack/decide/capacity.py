@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from capacity_pack.decide.contexts import sent_contexts
 from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
 
@@ -514,19 +515,13 @@ def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
 
 
 def mix_p95_context(pack) -> float:
-    """P95 of prompt + output tokens over the class mix (per-class P95 for distributions)."""
-    from capacity_pack.plan.manifest import length_stats
+    """P95 of prompt + output tokens over the manifest's class mix: the nearest-rank P95 of
+    contexts drawn from its distributions (:func:`capacity_pack.decide.contexts.
+    manifest_contexts`), the mix's own P95, not a mix of the classes' P95s."""
+    from capacity_pack.decide.contexts import manifest_contexts
+    from capacity_pack.decide.sizing import context_tail
 
-    rows = sorted(
-        (length_stats(c.input_tokens).p95 + length_stats(c.output_tokens).p95, c.mix)
-        for c in pack.workload
-    )
-    cum = 0.0
-    for context, mix in rows:
-        cum += mix
-        if cum >= 0.95 - 1e-12:
-            return float(context)
-    return float(rows[-1][0])
+    return float(context_tail(manifest_contexts(pack), 1.0).p95_tokens)
 
 
 def memory_inputs(pack) -> dict[str, float] | None:
@@ -550,8 +545,13 @@ def memory_inputs(pack) -> dict[str, float] | None:
     }
 
 
-def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) -> dict[str, Any]:
-    """Replicas and GPUs for the pack's peak, from throughput and from memory; cost."""
+def build_plan(
+    capacity: dict[str, Any], reports: list[dict[str, Any]], pack,
+    tables: list[str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Replicas and GPUs for the pack's peak, from throughput and from memory; cost; the fit
+    at the planned concurrency. ``tables``: the points' requests tables (the contexts sent at
+    the capacity point are read from them; without them, drawn from the manifest)."""
     from capacity_pack.decide import sizing
 
     state = capacity["primary_cache_state"]
@@ -582,13 +582,15 @@ def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) ->
     p95_e2e_s = max(
         (c["p95_e2e_ms"] or 0.0) for r in at_capacity for c in r["classes"].values()
     ) / 1e3 if at_capacity else None  # fmt: skip
+    sent = sent_contexts(at_capacity, tables, pack)
+    tail = sizing.context_tail(sent.contexts, mem["kv_bytes_per_token"] if mem else 0.0)
     if mem is not None and p95_e2e_s:
         try:
             mem_plan = sizing.plan_memory(
                 pack.plan.peak_rps,
                 p95_e2e_s,
                 mem["kv_bytes_per_token"],
-                mix_p95_context(pack),
+                tail.p95_tokens,
                 mem["accelerator_memory_gb"],
                 mem["weights_gb"],
                 mem["overhead_gb"],
@@ -607,15 +609,13 @@ def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) ->
     plan = sizing.combine(thr, mem_plan)
     plan["capacity_cache_state"] = state
     plan["p95_e2e_s_at_capacity"] = p95_e2e_s
-    plan["p95_context_tokens"] = mix_p95_context(pack)
+    plan["p95_context_tokens"] = tail.p95_tokens
+    plan["max_context_tokens"] = tail.max_tokens
+    plan["contexts"] = {**sent.describe(), **tail.model_dump()}
     if memory_error:
         plan["memory_note"] = memory_error
     if mem is not None:
-        kv_gb = mem["kv_bytes_per_token"] * mix_p95_context(pack) / 1e9
-        plan["fit_probe_one_request_at_p95_context"] = sizing.fit_probe(
-            mem["accelerator_memory_gb"], mem["margin_gb"], mem["weights_gb"], kv_gb,
-            mem["overhead_gb"],
-        ).model_dump()  # fmt: skip
+        plan.update(tail_fit(plan, mem, sent, tail, p95_e2e_s))
     if pack.plan.price_per_gpu_hour is not None:
         # Only successes divide the bill: failures at the capacity point raise the unit cost.
         error_rate = max((r["error_rate"] or 0.0) for r in at_capacity) if at_capacity else 0.0
@@ -630,6 +630,125 @@ def build_plan(capacity: dict[str, Any], reports: list[dict[str, Any]], pack) ->
     if bw is not None:
         plan["effective_bandwidth"] = bw
     return plan
+
+
+def tail_fit(
+    plan: dict[str, Any], mem: dict[str, float], sent, tail, p95_e2e_s: float | None
+) -> dict[str, Any]:
+    """The two fit probes of a plan, against one replica's budget (memory x memory
+    utilization - margin, as the memory plan and the preflight probe count it): one request
+    at the maximum context sent, and the requests in flight at the planned load
+    (:func:`capacity_pack.decide.sizing.kv_at_concurrency`): the peak over the replicas
+    carrying the load (the plan's, redundancy and warm pool left out: they are what survives
+    a failure, not extra room), each request in flight for its measured time in system."""
+    from capacity_pack.decide import sizing
+
+    budget = mem["accelerator_memory_gb"] * mem["memory_utilization"]
+
+    def probe(kv_gb: float) -> dict[str, Any]:
+        result = sizing.fit_probe(
+            budget, mem["margin_gb"], mem["weights_gb"], kv_gb, mem["overhead_gb"]
+        ).model_dump()
+        return {"weights_gb": mem["weights_gb"], "kv_gb": kv_gb,
+                "overhead_gb": mem["overhead_gb"], **result}  # fmt: skip
+
+    out: dict[str, Any] = {
+        "fit_probe_one_request_at_max_context": {
+            "context_tokens": tail.max_tokens,
+            **probe(tail.kv_bytes_per_request_max / 1e9),
+        }
+    }
+    load_replicas = (
+        plan["required_replicas"] - plan["throughput"]["redundancy_replicas"]
+        - plan["throughput"]["warm_pool_replicas"]
+    )  # fmt: skip
+    rate = plan["throughput"]["peak_rps"] / load_replicas
+    if sent.durations_s is None and not p95_e2e_s:
+        out["fit_probe_at_planned_concurrency"] = {
+            "verdict": None,
+            "reason": "no time in system measured at the capacity point",
+        }
+        return out
+    held = sizing.kv_at_concurrency(
+        rate, sent.contexts, mem["kv_bytes_per_token"], durations_s=sent.durations_s,
+        # Without per-request times, the largest class P95 E2E stands in for E[S]: a P95 lies
+        # above the mean unless the top 5 % dominate it, so the in-flight count errs high.
+        mean_time_in_system_s=None if sent.durations_s is not None else p95_e2e_s,
+    )  # fmt: skip
+    out["fit_probe_at_planned_concurrency"] = {
+        "load_replicas": load_replicas,
+        "time_in_system_source": (
+            "the sent requests' send-to-last-event times at the capacity point"
+            if sent.durations_s is not None
+            else "the largest class P95 E2E at the capacity point, no requests table"
+        ),
+        "contexts_source": sent.source,
+        **held.model_dump(),
+        **probe(held.kv_gb),
+    }
+    return out
+
+
+def tail_fit_sentences(plan: dict[str, Any]) -> list[str]:
+    """The plan's contexts and fit probes in words (README and pack page), paragraph by
+    paragraph; empty for a plan without them."""
+    ctx = plan.get("contexts")
+    if not ctx:
+        return []
+
+    def g(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.3g}" if abs(v) < 1e3 else f"{v:,.0f}"
+
+    def fit(f: dict[str, Any]) -> str:
+        return (f"weights {g(f['weights_gb'])} + KV {g(f['kv_gb'])} + overhead "
+                f"{g(f['overhead_gb'])} = {g(f['need_gb'])} GB against a budget of "
+                f"{g(f['budget_gb'])} GB (memory x utilization - margin): **{f['verdict']}** "
+                f"(headroom {g(f['headroom_gb'])} GB)")  # fmt: skip
+
+    out = [
+        f"Contexts (prompt + output tokens) {ctx['label']}: P50 {ctx['p50_tokens']}, "
+        f"**P95 {ctx['p95_tokens']}**, P99 {ctx['p99_tokens']}, **max {ctx['max_tokens']}** "
+        f"(mean {g(ctx['mean_tokens'])}); KV per request "
+        f"{g(ctx['kv_bytes_per_request_p95'] / 1e9)} GB at the P95 (what the memory plan sizes "
+        f"with), {g(ctx['kv_bytes_per_request_max'] / 1e9)} GB at the max.",
+        "",
+    ]
+    one = plan.get("fit_probe_one_request_at_max_context")
+    if one:
+        out += [f"One request at the max context ({one['context_tokens']} tokens, "
+                f"{g(one['kv_gb'])} GB of KV) next to the weights and overhead: {fit(one)}.",
+                ""]  # fmt: skip
+    conc = plan.get("fit_probe_at_planned_concurrency")
+    if conc and conc.get("verdict"):
+        out += [
+            f"Fit probe at the planned concurrency: {g(conc['rate_per_replica_rps'])} RPS per "
+            f"replica ({conc['load_replicas']} replicas carry the peak) x "
+            f"{g(conc['mean_time_in_system_s'])} s time in system ("
+            f"{'mean of ' if conc['duration_weighted'] else ''}"
+            f"{conc['time_in_system_source']}) = "
+            f"{g(conc['in_flight_mean'])} requests in flight (Little's law; P95 "
+            f"{conc['in_flight_p95']} as a Poisson count), holding {g(conc['kv_mean_gb'])} GB "
+            f"of KV on average and **{g(conc['kv_gb'])} GB at P95** (the sum over a Poisson "
+            "count of contexts drawn "
+            + (
+                "in proportion to their time in system"
+                if conc["duration_weighted"]
+                else "uniformly"
+            )
+            + f", {conc['resamples']} resamples, seed {conc['seed']}); weights + that KV + "
+            f"overhead: {fit(conc)}."
+            + (
+                " The requests in flight at the planned load would not fit on a replica: the "
+                "plan needs more replicas, or more memory per replica, than its replica count "
+                "says."
+                if conc["verdict"] == "does-not-fit"
+                else ""
+            ),
+            "",
+        ]
+    elif conc:
+        out += [f"Fit probe at the planned concurrency: not run ({conc['reason']}).", ""]
+    return out
 
 
 def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.decide import sessions
+from capacity_pack.decide.capacity import tail_fit_sentences
 from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
 from capacity_pack.plan.words import target_words
@@ -592,8 +593,9 @@ def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         "",
         "required_replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)); "
         "the memory bound comes from Little's Law (peak x P95 latency in flight) and KV bytes "
-        "per request at the P95 context.",
+        "per request at the P95 context of the requests sent.",
         "",
+        *tail_fit_sentences(plan),
     ]  # fmt: skip
     if plan.get("cost"):
         c = plan["cost"]

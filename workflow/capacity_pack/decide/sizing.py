@@ -15,6 +15,30 @@ Formulas (in parentheses, the worked numbers that ``tests/unit/decide/test_sizin
   overhead; requests per replica = floor(capacity / KV per request); replicas =
   ceil(in-flight at peak / requests per replica). The plan takes the larger of the throughput
   and memory replica counts and says which one bound it;
+- the context distribution sized from (:mod:`capacity_pack.decide.contexts` gathers it): each
+  request's context = prompt tokens + the output tokens it asked for, over the requests sent
+  at the selected capacity point(s); the P95 and the maximum are nearest-rank order statistics
+  of that sample, taken over the whole mix at once. The P95 of a mix is not the mix of the
+  classes' P95s: 90 % of requests from a class whose P95 is 1,000 and 10 % from one whose P95 is
+  20,000 put the mix's P95 inside the long class, wherever its own distribution puts it, not at
+  the 95 % point of the class P95s. The memory plan sizes KV per request at the P95 context and
+  states whether one request at the maximum context fits (:func:`context_tail`);
+- KV held at the planned concurrency (:func:`kv_at_concurrency`): per replica, requests arrive
+  at lambda_r = peak / replicas carrying the load and each is in flight for its time in system
+  S (send to last event, measured at the capacity point: the planned rate is at most the
+  capacity, so S there overstates S at the plan). Little's law gives the mean number in flight
+  L = lambda_r E[S]; its cost form H = lambda G (Brumelle, "On the relation between customer
+  and time averages in queues", J. Appl. Prob. 8, 1971; Heyman and Stidham, Operations
+  Research 28(4), 1980) gives the mean KV held, lambda_r E[S C] for contexts C. Its tail: a
+  continuous-batching replica serves every admitted request at once, an M/G/infinity system
+  under Poisson arrivals, in which the requests in flight at an instant number Poisson(L) and
+  each is drawn from the sent requests with probability proportional to its S (a long request
+  is in flight at more instants; Kleinrock, Queueing Systems vol. 1, 1975, on M/G/infinity).
+  The statistic is the P95 of that compound sum, sum over Poisson(L) duration-weighted draws of
+  C x KV bytes per token, by resampling the sent requests with a fixed seed (20,000 draws of
+  the sum). A request is counted at its full context for all of S (its KV grows from the prompt
+  to prompt + output), so the figure is an upper bound in that respect; bursty arrivals
+  (gamma with CV > 1) spread the count wider than Poisson, which the figure does not cover;
 - fit probe: weights + KV + overhead <= memory - margin; headroom = budget - need;
   ``fits`` (headroom > 0), ``zero-headroom`` (== 0 within 1e-9), ``does-not-fit`` (< 0)
   (24 GB with a 2 GB margin: 12+4+2 = 18 fits with 4 GB; 12+8+2 = 22 zero; 12+12+2 = 26 no);
@@ -34,6 +58,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -228,3 +253,116 @@ def cost(
         "cost_per_request": per_request,
         "cost_per_task": per_request * requests_per_task if per_request is not None else None,
     }
+
+
+class ContextTail(_Model):
+    """The context distribution a plan sizes from: its order statistics and KV per request."""
+
+    requests: int = Field(description="Requests in the sample.")
+    mean_tokens: float
+    p50_tokens: int
+    p95_tokens: int = Field(description="Nearest-rank P95 of prompt + output tokens (the mix).")
+    p99_tokens: int
+    max_tokens: int
+    kv_bytes_per_request_p95: float = Field(description="KV bytes per token x P95 context")
+    kv_bytes_per_request_max: float = Field(description="KV bytes per token x max context")
+
+
+def context_tail(contexts: np.ndarray, kv_bytes_token: float) -> ContextTail:
+    """Order statistics of a sample of contexts (tokens) and the KV of one request at each."""
+    v = np.sort(np.asarray(contexts, dtype=np.int64))
+    if v.size == 0:
+        raise ValueError("no contexts to size from")
+
+    def rank(p: float) -> int:
+        return int(v[max(0, math.ceil(round(p * v.size, 9)) - 1)])
+
+    return ContextTail(
+        requests=int(v.size),
+        mean_tokens=float(v.mean()),
+        p50_tokens=rank(0.50),
+        p95_tokens=rank(0.95),
+        p99_tokens=rank(0.99),
+        max_tokens=int(v[-1]),
+        kv_bytes_per_request_p95=kv_bytes_token * rank(0.95),
+        kv_bytes_per_request_max=kv_bytes_token * int(v[-1]),
+    )
+
+
+class ConcurrencyKV(_Model):
+    """KV held per replica at the planned load (see the module docstring)."""
+
+    rate_per_replica_rps: float = Field(description="lambda_r: planned arrivals per replica.")
+    mean_time_in_system_s: float = Field(description="E[S]: mean send-to-last-event time.")
+    in_flight_mean: float = Field(description="L = lambda_r x E[S] (Little's law).")
+    in_flight_p95: int = Field(description="P95 of the Poisson(L) number in flight.")
+    kv_mean_gb: float = Field(
+        description="lambda_r x E[S x C] x KV bytes per token (H = lambda G)."
+    )
+    kv_gb: float = Field(description="P95 of the KV held: the compound sum's resampled P95.")
+    quantile: float
+    resamples: int
+    seed: int
+    duration_weighted: bool = Field(
+        description="Draws weighted by time in system (False: no per-request times known)."
+    )
+
+
+def kv_at_concurrency(
+    rate_per_replica_rps: float,
+    contexts: np.ndarray,
+    kv_bytes_token: float,
+    *,
+    durations_s: np.ndarray | None = None,
+    mean_time_in_system_s: float | None = None,
+    quantile: float = 0.95,
+    resamples: int = 20_000,
+    seed: int = 0,
+) -> ConcurrencyKV:
+    """The KV held by the requests in flight on one replica at ``rate_per_replica_rps``.
+
+    With ``durations_s`` (each sent request's time in system) E[S] is their mean and each draw
+    picks a request with probability proportional to its time in system; without them every
+    request is equally likely and ``mean_time_in_system_s`` gives E[S]."""
+    c = np.asarray(contexts, dtype=np.float64)
+    if c.size == 0:
+        raise ValueError("no contexts to size from")
+    if rate_per_replica_rps < 0 or not 0 < quantile < 1 or resamples < 1:
+        raise ValueError("rate >= 0, quantile in (0, 1), resamples >= 1")
+    if durations_s is not None:
+        s = np.asarray(durations_s, dtype=np.float64)
+        if s.shape != c.shape or np.any(s < 0) or not np.all(np.isfinite(s)):
+            raise ValueError("durations must be finite, non-negative, one per context")
+        mean_s = float(s.mean())
+        weights = s / s.sum() if s.sum() > 0 else None
+        kv_mean_tokens = rate_per_replica_rps * float((s * c).mean())
+    else:
+        if mean_time_in_system_s is None or mean_time_in_system_s < 0:
+            raise ValueError("give per-request durations or a non-negative mean time in system")
+        mean_s, weights = float(mean_time_in_system_s), None
+        kv_mean_tokens = rate_per_replica_rps * mean_s * float(c.mean())
+    in_flight = little_in_flight(rate_per_replica_rps, mean_s)
+    rng = np.random.default_rng(seed)
+    counts = rng.poisson(in_flight, size=resamples)
+    sums = np.zeros(resamples)
+    # In blocks of at most ~2M draws, so a large L does not hold every draw in memory at once.
+    block = max(1, int(2_000_000 // max(in_flight, 1.0)))
+    for lo in range(0, resamples, block):
+        n = counts[lo : lo + block]
+        picks = rng.choice(c, size=int(n.sum()), p=weights)
+        owner = np.repeat(np.arange(n.size), n)
+        sums[lo : lo + block] = np.bincount(owner, weights=picks, minlength=n.size)
+    rank = max(0, math.ceil(round(quantile * resamples, 9)) - 1)
+    kv_tokens = float(np.partition(sums, rank)[rank])
+    return ConcurrencyKV(
+        rate_per_replica_rps=rate_per_replica_rps,
+        mean_time_in_system_s=mean_s,
+        in_flight_mean=in_flight,
+        in_flight_p95=int(np.partition(counts, rank)[rank]),
+        kv_mean_gb=kv_mean_tokens * kv_bytes_token / 1e9,
+        kv_gb=kv_tokens * kv_bytes_token / 1e9,
+        quantile=quantile,
+        resamples=resamples,
+        seed=seed,
+        duration_weighted=weights is not None,
+    )

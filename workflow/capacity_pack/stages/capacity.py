@@ -21,12 +21,15 @@ def run(
     capacity: str | Path,
     plan: str | Path,
     log: logging.Logger,
+    tables: Sequence[str | Path] = (),
 ) -> tuple[dict, dict]:
-    """Write ``capacity.json`` and ``plan.json`` from the points' SLO reports; return both."""
+    """Write ``capacity.json`` and ``plan.json`` from the points' SLO reports; return both.
+    ``tables``: the points' requests tables, which the plan reads the contexts sent at the
+    capacity point from (without them it sizes from the manifest's distributions)."""
     validated = validate_pack(json.loads(pack), "capacity params")
     docs = load_reports(list(reports))
     cap = build_capacity(docs, validated)
-    replicas = build_plan(cap, docs, validated)
+    replicas = build_plan(cap, docs, validated, [str(t) for t in tables])
     write_json_atomic(capacity, cap)
     write_json_atomic(plan, replicas)
     for sel in cap["open_loop"].values():
