@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from capacity_pack.decide import report as readme
+from capacity_pack.decide import sessions
 from capacity_pack.decide import shapes as load_shapes
 from capacity_pack.evidence.gates import GATES
 from capacity_pack.io import write_text_atomic
@@ -89,6 +90,10 @@ PLOTS = {
         "cache",
         "The server's queue depth, running requests and KV usage over time, one panel per "
         "open-loop point.",
+    ),
+    "sessions.png": (
+        "cache",
+        "Multi-turn sessions: the prefix-cache hit rate and P95 TTFT by turn index, cold and warm.",
     ),
 }
 
@@ -697,6 +702,7 @@ def _cache(p: PackFiles, figures: str) -> str:
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
     per_repeat = markdown(_body(evidence_markdown(p.capacity)), shift=1)
+    by_turn = sessions.readme_lines(p.reports)
     return _section(
         "cache",
         "Cold vs warm cache",
@@ -706,6 +712,7 @@ def _cache(p: PackFiles, figures: str) -> str:
         side,
         "<h3>Per repeat and closed loop</h3>",
         per_repeat,
+        markdown("\n".join(by_turn), shift=1) if by_turn else "",
         figures,
     )
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.decide import sessions
 from capacity_pack.decide.capacity import tail_fit_sentences
 from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
@@ -430,6 +431,9 @@ def write_pack(
             continue
         draw(out_dir / name)
         files.append(out_dir / name)
+    if (fig := sessions.figure(reports, pyplot())) is not None:
+        save_figure(fig, out_dir / "sessions.png")
+        files.append(out_dir / "sessions.png")
     for f in extra_files or []:
         if f.exists():
             with atomic_path(out_dir / f.name) as tmp:
@@ -445,7 +449,16 @@ def write_pack(
         files += [out_dir / n for n in shapes[1] if (out_dir / n).exists()]
     names = [f.name for f in files]
     section = shapes[0] if shapes else None
-    readme = render_readme(frozen, capacity, plan, selected_report, names, failure, section)
+    readme = render_readme(
+        frozen,
+        capacity,
+        plan,
+        selected_report,
+        names,
+        failure,
+        section,
+        sessions.readme_lines(reports),
+    )
     write_text_atomic(out_dir / "README.md", readme)
     files.append(out_dir / "README.md")
     return files
@@ -480,10 +493,12 @@ def render_readme(
     files: list[str],
     failure: dict[str, Any] | None = None,
     shapes: list[str] | None = None,
+    session_lines: list[str] | None = None,
 ) -> str:
     """The pack's README.md: decision, the failure answer, replica plan, gates, evidence, the
-    load shapes' answers, selected point, failure test, limits and files, one section
-    renderer each."""
+    load shapes' answers, sessions by turn (``session_lines``:
+    :mod:`capacity_pack.decide.sessions`), selected point, failure test, limits and files, one
+    section renderer each."""
     m = frozen["manifest"]
     lines = [
         *_readme_title(m["pack"]),
@@ -494,6 +509,7 @@ def render_readme(
         *_readme_verdict_words(m),
         *_readme_evidence(capacity),
         *(shapes or []),
+        *(session_lines or []),
         *_readme_selected(selected),
         *_readme_failure(m),
         *_readme_limits(m),

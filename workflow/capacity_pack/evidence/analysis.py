@@ -22,7 +22,9 @@ capacity gate) and adds, with the methods of :mod:`.statistics`:
 - Little's Law over every terminal request of the steady window, flagged above a 10% gap;
 - the offered rate the schedule realised: (n - 1) / (last - first measured scheduled arrival),
   n measured requests (``offered_rate_rps``; T includes the drain, this span does not);
-- the optional gates of :mod:`.gates` (per-class error rate, all-attempt attainment) when set.
+- the optional gates of :mod:`.gates` (per-class error rate, all-attempt attainment) when set;
+- for session classes, TTFT, attainment and the prefix-cache hit rate by turn index
+  (``sessions``: :mod:`.sessions`).
 
 Verdict: ``inconclusive`` when the point cannot be judged as a server result (the client was the
 bottleneck: dispatch lateness above its bound; the shard clocks disagree); else ``fail`` when a
@@ -50,6 +52,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from capacity_pack.binomial import confidence_sequence, design_effect, effective_counts
+from capacity_pack.evidence import sessions
 from capacity_pack.evidence.gates import Gates, cutoff_checks, pack_gates
 from capacity_pack.evidence.slo_report import (
     STATUSES,
@@ -186,6 +189,8 @@ def analyze_point(
         ],
         percentile_method="nearest_rank",
     )
+    if sessions.has_sessions(m):
+        report["sessions"] = sessions.per_turn(m, classes, sweep_summary)
     _judge(report, classes, gates, bool(sweep_summary.get("shards")))
     report["trace_replay"] = sweep_summary.get("trace_replay")
     report["verdict_reasons"] += under_sampled_reasons(

@@ -25,9 +25,12 @@ the extension blocks the run used, the prewarm rows) appears exactly once; a mis
 is an error, never silently dropped. The only rows of the schedule allowed to be absent, each
 counted in the facts, are (i) after an early stop of the in-run decision
 (:mod:`capacity_pack.measure.sequential`; the sweep summary's ``stopped_early``), exactly the
-last ``unsent_requests`` rows in schedule order, never sent (``unsent_after_early_stop``); and
+last ``unsent_requests`` rows in schedule order, never sent (``unsent_after_early_stop``);
 (ii) the tail of the last extension block cut at the declared maximum duration
-(``cut_at_max_duration``). A row the summary calls unsent that has a record is an error too.
+(``cut_at_max_duration``); and (iii) the later turns of a multi-turn session that the run
+lists as never sent (``session_turns_not_sent``: an earlier turn failed;
+:mod:`capacity_pack.measure.sessions`), each named by its ID. A row the summary
+calls unsent that has a record is an error too.
 A sharded point's records are also checked against its shard assignment
 (:func:`capacity_pack.measure.shards.check_merge`: every record on the shard it was assigned to,
 each
@@ -92,6 +95,10 @@ class RequestsTable(pa.DataFrameModel):
     sent_realtime_ns: Series[np.int64]
     end_realtime_ns: Series[np.int64]
     warmup: Series[bool]
+    # Session classes only (capacity_pack.plan.sessions): absent from other packs' tables,
+    # null on rows outside a session.
+    session: Series[pd.Int64Dtype] | None = pa.Field(nullable=True, ge=0)
+    turn: Series[pd.Int64Dtype] | None = pa.Field(nullable=True, ge=0)
 
     class Config:
         strict = True
@@ -169,10 +176,15 @@ def expected_ids(
 
 
 def reconcile(
-    records: pd.DataFrame, expected: pd.DataFrame, source: str, unsent: int = 0
+    records: pd.DataFrame,
+    expected: pd.DataFrame,
+    source: str,
+    unsent: int = 0,
+    not_sent: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Every expected request exactly once; only the last ``unsent`` rows (an early stop's)
-    and the cut tail of the last extension block may be absent."""
+    """Every expected request exactly once; only the last ``unsent`` rows (an early stop's),
+    the cut tail of the last extension block and the session turns the run lists as never
+    sent (``not_sent``) may be absent."""
     dup = records["request_id"][records["request_id"].duplicated()]
     if len(dup):
         raise NormalizeError(
@@ -186,6 +198,17 @@ def reconcile(
             f"{source}: {len(extra)} recorded request ID(s) are not in the schedule, "
             f"e.g. {extra[:3]}"
         )
+    skipped = 0
+    if not_sent:
+        held = set(not_sent)
+        sent_anyway = sorted(held & got)
+        if sent_anyway:
+            raise NormalizeError(
+                f"{source}: the sweep summary lists {len(sent_anyway)} session turn(s) as never "
+                f"sent, but they have a record, e.g. {sent_anyway[:3]}"
+            )
+        skipped = int(expected["request_id"].isin(held).sum())
+        expected = expected[~expected["request_id"].isin(held)]
     missing = expected[~expected["request_id"].isin(got)]
     if unsent:
         # The run stopped its arrivals: the rows after the last one started were never sent.
@@ -213,12 +236,15 @@ def reconcile(
                 f"status), e.g. {sample}"
             )
         cut = len(missing)
-    return {
-        "expected": int(len(expected)) + unsent,
+    facts = {
+        "expected": int(len(expected)) + unsent + skipped,
         "recorded": int(len(records)),
         "cut_at_max_duration": cut,
         "unsent_after_early_stop": unsent,
     }
+    if not_sent is not None:
+        facts["session_turns_not_sent"] = skipped
+    return facts
 
 
 def normalize(
@@ -296,6 +322,9 @@ def normalize(
             "warmup": r["phase"].isin(["warmup", "prewarm"]).to_numpy(),
         }
     )
+    if "turn" in r.columns and r["turn"].notna().any():
+        requests["session"] = pd.array(r["session"], dtype="Int64")
+        requests["turn"] = pd.array(r["turn"], dtype="Int64")
     requests = validate_table(
         requests, requests_schema(class_names, fixed_output), f"{source} (requests)"
     )
@@ -401,7 +430,14 @@ def normalize_point(
     unsent = int(sweep_summary.get("unsent_requests") or 0)
     if not sweep_summary.get("stopped_early"):
         unsent = 0
-    facts = reconcile(records, expected, source, unsent)
+    not_sent = sweep_summary.get("session_turns_not_sent")
+    facts = reconcile(
+        records,
+        expected,
+        source,
+        unsent,
+        [t["request_id"] for t in not_sent] if not_sent is not None else None,
+    )
     shards = sweep_summary.get("shards")
     if shards and int(shards.get("count", 1)) > 1:
         try:

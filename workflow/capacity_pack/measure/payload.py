@@ -78,6 +78,25 @@ class RequestBuilder:
             headers={**self.headers, "X-Request-Id": row["request_id"]},
         )
 
+    def session_request(
+        self, client: httpx.AsyncClient, row: dict[str, Any], contents: list[str]
+    ) -> httpx.Request:
+        """A session's later turn: the conversation so far, ``contents`` (turn 0's prompt,
+        then each answer and each later user message): one prompt joined by spaces, or
+        alternating user and assistant chat messages."""
+        body = self.payload(row, " ".join(contents))
+        if "messages" in body:
+            roles = ("user", "assistant")
+            body["messages"] = [
+                {"role": roles[i % 2], "content": text} for i, text in enumerate(contents)
+            ]
+        return client.build_request(
+            "POST",
+            self.url,
+            content=json.dumps(body, separators=(",", ":")).encode(),
+            headers={**self.headers, "X-Request-Id": row["request_id"]},
+        )
+
     def prompt(self, row: dict[str, Any]) -> str:
         # A real target's tokenizer (tokenizer.json or /tokenize) fits the text to the exact
         # count; without one, the project's words are exact for the simulated engine.

@@ -6,10 +6,11 @@ at end: scheduled offset, due time, actual send time (when the request's bytes w
 every streamed chunk's arrival and its token count, HTTP status, terminal status (``ok``,
 ``error``, ``timeout``, ``rejected``, ``cancelled``: by the cancellation policy, or in flight
 when SIGINT/SIGTERM interrupted the run, with the stamps it got so far), error text, usage
-(prompt, completion, cached tokens). A chunk's arrival is the kernel's receive time of the
-socket read that completed it (:mod:`capacity_pack.measure.connection`), so a busy loop does not
-blur it; events read together share it. A request that is never written (no connection) keeps
-the later of its start and due time as its send time.
+(prompt, completion, cached tokens); a session class's request also its ``session`` and
+``turn`` (:mod:`capacity_pack.measure.sessions`). A chunk's arrival is the kernel's receive
+time of the socket read that completed it (:mod:`capacity_pack.measure.connection`), so a busy
+loop does not blur it; events read together share it. A request that is never written (no
+connection) keeps the later of its start and due time as its send time.
 
 The latencies derived from a record (by :mod:`capacity_pack.evidence.normalize`) follow vLLM's
 serving benchmark (``benchmarks/benchmark_serving.py``: TTFT, TPOT, ITL), with s = send,
@@ -71,6 +72,11 @@ class Attempt:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # Session classes: the session and turn index (capacity_pack.measure.sessions), and the
+    # streamed text's chunks when a later turn must carry this answer (never written out).
+    session: int | None = None
+    turn: int | None = None
+    text: list[str] | None = None
 
     def to_json(self, t0_ns: int, t0_realtime_ns: int) -> str:
         out_tokens = sum(self.chunk_tokens)
@@ -106,6 +112,8 @@ class Attempt:
             "chunk_ns": self.chunk_ns,
             "chunk_tokens": self.chunk_tokens,
         }
+        if self.session is not None:
+            rec["session"], rec["turn"] = self.session, self.turn
         return json.dumps(rec, separators=(",", ":"))
 
 
@@ -180,6 +188,8 @@ RECORD_SCHEMA = pyarrow.schema(
         ("chunk_ns", pyarrow.list_(pyarrow.int64())),
         ("chunk_tokens", pyarrow.list_(pyarrow.int64())),
         ("shard", pyarrow.int64()),
+        ("session", pyarrow.int64()),
+        ("turn", pyarrow.int64()),
     ]
 )
 _INT64 = {pyarrow.int64(): pd.Int64Dtype()}.get

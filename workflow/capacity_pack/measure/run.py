@@ -92,10 +92,12 @@ from capacity_pack.measure.sequential import (
     projected_short,
     wants_extension,
 )
+from capacity_pack.measure.sessions import SessionTurns, answer_text, end_reason, is_dependent
 from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sse import SSEReader
 from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
 from capacity_pack.measure.watchers import health, lag_monitor, progress, progress_lines, scraper
+from capacity_pack.plan.sessions import user_message
 
 NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
@@ -161,6 +163,14 @@ class _Gate:
 
 
 def _attempt(row: dict[str, Any], due_ns: int) -> Attempt:
+    a = _plain_attempt(row, due_ns)
+    turn = row.get("turn")
+    if turn is not None and turn == turn and int(turn) >= 0:  # a session class's turn
+        a.session, a.turn = int(row["session"]), int(turn)
+    return a
+
+
+def _plain_attempt(row: dict[str, Any], due_ns: int) -> Attempt:
     return Attempt(
         request_id=row["request_id"],
         seq=int(row["seq"]),
@@ -227,6 +237,8 @@ class Run:
         self._lead_ns = 0
         self._stream: Arrivals | None = None
         self._builder = RequestBuilder(settings)
+        # Session classes: later turns held until their predecessor ends.
+        self._sessions = SessionTurns()
         self.writer.secrets = self._builder.secrets
         # Interrupts: the signal's name once one came, when, and the tasks sending a request.
         self.interrupted: str | None = None
@@ -239,25 +251,39 @@ class Run:
 
     # -- request construction --------------------------------------------------------------
 
-    def _request(self, row: dict[str, Any]) -> httpx.Request:
+    def _request(self, row: dict[str, Any]) -> httpx.Request | None:
         assert self._client is not None
+        if is_dependent(row):
+            return None  # its prompt holds the previous answer: built when that has come
         return self._builder.request(self._client, row)
 
     def _prepare(self, rows: list[dict[str, Any]]) -> None:
         """Build the requests (prompt text, JSON body, httpx.Request) before the clock starts,
         so dispatch never waits on them."""
         for row in rows:
-            self._requests[row["request_id"]] = self._request(row)
+            if (request := self._request(row)) is not None:
+                self._requests[row["request_id"]] = request
 
     # -- one request -----------------------------------------------------------------------
 
     async def _send(
-        self, client, row: dict[str, Any], due_ns: int, block: Arrivals | None = None
-    ) -> None:
+        self,
+        client,
+        row: dict[str, Any],
+        due_ns: int,
+        block: Arrivals | None = None,
+        *,
+        request: httpx.Request | None = None,
+        capture: bool = False,
+    ) -> Attempt | None:
+        """Send one request and record it; its attempt (None: never sent, interrupted)."""
         if self.interrupted is not None:
-            return  # started after the interrupt: never sent
+            return None  # started after the interrupt: never sent
         a = _attempt(row, due_ns)
-        request = self._requests.pop(a.request_id, None) or self._request(row)
+        if capture:
+            a.text = []
+        request = request or self._requests.pop(a.request_id, None) or self._request(row)
+        assert request is not None
         cancel_after = int(row.get("cancel_after_ns", -1))
         # Until the request is written (it may be prepared ahead of its due time): a request
         # that never is (no connection) keeps the later of now and its due time.
@@ -271,7 +297,7 @@ class Run:
                 request.extensions[SEND_AT] = due_ns
         elif not gate(time.perf_counter_ns()):
             self._reject(a)
-            return
+            return a
         limit_s = self.s.request_timeout_s
         cancel_s = cancel_after / NS if cancel_after >= 0 else None
         deadline_s = min(limit_s, cancel_s) if cancel_s is not None else limit_s
@@ -287,7 +313,7 @@ class Run:
                 await self._exchange(client, request, a)
         except RequestWithdrawn:
             self._reject(a)
-            return
+            return a
         except asyncio.CancelledError:
             if self.interrupted is None:
                 raise  # not the interrupt's: the run is being torn down
@@ -319,6 +345,59 @@ class Run:
             self._active.discard(task)
             if record and (a.status != "rejected" or a.http_status is not None):
                 self._settle(a, gate, block)
+        return a if record else None
+
+    async def _session(
+        self, client, row: dict[str, Any], due_ns: int, block: Arrivals | None = None
+    ) -> None:
+        """Send ``row``; when it starts a session, then each later turn in order, each due its
+        think time after the previous turn ended, carrying the conversation so far
+        (:mod:`capacity_pack.measure.sessions`). A turn that does not end ``ok`` or an interrupt
+        ends the session: the rest are listed as never sent."""
+        later = self._sessions.take(row)
+        a = await self._send(client, row, due_ns, block, capture=bool(later))
+        if not later:
+            return
+        contents = [self._builder.prompt(row)]
+        for k, nxt in enumerate(later):
+            held = self._held_back()
+            if held is None and (a is None or a.status != "ok"):
+                status, error = (a.status, a.error) if a is not None else (None, None)
+                held = "session_ended", end_reason(status, error, int(nxt["turn"]) - 1)
+            if held is not None:
+                self._sessions.skip(later[k:], *held)
+                return
+            assert a is not None and self._client is not None
+            contents += [answer_text(a.text), self._user_message(nxt)]
+            request = self._builder.session_request(self._client, nxt, contents)
+            due = a.end_ns + int(nxt["think_ns"])
+            timed = self.s.mode != "closed"
+            if timed:
+                nxt = {**nxt, "scheduled_offset_ns": due - self.t0_ns}
+            # A timed send is handed to the dispatcher a lead early (as the arrivals are).
+            wait_ns = due - (self._lead_ns if timed else 0) - time.perf_counter_ns()
+            if wait_ns > 0:
+                await asyncio.sleep(wait_ns / NS)
+            if (held := self._held_back()) is not None:
+                self._sessions.skip(later[k:], *held)
+                return
+            a = await self._send(
+                client, nxt, due if timed else 0, request=request, capture=k + 1 < len(later)
+            )
+
+    def _held_back(self) -> tuple[str, str] | None:
+        """Why no further turn may be sent now (an interrupt), or None. An early stop of the
+        arrivals starts no new session, but the sessions under way go on to their last turn,
+        as their users would."""
+        if self.interrupted is not None:
+            return "interrupted", f"interrupted by {self.interrupted}"
+        return None
+
+    def _user_message(self, row: dict[str, Any]) -> str:
+        counter = self.s.token_counter
+        return user_message(
+            int(row["prompt_seed"]), int(row["user_tokens"]), counter, self.s.corpus_revision
+        )
 
     async def _exchange(self, client, request: httpx.Request, a: Attempt) -> None:
         """Send the request, read its response into ``a``."""
@@ -425,6 +504,7 @@ class Run:
         while they run; returns when every request started has terminated."""
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task] = set()
+        rows = self._sessions.split(rows)  # later turns of sessions follow their predecessor
         due = [base_ns + int(r["scheduled_offset_ns"]) for r in rows]
         stream = self._stream = Arrivals(rows, due, loop.create_future())
         stream.closed = self.s.extension_block is None
@@ -432,7 +512,7 @@ class Run:
         def start(i: int) -> None:
             if self.interrupted is not None or stream.stopped:
                 return  # handed over just before the interrupt or the stop: never sent
-            task = loop.create_task(self._send(client, stream.rows[i], stream.due[i], stream))
+            task = loop.create_task(self._session(client, stream.rows[i], stream.due[i], stream))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             stream.started = i + 1
@@ -532,23 +612,24 @@ class Run:
         for r in block.rows:
             self._scheduled[r["class"]] = self._scheduled.get(r["class"], 0) + 1
         self._requests.update(block.requests)
+        arrivals = self._sessions.split(block.rows)
         # The block continues the seeded process on the run's own clock: no rebase.
-        due = [self.t0_ns + int(r["scheduled_offset_ns"]) for r in block.rows]
+        due = [self.t0_ns + int(r["scheduled_offset_ns"]) for r in arrivals]
         assert self._dispatcher is not None
         if self._lead_ns:
             self._dispatcher.expect_more(due)
         else:
             self._dispatcher.more_arrivals(due)
-        stream.append(block.rows, due)
+        stream.append(arrivals, due)
 
     async def _closed_loop(self, client, rows: list[dict[str, Any]]) -> None:
-        it = iter(rows)
+        it = iter(self._sessions.split(rows))  # a worker runs a session's turns in turn
 
         async def worker() -> None:
             for row in it:
                 if self.interrupted is not None:
                     return
-                await self._send(client, row, 0)
+                await self._session(client, row, 0)
 
         n = self.s.concurrency or 1
         await asyncio.gather(*(worker() for _ in range(n)))
@@ -814,7 +895,13 @@ class Run:
             "cut_at_max_duration": self.cut_at_max_duration,
             "under_sampled_classes": self._short_classes(projected=False),
             "stopped_early": self.stopped_early,
-            "unsent_requests": self._stream.unsent() if self._stream is not None else 0,
+            # With the later turns of the sessions never started (they follow in the schedule).
+            "unsent_requests": (
+                self._stream.unsent() + (self._sessions.unstarted() if self._stream.stopped else 0)
+                if self._stream is not None
+                else 0
+            ),
+            **(self._sessions.summary() if self._sessions.seen else {}),
             "sequential": self._decider.summary() if self._decider is not None else None,
             "interrupted": interruption(
                 self.interrupted, scheduled, self.writer.count, self.cancelled_in_flight

@@ -127,6 +127,8 @@ class SSEReader:
         if not text:
             return 0
         n = count_tokens(text) or 1
+        if a.text is not None:
+            a.text.append(text)  # a session's next turn carries this answer
         if a.first_token_ns is None:
             a.first_token_ns = now_ns
         a.last_token_ns = now_ns

@@ -74,6 +74,7 @@ from capacity_pack.plan.manifest import (
     unwrap_frozen,
     validate_pack,
 )
+from capacity_pack.plan.sessions import mean_turns
 from capacity_pack.plan.trace_lint import verbatim_trace_notes
 
 # Successful requests per class before a percentile or attainment counts as evidence (the
@@ -290,7 +291,7 @@ def lint_pack(pack: Pack) -> list[Finding]:
             )
         )
     gate = pack.acceptance.min_successful_samples_per_class
-    counts = pack.class_counts(pack.client.initial_scheduled_requests)
+    counts = in_turns(pack, pack.class_counts(pack.client.initial_scheduled_requests))
     short = {c: n for c, n in counts.items() if n < gate}
     if short and not pack.client.replays_verbatim:  # its rows, not the quota: trace_lint
         findings.append(
@@ -393,7 +394,17 @@ def class_reach(pack: Pack, rate: float) -> dict[str, int]:
     or, extended, the rate x mix x ``client.maximum_duration_seconds``."""
     initial = pack.class_counts(pack.client.initial_scheduled_requests)
     span = pack.client.maximum_duration_seconds
-    return {c.name: max(initial[c.name], int(rate * c.mix * span)) for c in pack.workload}
+    arrivals = {c.name: max(initial[c.name], int(rate * c.mix * span)) for c in pack.workload}
+    return in_turns(pack, arrivals)
+
+
+def in_turns(pack: Pack, arrivals: dict[str, int]) -> dict[str, int]:
+    """Requests from scheduled arrivals: a session class's arrival is a session of E[K] turns
+    on average (:func:`capacity_pack.plan.sessions.mean_turns`), each one request."""
+    return {
+        c.name: int(arrivals[c.name] * (mean_turns(c.session) if c.session else 1))
+        for c in pack.workload
+    }
 
 
 def _undecidable_gate(pack: Pack) -> list[Finding]:

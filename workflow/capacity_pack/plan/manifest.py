@@ -56,6 +56,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -619,6 +620,57 @@ class Prompts(_Model):
     )
 
 
+class GeometricTurns(_Model):
+    """Turns per session on {1, 2, ...}: geometric with success probability 1 / mean, clipped."""
+
+    distribution: Literal["geometric"] = Field(description="Distribution kind.")
+    mean: float = Field(ge=1, le=MAX_TOKENS, description="Mean turns before clipping.")
+    max: int = Field(ge=1, le=MAX_TOKENS, description="Draws above this are clipped to it.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.minimum(rng.geometric(1.0 / self.mean, size=n), self.max).astype(np.int64)
+
+
+class ThinkTime(_Model):
+    """The user's pause between a turn's answer and the next turn's send."""
+
+    distribution: Literal["exponential", "fixed"] = Field(
+        default="exponential", description="Exponential with this mean, or always the mean."
+    )
+    mean_s: float = Field(ge=0, description="Mean think time in seconds.")
+    max_s: float | None = Field(default=None, ge=0, description="Draws above this are clipped.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        s = (
+            rng.exponential(self.mean_s, size=n)
+            if self.distribution == "exponential"
+            else (np.full(n, self.mean_s))
+        )
+        return np.minimum(s, self.max_s) if self.max_s is not None else s
+
+
+class SessionSpec(_Model):
+    """A multi-turn session class (:mod:`capacity_pack.plan.sessions`): each arrival of the
+    class is a session whose turns resend the conversation so far plus a new user message."""
+
+    turns: int | GeometricTurns | LognormalLength | EmpiricalLength = Field(
+        description="Turns per session: fixed, or geometric/lognormal/empirical with a max."
+    )
+    think_time: ThinkTime = Field(description="Pause between an answer and the next turn.")
+
+    @field_validator("turns")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("a session needs at least one turn")
+        return v
+
+    @property
+    def max_turns(self) -> int:
+        t = self.turns
+        return t if isinstance(t, int) else (t.max if hasattr(t, "max") else t.stats().max)
+
+
 class WorkloadClass(_Model):
     name: str = Field(pattern=NAME_PATTERN, description="Class name (lower_snake_case).")
     mix: float = Field(gt=0, le=1, description="Share of requests in this class.")
@@ -626,6 +678,19 @@ class WorkloadClass(_Model):
     output_tokens: LengthSpec
     request_ttft_cutoff_ms: float = Field(gt=0, description="Per-request TTFT cutoff.")
     request_tpot_cutoff_ms: float = Field(gt=0, description="Per-request TPOT cutoff.")
+    session: SessionSpec | None = Field(
+        default=None,
+        description="Multi-turn sessions: each arrival is a session, input_tokens each turn's "
+        "new user message, output_tokens each answer.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        # A class without sessions dumps as before: its manifest and section hashes are unchanged.
+        out = handler(self)
+        if isinstance(out, dict) and out.get("session") is None:
+            out.pop("session", None)
+        return out
 
     @field_validator("input_tokens", "output_tokens")
     @classmethod
@@ -1454,12 +1519,19 @@ class Pack(_Model):
                         f"failure drill {d.name!r}: replica {d.replica} does not exist in a "
                         f"{n}-replica drill (0..{n - 1})"
                     )
+        sessions = [c.name for c in self.workload if c.session is not None]
+        if sessions and self.client.shards > 1:
+            raise ValueError(
+                f"session classes {sessions} need client.shards: 1 (a session's turns follow "
+                "each other in one client process)"
+            )
         if "warm" in self.all_cache_states() and self.prompts.prefix is None:
             raise ValueError("warm-cache points need prompts.prefix (the shared-prefix set)")
         if self.prompts.prefix is not None:
             for c in self.workload:
                 if (
-                    isinstance(c.input_tokens, int)
+                    c.session is None  # a session's system prompt comes on top of its input
+                    and isinstance(c.input_tokens, int)
                     and c.input_tokens <= self.prompts.prefix.prefix_tokens
                 ):
                     raise ValueError(
@@ -1510,11 +1582,14 @@ class Pack(_Model):
             if f.fallback_rate_per_replica_rps is not None:
                 rate = f.fallback_rate_per_replica_rps * replicas
                 sizes.append(("failure.fallback_rate_per_replica_rps", rate * f.duration_s))
+        # A session class's arrival is up to max_turns requests (capacity_pack.plan.sessions).
+        turns = max((w.session.max_turns for w in self.workload if w.session), default=1)
         for where, n in sizes:
-            if n > MAX_REQUESTS:
+            if n * turns > MAX_REQUESTS:
                 raise ValueError(
-                    f"{where}: the point schedules about {n:.4g} requests, above the bound of "
-                    f"{MAX_REQUESTS:,} requests per point"
+                    f"{where}: the point schedules about {n * turns:.4g} requests"
+                    + (f" ({n:.4g} arrivals, sessions of up to {turns} turns)" if turns > 1 else "")
+                    + f", above the bound of {MAX_REQUESTS:,} requests per point"
                 )
         return self
 

@@ -49,6 +49,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import canonical_json, sha256_of_obj
+from capacity_pack.plan import sessions
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import (
     Client,
@@ -630,10 +631,14 @@ def build_schedule(
         frame = _trace_schedule(inputs, point, entropy)
     else:
         frame = _synthetic_schedule(inputs, point, entropy, extension_blocks)
+    columns = COLUMNS
+    if sessions.has_sessions(inputs.workload):
+        frame = sessions.expand_sessions(frame, inputs.workload, inputs.prompts, entropy)
+        columns = COLUMNS + sessions.SESSION_COLUMNS
     frame.insert(0, "seq", np.arange(len(frame), dtype=np.int64))
     stem = f"{point.point_id}.{point.cache_state}.rep{point.repeat}"
     frame.insert(0, "request_id", [f"{stem}.{i:06d}" for i in range(len(frame))])
-    return frame[COLUMNS]
+    return frame[columns]
 
 
 def _synthetic_schedule(
@@ -817,6 +822,8 @@ def summarize(frame: pd.DataFrame, inputs: ScheduleInputs, point: Point) -> dict
         summary["realised_rps"] = float(gaps.size / span) if span > 0 else None
         summary["gap_mean_s"] = float(gaps.mean())
         summary["gap_cv"] = float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else None
+    if "session" in frame.columns:
+        summary.update(sessions.summary(frame, inputs.workload))
     if inputs.prompts.prefix is not None and point.cache_state == "warm":
         summary["distinct_prefixes_used"] = int(
             frame.loc[frame["prefix_id"] >= 0, "prefix_id"].nunique()

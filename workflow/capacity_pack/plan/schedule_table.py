@@ -39,6 +39,11 @@ class ScheduleTable(pa.DataFrameModel):
     prefix_blocks: Series[str] = pa.Field(str_matches=r"^(\d+( \d+)*)?$")
     prompt_seed: Series[np.int64] = pa.Field(ge=0)
     cancel_after_ns: Series[np.int64] = pa.Field(ge=-1)
+    # Session classes only (capacity_pack.plan.sessions); absent from other packs' schedules.
+    session: Series[np.int64] | None = pa.Field(ge=-1)
+    turn: Series[np.int32] | None = pa.Field(ge=-1)
+    think_ns: Series[np.int64] | None = pa.Field(ge=0)
+    user_tokens: Series[np.int64] | None = pa.Field(ge=0)
 
     class Config:
         strict = True
