@@ -22,6 +22,9 @@ def small_pack() -> dict:
         requests=60,
         min_samples=10,
         sweep={"open_loop_rps": [10, 20], "closed_loop_concurrency": [1]},
+        # At least 9 s measured: the queue trend needs 8 scrapes (1 s apart) in the steady
+        # window, else the point is inconclusive however its classes did.
+        minimum_duration_seconds=9,
     )
     # One short drill: the failure stage end to end (integration/test_failure.py runs all).
     data["failure"].update(
