@@ -27,6 +27,23 @@ def pack_data() -> dict[str, Any]:
     return yaml.safe_load(DEFAULT_CONFIG.read_text())
 
 
+# Fixed (input, output) tokens per class of the default pack's workload, round numbers near its
+# distributions' medians: for tests whose expectations are exact per-request lengths.
+FIXED_LENGTHS = {
+    "interactive": (256, 32),
+    "long_context": (1024, 48),
+    "generation_heavy": (128, 128),
+}
+
+
+def with_fixed_lengths(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a pack as plain data, edited in place and returned) with the default pack's
+    classes at :data:`FIXED_LENGTHS`."""
+    for c in data["workload"]:
+        c["input_tokens"], c["output_tokens"] = FIXED_LENGTHS[c["name"]]
+    return data
+
+
 def small_pack_data(
     name: str,
     *,

@@ -5,7 +5,8 @@ search settings; one repeat, no load-shape experiment, no drill, no closed loop:
 bracket is what is checked) against the simulated engine, over HTTP, cold and warm. The truth
 it should find is the model's own boundary, computed without any server or client by
 :func:`capacity_pack.sim.virtual.attainment_at` on the same workload (long seeded runs in
-virtual time; warm: with the pack's shared prefixes): the model is evaluated at the bracket's
+virtual time; a class's length distribution as a seeded pool of its draws; warm: with the
+pack's shared prefixes): the model is evaluated at the bracket's
 two rates and, where it disagrees, in steps of the resolution outward until it changes side,
 which locates its boundary to the pack's resolution at the cost of two evaluations when the
 two agree.
@@ -31,10 +32,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from capacity_pack.binomial import sequential_outcome
-from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.plan.manifest import sample_lengths, validate_pack
 from capacity_pack.plan.schedule import Point
 from capacity_pack.sim.profile import load_profile
 from capacity_pack.sim.virtual import SharedPrefixes, VirtualClass, attainment_at
@@ -46,6 +48,7 @@ NAME = "default-search"
 # The model's runs: long enough that its own estimate is within about half a percent.
 MODEL_S, MODEL_SEEDS = 120.0, (0, 1)
 NOISE = 0.01
+POOL = 20_000  # draws standing for a class's length distribution in the model's runs
 
 
 def search_pack() -> dict:
@@ -81,6 +84,14 @@ def searched(tmp_path_factory):
     return validate_pack(data, "pack.yaml"), docs, workdir / "results" / NAME
 
 
+def pool(spec) -> int | tuple[int, ...]:
+    """A fixed length as it is; a distribution as a large seeded sample of it, which the
+    model's runs draw from."""
+    if isinstance(spec, int):
+        return spec
+    return tuple(int(v) for v in sample_lengths(spec, np.random.default_rng(0), POOL))
+
+
 def model_boundary(meets, pass_rps: float, fail_rps: float, step: float) -> tuple[float, float]:
     """The model's (highest meeting, lowest missing) rates at ``step``, from the bracket out."""
     if meets(pass_rps) and not meets(fail_rps):
@@ -103,7 +114,7 @@ def test_the_default_packs_bracket_agrees_with_the_models_boundary(searched, sta
     resolution = pack.sweep.search.resolution_rps
     assert bracket["within_resolution"] and bracket["fail_rps"] - bracket["pass_rps"] <= resolution
     classes = [
-        VirtualClass(c.name, c.mix, c.input_tokens, c.output_tokens,
+        VirtualClass(c.name, c.mix, pool(c.input_tokens), pool(c.output_tokens),
                      c.request_ttft_cutoff_ms / 1e3, c.request_tpot_cutoff_ms / 1e3)
         for c in pack.workload
     ]  # fmt: skip

@@ -22,6 +22,9 @@ def small_pack() -> dict:
         requests=60,
         min_samples=10,
         sweep={"open_loop_rps": [10, 20], "closed_loop_concurrency": [1]},
+        # At least 9 s measured: the queue trend needs 8 scrapes (1 s apart) in the steady
+        # window, else the point is inconclusive however its classes did.
+        minimum_duration_seconds=9,
     )
     # One short drill: the failure stage end to end (integration/test_failure.py runs all).
     data["failure"].update(
@@ -139,7 +142,9 @@ def test_the_pack_states_its_decision(ran):
         assert [r["offered_rps"] for r in sel["rates"]] == [10.0, 20.0]
         assert all(len(r["verdicts"]) == 1 for r in sel["rates"])
     header = (pack / "requests.csv").read_text().splitlines()[0]
-    assert header == "request_id,class,ttft_ms,tpot_ms,e2e_ms,output_tokens,status"
+    assert header == (
+        "request_id,class,ttft_ms,tpot_ms,e2e_ms,output_tokens,status,output_tokens_expected"
+    )
     for png in pack.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -296,7 +301,9 @@ def test_changed_drill_setting_reruns_only_the_failure_stage(ran):
 def test_pipeline_writes_frozen_manifest_and_schedules(ran):
     results = ran / "results" / "pipeline-test"
     frozen = json.loads((results / "manifest" / "frozen.json").read_text())
-    assert frozen["derived"]["weighted_mean_input_tokens"] == pytest.approx(460.8)
+    # The lognormal classes' means (median x exp(sigma^2 / 2), rounded and clipped draws):
+    # 0.5 x 266.74 + 0.3 x 1000.00 + 0.2 x 133.37.
+    assert frozen["derived"]["weighted_mean_input_tokens"] == pytest.approx(460.045151)
     keys = sorted(
         str(p.parent.relative_to(results / "schedules"))
         for p in results.glob("schedules/*/*/*/schedule.parquet")
@@ -542,3 +549,51 @@ def test_lint_findings_stop_the_pipeline(tmp_path):
     assert res.returncode != 0
     assert "no-warmup" in res.stderr + res.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_every_point_reports_its_lengths_and_its_throughput(ran):
+    """The default pack's lengths are distributions: the frozen manifest states them, every
+    point's SLO report the lengths it sent and received against them, with the check, and its
+    system and per-user throughput; the pack README and page show them at the selected point."""
+    results = ran / "results" / "pipeline-test"
+    frozen = json.loads((results / "manifest" / "frozen.json").read_text())
+    stats = frozen["derived"]["length_stats"]
+    assert frozen["derived"]["fixed_length_classes"] == []
+    assert stats["interactive"]["input_tokens"] == {
+        "mean": pytest.approx(266.743, abs=1e-3), "p50": 240, "p95": 512, "p99": 701,
+        "max": 1024, "fixed": False,
+    }  # fmt: skip
+    reports = sorted(results.glob("reports/*/*/*/slo-report.json"))
+    assert len(reports) == 6
+    for path in reports:
+        doc = json.loads(path.read_text())
+        # Bonferroni over 3 quantiles x (sent input, requested and received output) x 3 classes.
+        assert doc["lengths_check"]["quantile_tests"] == 27
+        assert doc["lengths_match_manifest"] in (True, False)
+        for name, entry in doc["classes"].items():
+            lengths = entry["lengths"]
+            assert lengths["manifest"] == stats[name]
+            assert lengths["sent"]["count"] == entry["attempted"]
+            assert lengths["received"]["count"] == entry["successful_count"]
+            # The schedules are drawn from the manifest with fixed seeds: they match it.
+            assert lengths["sent"]["match"] and lengths["requested"]["match"], path
+            assert [t["quantile"] for t in lengths["sent"]["quantile_tests"]] == [0.5, 0.95, 0.99]
+            assert 1 <= lengths["sent"]["p50"] <= lengths["sent"]["p95"] <= lengths["sent"]["max"]
+            assert lengths["sent"]["max"] <= stats[name]["input_tokens"]["max"]
+            # The simulated engine counts the pack's tokenizer's tokens.
+            assert lengths["server_prompt_tokens"]["differs_from_sent"] == 0
+            assert entry["lengths_match_manifest"] is not False or entry["lengths_match_why"]
+        t = doc["throughput"]
+        assert t["system_output_tps"] == pytest.approx(doc["output_throughput_tps"])
+        user = t["per_user_output_tps"]
+        assert user["count"] == doc["successful"] and user["p5"] <= user["p50"] <= user["p95"]
+        assert t["per_user_decode_tps"]["p50"] > 0
+    pack = results / "pack"
+    readme = (pack / "README.md").read_text()
+    assert "## Workload lengths" in readme
+    assert "| interactive | input | lognormal | 266.7 | 240 | 512 | 701 | 1,024 |" in readme
+    assert "| class | input sent | manifest input | server prompt tokens |" in readme
+    assert "| 240 / 512 / 1,024 |" in readme  # the selected point's manifest column
+    assert "Throughput: **system**" in readme and "**per user**" in readme
+    page = (pack / "index.html").read_text()
+    assert "input sent" in page and "<strong>per user</strong>" in page

@@ -501,7 +501,9 @@ def analyze(
 ) -> None:
     """Per-class SLO report and capacity gate of a requests.csv (prints JSON).
 
-    REQUESTS_CSV has columns request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status;
+    REQUESTS_CSV has columns request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status,
+    and optionally output_tokens_expected (each row's scheduled output length, which a
+    successful row must match; a pack's own requests.csv has it);
     DURATION_SECONDS is the whole cohort's window; QUEUE_TREND is flat or growing. A successful
     request passes when its TTFT and TPOT are within its class's cutoffs; a class passes with
     attainment >= the gate over at least the minimum successful rows; the capacity gate also

@@ -16,6 +16,7 @@ from capacity_pack.decide.capacity import (
 )
 from capacity_pack.decide.repeats import t_interval
 from capacity_pack.plan.manifest import load_pack, validate_pack
+from tests.conftest import with_fixed_lengths
 from tests.paths import DEFAULT, TUTORIAL
 
 CLASSES = ["interactive", "long_context", "generation_heavy"]
@@ -174,7 +175,7 @@ def test_no_capacity_means_no_plan():
 
 def test_mix_p95_context():
     assert mix_p95_context(load_pack(TUTORIAL)) == 8192 + 256  # 70% + 20% reach the long class
-    data = yaml.safe_load(DEFAULT.read_text())
+    data = with_fixed_lengths(yaml.safe_load(DEFAULT.read_text()))
     data["workload"][1]["mix"], data["workload"][2]["mix"] = 0.46, 0.04
     data["client"].pop("class_schedule_counts")
     assert mix_p95_context(validate_pack(data)) == 1024 + 48
@@ -185,7 +186,7 @@ def test_mix_p95_context():
 def test_preflight_fit_probe_with_the_seed_numbers(kv_gb, verdict):
     from capacity_pack.decide.capacity import max_context_tokens, preflight_fit
 
-    data = yaml.safe_load(DEFAULT.read_text())
+    data = with_fixed_lengths(yaml.safe_load(DEFAULT.read_text()))
     pack = validate_pack(data)
     context = max_context_tokens(pack)
     assert context == 1024 + 48

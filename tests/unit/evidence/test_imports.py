@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from capacity_pack.cli import main
@@ -23,9 +24,9 @@ from capacity_pack.evidence.normalize import ChunksTable, RequestsTable, request
 from capacity_pack.evidence.slo_report import pack_classes
 from capacity_pack.io import file_sha256
 from capacity_pack.plan.manifest import load_pack
+from tests.conftest import pack_data, with_fixed_lengths
 from tests.paths import ROOT
 
-CONFIG = ROOT / "config" / "config.yaml"
 DATA = ROOT / "tests" / "data" / "imports"
 AIPERF = DATA / "aiperf" / "profile_export.jsonl"
 VLLM = DATA / "vllm-bench" / "openai-4.0qps-sim-small-20251007-051320.json"
@@ -37,8 +38,16 @@ def rid(n: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pack():
-    return load_pack(CONFIG)
+def config(tmp_path_factory) -> Path:
+    """The default pack at fixed lengths: the exports' requests are classed by their lengths."""
+    path = tmp_path_factory.mktemp("pack") / "pack.yaml"
+    path.write_text(yaml.safe_dump(with_fixed_lengths(pack_data()), sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pack(config):
+    return load_pack(config)
 
 
 @pytest.fixture(scope="module")
@@ -339,10 +348,10 @@ def test_analyze_point_runs_on_an_imported_point(vllm, pack):
     assert report["classes"]["long_context"]["itl_ms"]["p50"] == pytest.approx(12.0)
 
 
-def test_cli_imports_and_the_seed_analyzer_reads_the_result(tmp_path):
+def test_cli_imports_and_the_seed_analyzer_reads_the_result(tmp_path, config):
     runner = CliRunner()
     out = tmp_path / "imported"
-    args = ["import", "aiperf", str(AIPERF), "--config", str(CONFIG), "--point", "open-r4"]
+    args = ["import", "aiperf", str(AIPERF), "--config", str(config), "--point", "open-r4"]
     result = runner.invoke(main, [*args, "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "12 requests from aiperf 0.14.0" in result.output
@@ -356,7 +365,7 @@ def test_cli_imports_and_the_seed_analyzer_reads_the_result(tmp_path):
     assert len(csv) == 11  # measured rows only: the warm-up record is left out, as the seed does
     window = json.loads((out / "summary.json").read_text())["measured_window_s"]
     analyzed = runner.invoke(
-        main, ["analyze", str(out / "requests.csv"), str(window), "flat", "--manifest", str(CONFIG)]
+        main, ["analyze", str(out / "requests.csv"), str(window), "flat", "--manifest", str(config)]
     )
     assert analyzed.exit_code == 0, analyzed.output
     report = json.loads(analyzed.output)
@@ -364,7 +373,7 @@ def test_cli_imports_and_the_seed_analyzer_reads_the_result(tmp_path):
     assert report["classes"]["interactive"]["p50_ttft_ms"] == pytest.approx(100.0)
 
 
-def test_cli_bad_input_exits_1_naming_file_line_and_field(tmp_path):
+def test_cli_bad_input_exits_1_naming_file_line_and_field(tmp_path, config):
     bad = tmp_path / "profile_export.jsonl"
     bad.write_text(AIPERF.read_text().replace('"request_latency"', '"latency"', 1))
     result = CliRunner().invoke(
@@ -374,7 +383,7 @@ def test_cli_bad_input_exits_1_naming_file_line_and_field(tmp_path):
             "aiperf",
             str(bad),
             "--config",
-            str(CONFIG),
+            str(config),
             "--point",
             "p",
             "-o",

@@ -19,6 +19,7 @@ from capacity_pack.evidence.normalize import (
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.tables import TableValidationError
+from tests.conftest import with_fixed_lengths
 from tests.paths import DEFAULT
 
 T0 = 10**12
@@ -26,7 +27,7 @@ FIXED = {"interactive": 32, "long_context": 48, "generation_heavy": 128}
 
 
 def pack():
-    data = yaml.safe_load(DEFAULT.read_text())
+    data = with_fixed_lengths(yaml.safe_load(DEFAULT.read_text()))
     data["client"].update(
         initial_scheduled_requests=30, warmup_seconds=0.2, minimum_duration_seconds=1
     )
@@ -108,6 +109,7 @@ def test_seed_csv_layout_zeros_failed_rows(schedule):
         "e2e_ms",
         "output_tokens",
         "status",
+        "output_tokens_expected",
     ]
     last = csv.iloc[-1]
     assert (last["ttft_ms"], last["tpot_ms"], last["e2e_ms"], last["output_tokens"]) == (0, 0, 0, 0)

@@ -21,6 +21,7 @@ from capacity_pack.plan.manifest import (
     stratified_counts,
     validate_pack,
 )
+from tests.conftest import with_fixed_lengths
 from tests.paths import DEFAULT, ROOT, TUTORIAL
 
 
@@ -162,7 +163,7 @@ def test_largest_remainder_counts_are_exact():
 
 
 def test_length_distributions(tmp_path):
-    data = raw()
+    data = with_fixed_lengths(raw())
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("tokens\n" + "\n".join(str(v) for v in [10, 20, 30, 40, 1000]) + "\n")
     data["workload"][0]["input_tokens"] = {

@@ -143,7 +143,7 @@ def test_parent_params_are_flattened_settings(results: Path, frozen: dict) -> No
     )
     assert params["client.request_schedule_seed"] == "20261129"
     assert params["workload.interactive.mix"] == "0.5"
-    assert params["workload.long_context.input_tokens"] == "1024"
+    assert params["workload.long_context.input_tokens.p50"] == "960.0"
     assert params["sweep.open_loop_rps"] == "[30.0, 40.0, 50.0]"
     assert params["engine.placement.tp"] == "1"
     assert params["experiments.spike_smoke.segments.0.rate_rps"] == "10.0"

@@ -30,6 +30,7 @@ import pandas as pd
 
 from capacity_pack.decide import sessions
 from capacity_pack.decide.capacity import tail_fit_sentences
+from capacity_pack.decide.traffic import manifest_lines, selected_lines
 from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
 from capacity_pack.plan.words import target_words
@@ -506,6 +507,7 @@ def render_readme(
         *_readme_failure_answer(failure),
         *_readme_plan(m, plan),
         *_readme_gates(m),
+        *manifest_lines(frozen),
         *_readme_verdict_words(m),
         *_readme_evidence(capacity),
         *(shapes or []),
@@ -757,6 +759,7 @@ def _readme_selected(selected: dict[str, Any] | None) -> list[str]:
         f"{selected['queue_trend']}, prefix-cache hit rate "
         f"{_fmt(selected.get('prefix_cache_hit_rate'))}.",
         "",
+        *selected_lines(selected),
     ]
 
 

@@ -17,8 +17,10 @@ failure is reported at once):
 
 Dataframe checks (the same rules ``capacity-pack analyze`` applies to a requests.csv): unique
 non-empty IDs, known classes, recognized terminal statuses (ok, error, timeout, rejected,
-cancelled), finite non-negative latencies on ``ok`` rows, ``ok`` output length equal to the class's
-fixed length (fixed-length classes only), and E2E = TTFT + TPOT x (O - 1) within 0.5 ms.
+cancelled), finite non-negative latencies on ``ok`` rows, ``ok`` output length equal to the
+row's scheduled length (``output_tokens_expected``: the class's fixed length for a fixed-length
+class, the length drawn for the request from a distribution otherwise), and
+E2E = TTFT + TPOT x (O - 1) within 0.5 ms.
 
 Reconciliation against the precommitted schedule: every scheduled request (the schedule file,
 the extension blocks the run used, the prewarm rows) appears exactly once; a missing or extra ID
@@ -117,7 +119,10 @@ class RequestsTable(pa.DataFrameModel):
         gap = (df["e2e_ms"] - (df["ttft_ms"] + df["tpot_ms"] * (df["output_tokens"] - 1))).abs()
         return ~ok | (gap <= 0.5)
 
-    @pa.dataframe_check(error="ok rows must have the class's fixed output length")
+    @pa.dataframe_check(
+        error="ok rows must have their scheduled output length (a fixed-length class's: its "
+        "fixed output length)"
+    )
     def ok_fixed_length(cls, df: pd.DataFrame) -> pd.Series:
         ok = df["status"] == "ok"
         return ~ok | (df["output_tokens"] == df["output_tokens_expected"])
@@ -373,7 +378,9 @@ def chunks_frame(records: pd.DataFrame) -> pd.DataFrame:
 
 def seed_csv_frame(requests: pd.DataFrame) -> pd.DataFrame:
     """The flat requests.csv that ``capacity-pack analyze`` reads: measured rows only, columns
-    request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status; zeros on failed rows."""
+    request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status (zeros on failed rows),
+    and output_tokens_expected, each row's scheduled output length (what the analyzer checks a
+    successful row of a distribution class against)."""
     m = requests[requests["phase"].isin(MEASURED)]
     return pd.DataFrame(
         {
@@ -385,6 +392,7 @@ def seed_csv_frame(requests: pd.DataFrame) -> pd.DataFrame:
             "e2e_ms": m["e2e_ms"],
             "output_tokens": np.where(m["status"] == "ok", m["output_tokens"], 0),
             "status": m["status"],
+            "output_tokens_expected": m["output_tokens_expected"],
         }
     )
 

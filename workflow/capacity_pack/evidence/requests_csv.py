@@ -1,9 +1,10 @@
 """The request-log analyzer behind ``capacity-pack analyze requests.csv DURATION flat``.
 
 It reads a flat requests.csv (columns request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens,
-status), validates it, and writes the per-class SLO report of :mod:`.slo_report` (attainment,
-nearest-rank percentiles, goodput, the capacity gate) for a window of DURATION seconds and the
-stated queue trend (flat or growing).
+status, and optionally output_tokens_expected: each row's scheduled output length, as a pack's own
+requests.csv carries it), validates it, and writes the per-class SLO report of :mod:`.slo_report`
+(attainment, nearest-rank percentiles, goodput, the capacity gate) for a window of DURATION
+seconds and the stated queue trend (flat or growing).
 
 Validation, each rule checked over every row, the first failing row in file order reported with
 the file, its CSV line (header = line 1) and the rule:
@@ -13,8 +14,10 @@ the file, its CSV line (header = line 1) and the rule:
 - every ``ok`` row (failed rows carry no latencies to check): TTFT, TPOT and E2E are numbers as
   Python's ``float()`` reads them and output_tokens a whole number as ``int()`` reads it; the
   latencies are finite and non-negative; the output length is the class's fixed length (fixed
-  classes only); and |E2E - (TTFT + TPOT x (O - 1))| <= 0.5 ms (TPOT is the mean gap after the
-  first token).
+  classes) and, where the file has output_tokens_expected, the row's own scheduled length (a
+  whole number as ``int()`` reads it; for a class whose lengths follow a distribution this is
+  the only length check: without the column its rows' lengths are not checked); and
+  |E2E - (TTFT + TPOT x (O - 1))| <= 0.5 ms (TPOT is the mean gap after the first token).
 
 Before either path, the header (line 1) must be UTF-8 text and name every column at most once:
 a repeated name (``status`` twice) is refused with the column named, since a reader would
@@ -53,10 +56,13 @@ from capacity_pack.evidence.slo_report import (
 )
 
 CSV_COLUMNS = ["request_id", "class", "ttft_ms", "tpot_ms", "e2e_ms", "output_tokens", "status"]
+# Optional: each row's scheduled output length (a pack's own requests.csv has it).
+SCHEDULED_COLUMN = "output_tokens_expected"
 
 
 def read_requests_csv(path: str | Path) -> pd.DataFrame:
-    """A requests.csv with every column as text (pyarrow): the exact path's input."""
+    """A requests.csv with every column as text (pyarrow): the exact path's input (with
+    output_tokens_expected where the file has it)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -72,7 +78,7 @@ def read_requests_csv(path: str | Path) -> pd.DataFrame:
             source,
             read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES),
             convert_options=pacsv.ConvertOptions(
-                column_types={c: "string" for c in CSV_COLUMNS},
+                column_types={c: "string" for c in [*CSV_COLUMNS, SCHEDULED_COLUMN]},
                 strings_can_be_null=False,
                 quoted_strings_can_be_null=False,
             ),
@@ -90,7 +96,8 @@ def read_requests_csv(path: str | Path) -> pd.DataFrame:
             ) from None
         raise AnalysisError(f"{path}: not a readable CSV: {' '.join(str(err).split())}") from None
     _check_columns(path, table.column_names)
-    return table.select(CSV_COLUMNS).to_pandas()
+    scheduled = [SCHEDULED_COLUMN] if SCHEDULED_COLUMN in table.column_names else []
+    return table.select([*CSV_COLUMNS, *scheduled]).to_pandas()
 
 
 def _check_columns(path: Path, names: list[str]) -> None:
@@ -105,8 +112,9 @@ def _check_columns(path: Path, names: list[str]) -> None:
 _HEADER_BYTES = 1 << 20
 
 
-def check_header(path: Path) -> None:
-    """Refuse a header (line 1) that is not UTF-8 text or that names a column twice."""
+def check_header(path: Path) -> list[str]:
+    """Refuse a header (line 1) that is not UTF-8 text or that names a column twice; return
+    its column names."""
     try:
         with path.open("rb") as fh:
             head = fh.readline(_HEADER_BYTES)
@@ -136,6 +144,7 @@ def check_header(path: Path) -> None:
         raise AnalysisError(
             f"{path}: line 1: the header names column {listed}; each column must be named once"
         )
+    return names
 
 
 def _first_ragged_line(path: Path) -> tuple[int, int, int] | None:
@@ -204,7 +213,7 @@ _INT_RE = rf"^{_WS}[+-]?{_DIGITS}{_WS}$"
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio, odd: multiplying permutes uint64
 
 
-def _fast_summary(path: Path, classes: list[ClassSpec]) -> Summary | None:
+def _fast_summary(path: Path, classes: list[ClassSpec], scheduled: bool = False) -> Summary | None:
     """The summary of a requests.csv on which every validation rule holds, or None.
 
     pyarrow parses the file typed (request_id as bytes, class, status and output_tokens
@@ -232,13 +241,16 @@ def _fast_summary(path: Path, classes: list[ClassSpec]) -> Summary | None:
     # pyarrow's integers include hexadecimal ones.
     types = {"request_id": pa.binary(), "class": text, "status": text, "output_tokens": text}
     types |= {c: pa.float64() for c in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    columns = [*CSV_COLUMNS, SCHEDULED_COLUMN] if scheduled else CSV_COLUMNS
+    if scheduled:
+        types[SCHEDULED_COLUMN] = text
     try:
         table = pacsv.read_csv(
             path,
             read_options=pacsv.ReadOptions(block_size=_BLOCK_BYTES),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,
-                include_columns=CSV_COLUMNS,
+                include_columns=columns,
                 null_values=_NULLS,
                 strings_can_be_null=False,
                 check_utf8=False,  # IDs are checked once below; class and status must match
@@ -309,20 +321,22 @@ def _check_batches(
                 array = array.fill_null(0)
             values.append(array.to_numpy())
         ttft, tpot, e2e = values
-        tokens_text = batch.column("output_tokens")
-        entries, unparsed = _parse_numbers(
-            tokens_text.dictionary, np.ones(len(tokens_text.dictionary), bool), integer=True
-        )
-        which = tokens_text.indices.to_numpy()
-        if (ok & unparsed[which]).any():
+        out = _tokens(batch.column("output_tokens"), ok)
+        if out is None:
             return None
-        out = entries[which]  # float64: exact for any plausible length (< 2^53)
+        sched = None
+        if SCHEDULED_COLUMN in batch.schema.names:
+            sched = _tokens(batch.column(SCHEDULED_COLUMN), ok)
+            if sched is None:
+                return None
         with np.errstate(invalid="ignore"):
             # NaN propagates through minimum and maximum and fails both comparisons.
             low, high = np.minimum(ttft, tpot), np.maximum(ttft, tpot)
             good = (np.minimum(low, e2e, out=low) >= 0) & (np.maximum(high, e2e, out=high) < np.inf)
             expected = fixed[code]
             good &= (out == expected) | (expected < 0)
+            if sched is not None:
+                good &= out == sched
             gap = np.subtract(out, 1, dtype=float)  # as Python: float(O - 1), exact
             gap *= tpot
             gap += ttft
@@ -339,6 +353,18 @@ def _check_batches(
             # Every successful output of a fixed-length class has that length (checked above).
             tokens[i] += k * int(fixed[i]) if fixed[i] >= 0 else int(out.sum(where=mine))
     return codes, counts, tokens
+
+
+def _tokens(column, ok: np.ndarray) -> np.ndarray | None:
+    """A dictionary-encoded text column of token counts as float64 (exact for any plausible
+    length, < 2^53), Python's int() on each distinct value; None when an ok row's is not one."""
+    entries, unparsed = _parse_numbers(
+        column.dictionary, np.ones(len(column.dictionary), bool), integer=True
+    )
+    which = column.indices.to_numpy()
+    if (ok & unparsed[which]).any():
+        return None
+    return entries[which]
 
 
 def _gather_batches(
@@ -587,7 +613,8 @@ def validate_requests_table(
 
     The rules check every row, in file order, for a non-empty unseen ID, then a known class, then
     a recognized status; then every ok row, in file order, for numbers (Python float() of TTFT,
-    TPOT, E2E, int() of output_tokens), finite non-negative latencies, the class's fixed output
+    TPOT, E2E, int() of output_tokens and of output_tokens_expected where the frame has it),
+    finite non-negative latencies, the class's fixed output length, the row's scheduled output
     length and |E2E - (TTFT + TPOT (O - 1))| <= 0.5. Here each rule is a mask over all rows, and
     the first row failing any rule of a pass is reported with its first failing rule. Messages
     are prefixed with the file and CSV line (header = line 1); a value that is not a
@@ -617,7 +644,11 @@ def validate_requests_table(
     tpot, bad_tpot = _numeric(frame["tpot_ms"], ok)
     e2e, bad_e2e = _numeric(frame["e2e_ms"], ok)
     out, bad_out = _numeric(frame["output_tokens"], ok, integer=True)
-    parsed = ok & ~(bad_ttft | bad_tpot | bad_e2e | bad_out)
+    if SCHEDULED_COLUMN in frame.columns:
+        sched, bad_sched = _numeric(frame[SCHEDULED_COLUMN], ok, integer=True)
+    else:
+        sched, bad_sched = out, np.zeros(len(frame), bool)  # nothing scheduled to compare with
+    parsed = ok & ~(bad_ttft | bad_tpot | bad_e2e | bad_out | bad_sched)
     expected = _expected_outputs(classes)[code]
     with np.errstate(invalid="ignore"):
         bad_lat = parsed & ~(
@@ -625,14 +656,17 @@ def validate_requests_table(
             & (ttft >= 0) & (tpot >= 0) & (e2e >= 0)
         )  # fmt: skip
         bad_len = parsed & (expected >= 0) & (out != expected)
+        bad_sched_len = parsed & ~bad_len & (out != sched)
         bad_sum = parsed & (np.abs(e2e - (ttft + tpot * (out - 1))) > 0.5)
     checks = [
         (bad_ttft, "ttft_ms", "not a number"),
         (bad_tpot, "tpot_ms", "not a number"),
         (bad_e2e, "e2e_ms", "not a number"),
         (bad_out, "output_tokens", "not a whole number"),
+        (bad_sched, SCHEDULED_COLUMN, "not a whole number"),
         (bad_lat, None, "latencies must be finite and nonnegative"),
         (bad_len, None, "successful output length differs from the fixed workload"),
+        (bad_sched_len, None, "successful output length differs from its scheduled length"),
         (bad_sum, None, "TTFT/TPOT/E2E disagree under this fixture's metric convention"),
     ]
     first = _first(np.logical_or.reduce([mask for mask, _, _ in checks]))
@@ -665,8 +699,8 @@ def analyze_csv(
     classes = classes or tutorial_classes()
     gates = gates or Gates()
     check_arguments(duration_s, queue_trend)
-    check_header(Path(path))
-    summary = _fast_summary(Path(path), classes)
+    scheduled = SCHEDULED_COLUMN in check_header(Path(path))
+    summary = _fast_summary(Path(path), classes, scheduled)
     if summary is None:
         cols = validate_requests_table(read_requests_csv(path), classes, str(path))
         report = class_report(cols, duration_s, queue_trend, classes, gates)

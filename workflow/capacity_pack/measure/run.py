@@ -478,7 +478,7 @@ class Run:
             a.error = f"usage reports {a.completion_tokens} completion tokens, stream carried {got}"
         elif got != a.output_tokens_expected:
             a.status = "error"
-            a.error = f"output_tokens {got} != the class's {a.output_tokens_expected}"
+            a.error = f"output_tokens {got} != the scheduled {a.output_tokens_expected}"
         else:
             a.status = "ok"
 

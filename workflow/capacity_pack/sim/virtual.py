@@ -117,17 +117,29 @@ def simulate(profile: Profile, requests: list[VirtualRequest], seed: int = 0) ->
     return run
 
 
+Lengths = int | tuple[int, ...]
+
+
 def poisson_arrivals(
-    rate_rps: float, duration_s: float, classes: list[tuple[float, int, int, str]], seed: int = 0
+    rate_rps: float,
+    duration_s: float,
+    classes: list[tuple[float, Lengths, Lengths, str]],
+    seed: int = 0,
 ) -> list[VirtualRequest]:
     """Poisson arrivals at ``rate_rps`` for ``duration_s``; ``classes`` holds
-    ``(mix, input_tokens, output_tokens, label)`` drawn independently per arrival."""
+    ``(mix, input_tokens, output_tokens, label)`` drawn independently per arrival. A length is
+    a fixed count or a pool of lengths, one drawn uniformly per arrival (a pool sampled from a
+    length distribution stands for it)."""
     rng = random.Random(seed)
     out: list[VirtualRequest] = []
     t = rng.expovariate(rate_rps)
     weights = [c[0] for c in classes]
     while t < duration_s:
         _, inp, outp, label = rng.choices(classes, weights=weights)[0]
+        if not isinstance(inp, int):
+            inp = rng.choice(inp)
+        if not isinstance(outp, int):
+            outp = rng.choice(outp)
         out.append(VirtualRequest(t, inp, outp, label))
         t += rng.expovariate(rate_rps)
     return out
@@ -135,12 +147,13 @@ def poisson_arrivals(
 
 @dataclass(frozen=True)
 class VirtualClass:
-    """A workload class for :func:`attainment_at`: its share, lengths and SLO cutoffs."""
+    """A workload class for :func:`attainment_at`: its share, lengths (fixed, or a pool to draw
+    from) and SLO cutoffs."""
 
     label: str
     mix: float
-    input_tokens: int
-    output_tokens: int
+    input_tokens: Lengths
+    output_tokens: Lengths
     ttft_cutoff_s: float
     tpot_cutoff_s: float
 

@@ -2,7 +2,9 @@
 each class's SLO misses attributed to their causes (queueing, prefill, decode, preemption, the
 client) by the request autopsy's ``server_series`` method (:mod:`capacity_pack.autopsy.requests`:
 estimated from the scraped queue and preemption series, as the analysis has no ground truth), so
-a failing rate can say what made it fail."""
+a failing rate can say what made it fail; and the lengths each class sent and received, checked
+against the manifest's distributions (:mod:`capacity_pack.evidence.lengths`), and the system and
+per-user output throughput (:mod:`capacity_pack.evidence.throughput`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pandas as pd
 
 from capacity_pack.autopsy.requests import attribute_misses, miss_shares
 from capacity_pack.evidence.analysis import AnalysisSpec, analyze_point
+from capacity_pack.evidence.lengths import length_report
+from capacity_pack.evidence.throughput import throughput_report
 from capacity_pack.io import write_json_atomic
 from capacity_pack.plan.schedule import Point
 
@@ -46,6 +50,7 @@ def run(
         spec.gates(),
     )
     attribute(doc, table, series, spec)
+    lengths_and_throughput(doc, table, spec)
     doc.update(
         point=pt.point_id,
         key=pt.key,
@@ -59,6 +64,19 @@ def run(
     write_json_atomic(report, doc)
     log.info("%s: %s (%s)", pt.key, doc["verdict"], "; ".join(doc["verdict_reasons"]))
     return doc
+
+
+def lengths_and_throughput(doc: dict[str, Any], table: pd.DataFrame, spec) -> None:
+    """Each class entry of ``doc`` gets its ``lengths``, ``lengths_match_manifest`` and
+    ``lengths_match_why``; ``doc`` gets the point's ``lengths_match_manifest``, the check's
+    ``lengths_check`` (method, alpha) and ``throughput`` (system and per user)."""
+    lengths = length_report(table, spec.workload)
+    for name, entry in lengths["classes"].items():
+        doc["classes"][name].update(entry)
+    doc["lengths_match_manifest"] = lengths["lengths_match_manifest"]
+    doc["lengths_check"] = lengths["lengths_check"]
+    names = [c.name for c in spec.workload]
+    doc["throughput"] = throughput_report(table, doc["measured_window_s"], names)
 
 
 def attribute(doc: dict[str, Any], table: pd.DataFrame, series: pd.DataFrame, spec) -> None:
