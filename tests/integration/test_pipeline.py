@@ -373,7 +373,14 @@ def test_mlflow_holds_one_named_run_per_point_and_the_decision_on_the_parent(ran
         # The schedule's, the measurement's and the analysis's results on the one run.
         assert metrics["scheduled_requests"] > 0 and metrics["requests_recorded"] > 0
         assert "server_prefix_hit_rate" in metrics
-        for name in ("interactive.attainment", "interactive.p95_ttft_ms", "observed_goodput_rps"):
+        for name in (
+            "interactive.attainment",
+            "interactive.p95_ttft_ms",
+            "observed_goodput_rps",
+            "system_output_tps",
+            "per_user_output_tps_p50",
+            "lengths_match_manifest",
+        ):
             assert name in metrics, name
         assert tags["capacity_pack.verdict"] in {"pass", "marginal", "fail", "inconclusive"}
         # The gate metric means what the verdict says (a marginal point is no pass).

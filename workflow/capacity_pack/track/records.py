@@ -155,6 +155,14 @@ def analysis(summary: dict[str, Any]) -> dict[str, Any]:
         "little_relative_gap": summary["littles_law"].get("relative_gap"),
         "client_scheduling_delay_p99_ms": summary["client_scheduling_delay_ms"]["p99"],
     }
+    # System against per-user throughput, and whether the lengths sent match the manifest:
+    # the columns a compare view sets side by side for a tailed workload.
+    throughput = summary.get("throughput") or {}
+    metrics["system_output_tps"] = throughput.get("system_output_tps")
+    for q in ("p5", "p50", "p95"):
+        metrics[f"per_user_output_tps_{q}"] = (throughput.get("per_user_output_tps") or {}).get(q)
+    if summary.get("lengths_match_manifest") is not None:
+        metrics["lengths_match_manifest"] = float(summary["lengths_match_manifest"])
     for name, c in summary["classes"].items():
         metrics[f"{name}.attainment"] = c["attainment"]
         metrics[f"{name}.all_attempt_attainment"] = c["all_attempt_attainment"]
