@@ -496,3 +496,38 @@ def test_the_in_run_gate_is_current_only_at_the_same_gate_and_confidence():
     assert in_run_gate(decided, 0.95, 0.9)["current"] is False
     # No in-run decision (closed loop, a sharded point): nothing to be stale.
     assert in_run_gate({}, 0.95, 0.95) is None
+
+
+def test_a_point_stopped_on_a_proven_pass_keeps_the_looks_lower_bound():
+    """The running intersection: the final interval cut by the deciding look's, so requests
+    still in flight at the stop (and the design effect re-estimated over them) cannot turn the
+    pass that ended the point into a marginal verdict; the upper end and the lower end each
+    come from whichever interval is tighter."""
+    from capacity_pack.evidence.analysis import in_run_bounds, intersect_with_look
+
+    decided = {
+        "decision": "pass",
+        "gate": 0.95,
+        "confidence": 0.95,
+        "per_class": {
+            "interactive": {"low": 0.9512, "high": 0.999, "n": 330, "passed": 329},
+            "long_context": {"low": None, "high": None, "n": 0, "passed": 0},
+        },
+    }
+    looks = in_run_bounds(decided, 0.95, 0.95)
+    assert looks == {"interactive": (0.9512, 0.999)}
+    # Another gate or confidence: the look's bounds were for another question.
+    assert in_run_bounds(decided, 0.9, 0.95) == {} and in_run_bounds({}, 0.95, 0.95) == {}
+
+    entry = {"attainment_ci": [0.9465, 0.9981], "attainment_ci_method": "confidence sequence"}
+    intersect_with_look(entry, looks["interactive"])
+    assert entry["attainment_ci"] == [0.9512, 0.9981]
+    assert "deciding in-run look" in entry["attainment_ci_method"]
+    # Disjoint intervals (the two design-effect estimates disagree): the final one stands.
+    entry = {"attainment_ci": [0.80, 0.90], "attainment_ci_method": "confidence sequence"}
+    intersect_with_look(entry, (0.95, 0.99))
+    assert entry["attainment_ci"] == [0.80, 0.90]
+    # No look, or no interval: unchanged.
+    entry = {"attainment_ci": None, "attainment_ci_method": "x"}
+    intersect_with_look(entry, (0.95, 0.99))
+    assert entry["attainment_ci"] is None

@@ -10,7 +10,9 @@ capacity gate) and adds, with the methods of :mod:`.statistics`:
   (:func:`capacity_pack.binomial.confidence_sequence`: valid however often the sweep looked at
   it while deciding to stop or extend the point, unlike a fixed-sample interval), taken at the
   effective sample k / deff of n / deff, deff the batch-means design effect of the class's
-  outcomes in send order (:func:`capacity_pack.binomial.design_effect`); attempts,
+  outcomes in send order (:func:`capacity_pack.binomial.design_effect`), and intersected with
+  the interval of the in-run look that decided the point (the running intersection,
+  :func:`intersect_with_look`); attempts,
   the class's error rate (attempted_c - successful_c) / attempted_c and its all-attempt
   attainment passing_c / attempted_c; nearest-rank ITL (gaps between observed chunks), TTFT and
   E2E from the scheduled arrival; and MLPerf LoadGen early stopping for P99 TTFT and TPOT (the
@@ -140,8 +142,12 @@ def analyze_point(
     report["queue_trend"] = trend
     report["queue_trend_evidence"] = trends
     ck = chunks.merge(m[["request_id", "class"]], on="request_id")
+    looked = in_run_bounds(
+        sweep_summary.get("sequential") or {}, gates["class_slo_attainment_min"], confidence
+    )
     for c in classes:
         _extend_class(report["classes"][c.name], c, m, ck, gates, confidence)
+        intersect_with_look(report["classes"][c.name], looked.get(c.name))
     multi_token = bool((ck["tokens"] > 1).any())
     status_counts = m["status"].value_counts().to_dict()
     report.update(
@@ -231,6 +237,39 @@ def in_run_gate(
         "confidence": conf,
         "current": abs(gate - attainment_min) < 1e-12 and abs(conf - confidence) < 1e-12,
     }
+
+
+def in_run_bounds(
+    sequential: dict[str, Any], attainment_min: float, confidence: float
+) -> dict[str, tuple[float, float]]:
+    """Each class's confidence-sequence interval at the in-run look that decided the point
+    (empty without an in-run decision, or when it ran under another gate or confidence)."""
+    gate = in_run_gate(sequential, attainment_min, confidence)
+    if gate is None or not gate["current"]:
+        return {}
+    return {
+        name: (float(c["low"]), float(c["high"]))
+        for name, c in (sequential.get("per_class") or {}).items()
+        if c.get("low") is not None and c.get("high") is not None
+    }
+
+
+def intersect_with_look(entry: dict[str, Any], look: tuple[float, float] | None) -> None:
+    """The running intersection of the class's confidence sequence: the final interval cut by
+    the one at the deciding look. A confidence sequence covers the attainment at every sample
+    size at once, so the intersection of its intervals at two sizes covers it with the same
+    probability (Howard et al., Ann. Statist. 2021, the running intersection). Without it, a
+    point stopped on a proven pass could read marginal once the requests still in flight at
+    the stop were added, because the batch-means design effect is re-estimated at the final
+    n: a verdict that contradicted the decision that ended the point."""
+    ci = entry.get("attainment_ci")
+    if look is None or not ci:
+        return
+    low, high = max(ci[0], look[0]), min(ci[1], look[1])
+    if low <= high:  # disjoint only when the two design-effect estimates disagree: keep the final
+        entry["attainment_ci"] = [low, high]
+        if [low, high] != list(ci):
+            entry["attainment_ci_method"] += ", intersected with the deciding in-run look's"
 
 
 def _extend_class(
