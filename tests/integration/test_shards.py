@@ -32,6 +32,7 @@ from capacity_pack.measure.sweep import measure_point
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.track.records import sweep as sweep_record
+from tests.conftest import with_fixed_lengths
 from tests.paths import DEFAULT
 
 
@@ -42,7 +43,8 @@ def small_pack(**client):
     )
     data["client"].pop("class_schedule_counts")
     data["acceptance"]["min_successful_samples_per_class"] = 10
-    return validate_pack(data)
+    # Fixed lengths, as the shard counts and series checks were set on.
+    return validate_pack(with_fixed_lengths(data))
 
 
 def point(rate=30, cache="cold"):
