@@ -10,10 +10,11 @@ import yaml
 from capacity_pack.measure.records import read_records
 from capacity_pack.measure.run import run_point
 from capacity_pack.measure.settings import LoadSettings
-from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S
-from capacity_pack.plan.manifest import SimTarget, validate_pack
+from capacity_pack.plan.manifest import validate_pack
 from tests.paths import ROOT
+from tests.unit.measure.test_loadgen import settings as loadgen_settings
+from tests.unit.measure.test_loadgen import sim
 
 SESSIONS = ROOT / "config" / "packs" / "sessions.yaml"
 
@@ -33,22 +34,9 @@ def schedule(cache: str, turns=3, arrivals: int = 12, rate: float = 6.0) -> pd.D
 
 
 def settings(base_url: str, **kw) -> LoadSettings:
-    args = dict(
-        base_url=base_url,
-        model="sim-small",
-        mode="open",
-        request_timeout_s=20,
-        prefix_revision="sessions-system-prompts-v1",
-        scrape_metrics=False,
-    )
-    args.update(kw)
-    return LoadSettings(**args)
-
-
-def sim(*faults: str) -> SimProcess:
-    return SimProcess(
-        SimTarget(kind="sim", profile="small-fast"), "sim-small", extra_args=list(faults)
-    )
+    kw.setdefault("prefix_revision", "sessions-system-prompts-v1")
+    kw.setdefault("scrape_metrics", False)
+    return loadgen_settings(base_url, **kw)
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
