@@ -495,7 +495,6 @@ def init(url: str, api_key_env: str | None, output: Path, name: str | None, forc
         "attainment, 2,000 successes per class, 1% errors)."
     ),
 )
-@_die_on_manifest_error
 def analyze(
     requests_csv: Path, duration_seconds: float, queue_trend: str, manifest: Path | None
 ) -> None:
@@ -513,28 +512,10 @@ def analyze(
     The JSON report holds counts, error rate, goodput and throughputs, the gate verdicts,
     and per class its counts, attainment and percentiles.
     """
-    import json
+    # Also answered without this module (capacity_pack.quick_commands) when no option is given.
+    from capacity_pack.quick_commands import analyze_json
 
-    from capacity_pack.evidence.gates import pack_gates
-    from capacity_pack.evidence.requests_csv import analyze_csv
-    from capacity_pack.evidence.slo_report import AnalysisError, pack_classes
-    from capacity_pack.plan.manifest import load_pack
-
-    classes = gates = None
-    if manifest is not None:
-        pack = load_pack(manifest)
-        classes, gates = pack_classes(pack), pack_gates(pack)
-    try:
-        report = analyze_csv(requests_csv, duration_seconds, queue_trend, classes, gates)
-    except AnalysisError as err:
-        message = str(err)
-        if manifest is None and "unknown workload class" in message:
-            # A pack's own requests.csv has the pack's classes, not the built-in ones.
-            beside = requests_csv.parent / "workload-manifest.yaml"
-            named = beside if beside.is_file() else "PACK.yaml"
-            message += f"; the pack's classes and cutoffs come with --manifest {named}"
-        raise _Fail(message) from None
-    click.echo(json.dumps(report, indent=2, sort_keys=True))
+    click.echo(analyze_json(requests_csv, duration_seconds, queue_trend, manifest))
 
 
 @main.command("import")

@@ -40,10 +40,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd  # annotations only: the analyzer's import path stays free of pandas
 
 PASS, MARGINAL, FAIL, INCONCLUSIVE = "pass", "marginal", "fail", "inconclusive"
 _OPS: dict[str, Callable[[Any, Any], Any]] = {

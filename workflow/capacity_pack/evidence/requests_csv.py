@@ -37,10 +37,9 @@ import csv
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from capacity_pack.evidence.gates import Gates, meets_slo
 from capacity_pack.evidence.slo_report import (
@@ -54,6 +53,9 @@ from capacity_pack.evidence.slo_report import (
     summary_report,
     tutorial_classes,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd  # annotations only: the analyzer's import path stays free of pandas
 
 CSV_COLUMNS = ["request_id", "class", "ttft_ms", "tpot_ms", "e2e_ms", "output_tokens", "status"]
 # Optional: each row's scheduled output length (a pack's own requests.csv has it).
@@ -301,8 +303,6 @@ def _check_batches(
     ~150k rows, so temporaries stay in the CPU cache). Returns each batch's row classes (index
     in ``classes``, -1 for a failed row), and per class the successful rows and their output
     tokens; None when a rule fails."""
-    import pyarrow.compute as pc
-
     names = [c.name for c in classes]
     fixed = _expected_outputs(classes)
     codes, counts, tokens = [], [0] * len(classes), [0] * len(classes)
@@ -316,10 +316,11 @@ def _check_batches(
         for column in ("ttft_ms", "tpot_ms", "e2e_ms"):
             array = batch.column(column)
             if array.null_count:
+                import pyarrow.compute as pc
+
                 if (ok & pc.is_null(array).to_numpy(zero_copy_only=False)).any():
                     return None
-                array = array.fill_null(0)
-            values.append(array.to_numpy())
+            values.append(_numbers(array))
         ttft, tpot, e2e = values
         out = _tokens(batch.column("output_tokens"), ok)
         if out is None:
@@ -355,13 +356,25 @@ def _check_batches(
     return codes, counts, tokens
 
 
+def _numbers(array) -> np.ndarray:
+    """A read-only numpy view of a pyarrow array of numbers, nulls read as 0 (by DLPack:
+    pyarrow's own ``to_numpy`` loads pandas, which costs more than the rest of the analysis of a
+    million rows)."""
+    if array.null_count:
+        array = array.fill_null(0)
+    return np.from_dlpack(array)
+
+
 def _tokens(column, ok: np.ndarray) -> np.ndarray | None:
     """A dictionary-encoded text column of token counts as float64 (exact for any plausible
-    length, < 2^53), Python's int() on each distinct value; None when an ok row's is not one."""
-    entries, unparsed = _parse_numbers(
-        column.dictionary, np.ones(len(column.dictionary), bool), integer=True
-    )
-    which = column.indices.to_numpy()
+    length, < 2^53), Python's int() on each distinct value (a block holds few); None when an ok
+    row's is not one."""
+    if column.null_count:
+        return None  # no nulls in practice: text is read as text (strings_can_be_null=False)
+    parsed = [_python_number(text, True) for text in column.dictionary.to_pylist()]
+    entries = np.array([value for value, _ in parsed], dtype=float)
+    unparsed = np.array([not good for _, good in parsed], dtype=bool)
+    which = _numbers(column.indices)
     if (ok & unparsed[which]).any():
         return None
     return entries[which]
@@ -379,9 +392,7 @@ def _gather_batches(
     the class SLO."""
     at, passed = starts.copy(), [0] * len(classes)
     for batch, code in zip(batches, codes, strict=True):
-        ttft, tpot, e2e = (
-            batch.column(c).to_numpy(zero_copy_only=False) for c in ("ttft_ms", "tpot_ms", "e2e_ms")
-        )
+        ttft, tpot, e2e = (_numbers(batch.column(c)) for c in ("ttft_ms", "tpot_ms", "e2e_ms"))
         for i, c in enumerate(classes):
             mine = code == i
             k = int(np.count_nonzero(mine))
@@ -399,21 +410,33 @@ def _gather_batches(
 def _ids_valid(ids) -> bool:
     """The ID rule over a pyarrow binary column: non-empty, valid UTF-8 (the exact path decodes
     the file), and unique as far as :func:`_surely_unique` can tell."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if ids.null_count:
         return False
     if len(ids) == 0:
         return True
-    shortest, longest = pc.min_max(pc.binary_length(ids, memory_pool=_memory_pool())).values()
-    if shortest.as_py() == 0:
+    # Lengths from the offsets and an ASCII check of the bytes: numpy, without loading
+    # pyarrow.compute (a tenth of the analysis of a million rows) unless an ID is not ASCII.
+    shortest, longest, ascii_only = None, 0, True
+    for chunk in ids.chunks:
+        if len(chunk) == 0:
+            continue
+        offsets, data = _offsets_and_data(chunk)
+        length = np.diff(offsets)
+        low = int(length.min())
+        shortest = low if shortest is None else min(shortest, low)
+        longest = max(longest, int(length.max()))
+        ascii_only = ascii_only and (data.size == 0 or int(data.max()) < 0x80)
+    if shortest == 0:
         return False
-    try:
-        pc.cast(ids, pa.string())
-    except pa.ArrowInvalid:
-        return False
-    return _surely_unique(ids, longest.as_py())
+    if not ascii_only:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        try:
+            pc.cast(ids, pa.string())
+        except pa.ArrowInvalid:
+            return False
+    return _surely_unique(ids, longest)
 
 
 def _expected_outputs(classes: list[ClassSpec]) -> np.ndarray:
@@ -439,14 +462,8 @@ def _row_hashes(ids, longest: int) -> np.ndarray:
         n = len(chunk)
         if n == 0:
             continue
-        large = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
-        width = 8 if large else 4
-        _, offsets_buf, data_buf = chunk.buffers()
-        offsets = np.frombuffer(offsets_buf, f"<i{width}", n + 1, chunk.offset * width)
-        offsets = offsets.astype(np.int64)
+        offsets, data = _offsets_and_data(chunk)
         length = np.diff(offsets)
-        size = int(offsets[-1] - offsets[0])
-        data = np.frombuffer(data_buf, np.uint8, size, int(offsets[0]))
         h = hashes[at : at + n]
         h[:] = length
         at += n
@@ -465,6 +482,21 @@ def _row_hashes(ids, longest: int) -> np.ndarray:
     return hashes
 
 
+def _offsets_and_data(chunk) -> tuple[np.ndarray, np.ndarray]:
+    """The offsets (int64, n + 1) and the bytes (uint8, from the first ID on) of a non-empty pyarrow
+    binary or string array, as numpy views of its buffers (little-endian machines)."""
+    import pyarrow as pa
+
+    large = pa.types.is_large_binary(chunk.type) or pa.types.is_large_string(chunk.type)
+    width = 8 if large else 4
+    _, offsets_buf, data_buf = chunk.buffers()
+    offsets = np.frombuffer(offsets_buf, f"<i{width}", len(chunk) + 1, chunk.offset * width)
+    offsets = offsets.astype(np.int64)
+    size = int(offsets[-1] - offsets[0])
+    data = np.frombuffer(data_buf, np.uint8, size, int(offsets[0]))
+    return offsets, data
+
+
 def _surely_unique(ids, longest: int) -> bool:
     """True when no two IDs (a pyarrow binary array; ``longest``: the longest's length) are
     equal; False on a repeated :func:`_row_hashes` value, a duplicate or (rarely) a collision, for
@@ -472,9 +504,9 @@ def _surely_unique(ids, longest: int) -> bool:
     vectorized sort, several times faster than a hash set of the strings."""
     import sys
 
-    import pyarrow.compute as pc
-
     if sys.byteorder != "little":
+        import pyarrow.compute as pc
+
         return len(pc.unique(ids)) == len(ids)
     hashes = _row_hashes(ids, longest)
     hashes.sort()
@@ -526,17 +558,22 @@ def _codes(values, names: list[str]) -> np.ndarray:
     """Each value's index in ``names`` (int8; -1 when absent or null), for a pyarrow array of
     text, plain or dictionary-encoded: a dictionary is looked up once per distinct value."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
     out = [np.empty(0, np.int8)]
+    index = {name: i for i, name in enumerate(names)}
     for chunk in chunks:
         if pa.types.is_dictionary(chunk.type):
-            found = pc.index_in(chunk.dictionary, pa.array(names, chunk.type.value_type))
-            lookup = np.append(found.fill_null(-1).to_numpy().astype(np.int8), np.int8(-1))
             # A null index reads the appended -1.
-            out.append(lookup[chunk.indices.fill_null(len(chunk.dictionary)).to_numpy()])
+            found = [index.get(v, -1) for v in chunk.dictionary.to_pylist()]
+            lookup = np.array([*found, -1], np.int8)
+            indices = chunk.indices
+            if indices.null_count:
+                indices = indices.fill_null(len(chunk.dictionary))
+            out.append(lookup[_numbers(indices)])
         else:
+            import pyarrow.compute as pc
+
             found = pc.index_in(chunk, pa.array(names, chunk.type))
             out.append(found.fill_null(-1).to_numpy().astype(np.int8))
     return np.concatenate(out)

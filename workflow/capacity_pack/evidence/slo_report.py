@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from capacity_pack.errors import StatedError
 from capacity_pack.evidence.gates import (
@@ -130,6 +129,8 @@ def class_report(
     if "code" in cols:
         code, ok = cols["code"], cols["ok"]
     else:
+        import pandas as pd
+
         names = [c.name for c in classes]
         code = pd.Categorical(np.asarray(cols["class"], dtype=object), categories=names).codes
         ok = np.asarray(cols["status"], dtype=object) == "ok"

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from capacity_pack.binomial import least_n
+
+if TYPE_CHECKING:
+    import pandas as pd  # annotations only: the analyzer's import path stays free of pandas
 
 
 def nearest_rank(sorted_values: np.ndarray, p: float) -> float | None:
