@@ -14,9 +14,10 @@ TTFT and TPOT (medians 180 / 1,400 / 450 ms and 24 / 38 / 33 ms, so every class 
 of rows failed (error / timeout / rejected / cancelled) with zeros for their latencies and
 length, so the file passes the seed's validation. The same file is then analyzed by
 
-- ours: ``python -m capacity_pack analyze CSV DURATION flat`` (
-  :func:`capacity_pack.evidence.requests_csv.
-  analyze_csv`, then the JSON print), ``--repeat`` times, the median reported;
+- ours: ``python -m capacity_pack analyze CSV DURATION flat`` (answered by
+  :mod:`capacity_pack.quick_commands` without the CLI framework:
+  :func:`capacity_pack.evidence.requests_csv.analyze_csv`, then the JSON print), ``--repeat``
+  times, the median reported;
 - the reference: the seed's ``analyze_slo.py``, extracted from the seed text (``--seed-text``;
   the lines between "Save this as analyze_slo.py:" and "Run:") into the temporary folder, run as
   ``python analyze_slo.py CSV DURATION flat``, once. The project does not ship that script.
