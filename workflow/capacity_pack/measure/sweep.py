@@ -234,12 +234,14 @@ def measure_point(
     progress: bool = False,
     report: Callable[[str], None] | None = None,
     in_run: bool = True,
+    prompts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files).
 
     ``report`` gets a progress line at a steady cadence (a pipeline job's log and console).
     ``in_run`` False runs an open-loop point's planned schedule as a sharded one does: no
-    in-run decision, no extension block."""
+    in-run decision, no extension block. ``prompts``: prepared prompt texts by request id
+    (stage ``prompts``); any other request's prompt is fitted here."""
     inputs = (
         pack_or_inputs
         if isinstance(pack_or_inputs, SweepInputs)
@@ -266,6 +268,7 @@ def measure_point(
         settings = load_settings(inputs, point, base_url, progress=progress)
         settings.report, settings.label = report, point.key
         settings.token_counter = token_counter(inputs, base_url)
+        settings.prepared_prompts = prompts
 
         # Extension blocks and the in-run decision are for open-loop rate points: a
         # closed-loop level traces the frontier and a load-shape experiment is its profile,

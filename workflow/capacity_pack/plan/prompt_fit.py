@@ -1,0 +1,270 @@
+"""Prompts fitted to a real tokenizer from per-word token counts: one tokenization per word form.
+
+:func:`capacity_pack.plan.prompts.build_prompt_for` fits a prompt by binary search over its word
+count with a full tokenization per probe (:func:`~capacity_pack.plan.prompts.fit_words`). This
+module computes the same prompts from the token count of each *piece*: a word (no whitespace)
+with the separator before it (none, a space, or a newline). With a pre-tokenizer that splits at
+whitespace (byte-level BPE, Metaspace, Whitespace: every model then tokenizes each pre-token on
+its own), a text's count is the sum of its pieces' counts,
+
+    count(s_1 w_1 s_2 w_2 ... s_k w_k) = sum_i c(s_i, w_i),
+
+so every probe of the binary search is a prefix sum and every padding step one addition: the
+fit walks the same path as ``fit_words`` and yields the same text. A piece's count is measured
+once per tokenizer (``c(s, w)``: the tokens of ``"x" + s + w`` less those of ``"x"``, or of
+``w`` alone when it starts the text) and kept; the generated text has about 1,200 word forms,
+plus one head word per cold request.
+
+Verification, once per tokenizer (:meth:`PieceCounts.verify`): a text of every counted piece
+in a seeded order is tokenized once with offsets, and each piece must own exactly its
+predicted tokens (no token crosses a word boundary); then a seeded sample of the prepared
+prompts is tokenized whole (:func:`prepare`, ``verify_every``). A tokenizer that fails either
+check gets the reference fit (``build_prompt_for``, a tokenization per probe) for every
+prompt: slower, never different.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from capacity_pack.plan.prompts import (
+    CORPUS_REVISION,
+    PADS,
+    FileTokenizerCounter,
+    TokenCounter,
+    WhitespaceCounter,
+    block_words,
+    body,
+    build_prompt,
+    build_prompt_for,
+    shared_prefix,
+    unique_head,
+)
+
+ANCHOR = "x"
+
+
+class NotAdditive(Exception):
+    """The tokenizer's counts are not sums over whitespace-separated pieces."""
+
+
+class PieceCounts:
+    """Token counts of pieces (separator + word) under one tokenizer, measured in batches."""
+
+    def __init__(self, encode_batch: Callable[[list[str]], list[Any]]):
+        # encode_batch(texts) -> encodings with ``ids`` and ``offsets`` (Hugging Face tokenizers).
+        self._encode = encode_batch
+        self._anchor = len(encode_batch([ANCHOR])[0].ids)
+        # One table per separator: "" (the text's first word), " " and "\n".
+        self.table: dict[str, dict[str, int]] = {"": {}, " ": {}, "\n": {}}
+
+    def learn(self, sep: str, words: Iterable[str]) -> None:
+        """Count every word of ``words`` not yet counted after separator ``sep``."""
+        known = self.table[sep]
+        new = sorted({w for w in words if w not in known})
+        if not new:
+            return
+        if sep == "":
+            encs = self._encode(new)
+            known.update((w, len(e.ids)) for w, e in zip(new, encs, strict=True))
+        else:
+            encs = self._encode([ANCHOR + sep + w for w in new])
+            known.update((w, len(e.ids) - self._anchor) for w, e in zip(new, encs, strict=True))
+
+    def piece(self, sep: str, word: str) -> int:
+        """The count of ``word`` (no whitespace) after separator ``sep``."""
+        table = self.table[sep]
+        if word not in table:
+            self.learn(sep, [word])
+        return table[word]
+
+    def word(self, word: str, first: bool) -> int:
+        """The count of ``word`` (which may hold newlines) after a space, or first."""
+        parts = word.split("\n")
+        total = self.piece("" if first else " ", parts[0])
+        for part in parts[1:]:
+            total += self.piece("\n", part)
+        return total
+
+    def words(self, words: list[str]) -> np.ndarray:
+        """Per-word counts of ``" ".join(words)`` (the first word counted as the text's first)."""
+        cont = self.table[" "]
+        out = np.empty(len(words), dtype=np.int64)
+        if not words:
+            return out
+        out[0] = self.word(words[0], True)
+        if len(words) > 1:
+            rest = out[1:]
+            rest[:] = np.fromiter(map(cont.get, words[1:], repeat(-1)), np.int64, len(rest))
+            missing = np.flatnonzero(rest < 0)  # not yet counted, or holding a newline
+            if missing.size:
+                self.learn(" ", [words[1 + i] for i in missing if "\n" not in words[1 + i]])
+                for i in missing:
+                    rest[i] = self.word(words[1 + i], False)
+        return out
+
+    def verify(self, seed: int = 0) -> None:
+        """Tokenize every counted piece once, in a seeded order, with offsets: each piece must
+        own exactly the tokens its count says. Raises :class:`NotAdditive` otherwise."""
+        rng = np.random.default_rng(seed)
+        pieces = [(s, w) for s in (" ", "\n") for w in self.table[s]]
+        if not pieces:
+            return
+        order = rng.permutation(len(pieces))
+        firsts = sorted(self.table[""])
+        text, bounds, want = firsts[0] if firsts else ANCHOR, [], []
+        want_first = self.table[""].get(text, None)
+        for i in order:
+            sep, w = pieces[i]
+            bounds.append(len(text))
+            want.append(self.table[sep][w])
+            text += sep + w
+        bounds.append(len(text))
+        enc = self._encode([text])[0]
+        starts = np.array([a for a, _ in enc.offsets], dtype=np.int64)
+        ends = np.array([b for _, b in enc.offsets], dtype=np.int64)
+        edges = np.array(bounds, dtype=np.int64)
+        before = np.searchsorted(starts, edges, side="left")  # tokens starting before each edge
+        # No token may cross a piece boundary, and each piece owns its predicted tokens.
+        inner = before[:-1]
+        crossing = bool(np.any((inner > 0) & (ends[np.maximum(inner - 1, 0)] > edges[:-1])))
+        owned = np.diff(before)
+        if crossing or not np.array_equal(owned, want) or want_first not in (None, before[0]):
+            raise NotAdditive("token counts are not sums over whitespace-separated pieces")
+
+
+def fit_counted(words: list[str], n_tokens: int, counts: PieceCounts, name: str = "") -> str:
+    """:func:`~capacity_pack.plan.prompts.fit_words` with the counts taken from ``counts``:
+    the same binary search over prefix sums, the same padding, the same text."""
+    per = counts.words(words)
+    prefix = np.concatenate([[0], np.cumsum(per)])
+    lo, hi = 0, len(words)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if prefix[mid] <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    kept = list(words[:lo])
+    parts = per[:lo].tolist()
+    count = int(prefix[lo])
+    for _ in range(2 * n_tokens + 8):
+        if count == n_tokens:
+            return " ".join(kept)
+        for pad in PADS:
+            c = count + counts.word(pad, not kept)
+            if count < c <= n_tokens:
+                kept.append(pad)
+                parts.append(c - count)
+                count = c
+                break
+        else:
+            if not kept:
+                break
+            kept.pop()
+            parts.pop()
+            count = sum(parts)
+    raise ValueError(f"cannot build a prompt of exactly {n_tokens} tokens with {name}")
+
+
+class PromptFitter:
+    """Builds schedule rows' prompts for one tokenizer: the project tokenizer's words as they
+    are, or fitted to a ``tokenizer.json`` from piece counts (falling back to the reference
+    fit where the tokenizer is not additive)."""
+
+    def __init__(self, counter: TokenCounter | None):
+        self.counter = counter
+        self.counts: PieceCounts | None = None
+        self.reference = False
+        self._heads: dict[tuple[str, int, int], str] = {}
+        if isinstance(counter, FileTokenizerCounter):
+            tok = counter.tokenizer
+            self.counts = PieceCounts(
+                lambda texts: tok.encode_batch(texts, add_special_tokens=False)
+            )
+        elif counter is not None and not isinstance(counter, WhitespaceCounter):
+            self.reference = True  # a /tokenize endpoint: one request per probe, as before
+
+    @property
+    def exact_by_construction(self) -> bool:
+        return self.counter is None or isinstance(self.counter, WhitespaceCounter)
+
+    def prompt(self, row: dict[str, Any]) -> str:
+        if self.exact_by_construction:
+            return build_prompt(**row)
+        if self.reference or self.counts is None:
+            return build_prompt_for(self.counter, **row)
+        return self._fitted(row)
+
+    def _fit(self, words: list[str], n: int) -> str:
+        assert self.counts is not None and self.counter is not None
+        return fit_counted(words, n, self.counts, self.counter.name)
+
+    def _fitted(self, row: dict[str, Any]) -> str:
+        # The layouts of build_prompt_for, step for step.
+        n = int(row["input_tokens"])
+        seed = int(row["prompt_seed"])
+        revision = row.get("corpus_revision", CORPUS_REVISION)
+        supply = body(seed, n + 16, revision)
+        if row.get("prefix_blocks"):
+            head = block_words(row["prefix_blocks"], n + 16, int(row["block_tokens"]), revision)
+            return self._fit(head + supply, n)
+        if int(row["prefix_id"]) >= 0:
+            k = int(row["prefix_tokens"])
+            key = (row["prefix_revision"], int(row["prefix_id"]), k)
+            if (head := self._heads.get(key)) is None:
+                prefix_words = shared_prefix(key[0], key[1], k + 16).split()
+                head = self._heads[key] = self._fit(prefix_words, k)
+            tail = self._fit(supply, n - k)
+            assert self.counts is not None
+            joined = head + "\n" + tail
+            # Head and tail have k and n - k tokens; the newline changes only how the tail's
+            # first word counts.
+            first = tail.split(" ", 1)[0]
+            if self.counts.piece("\n", first) == self.counts.piece("", first):
+                return joined
+            return self._fit(joined.split(" ") + supply, n)
+        unique = unique_head(seed, min(row["cold_unique_prefix_tokens"], n))
+        return self._fit(unique + supply, n)
+
+
+def prepare(
+    rows: list[dict[str, Any]],
+    counter: TokenCounter | None,
+    *,
+    verify_every: int = 64,
+    log: Callable[[str], None] | None = None,
+) -> list[str]:
+    """The prompt of every row (``build_prompt`` keyword rows), in order.
+
+    Under a ``tokenizer.json``: fitted from piece counts, the pieces verified once with offsets
+    and every ``verify_every``-th prompt (seeded choice) tokenized whole; any disagreement
+    refits every prompt with the reference fit."""
+    fitter = PromptFitter(counter)
+    if fitter.counts is None:
+        return [fitter.prompt(r) for r in rows]
+    try:
+        texts = [fitter.prompt(r) for r in rows]
+        fitter.counts.verify()
+        sample = _sample(len(texts), verify_every)
+        assert isinstance(counter, FileTokenizerCounter)
+        encs = counter.tokenizer.encode_batch([texts[i] for i in sample], add_special_tokens=False)
+        for i, enc in zip(sample, encs, strict=True):
+            if len(enc.ids) != int(rows[i]["input_tokens"]):
+                raise NotAdditive(f"prompt {i} has {len(enc.ids)} tokens, not the fitted count")
+    except NotAdditive as err:
+        if log is not None:
+            log(f"{counter.name}: {err}; fitting every prompt by full tokenization")
+        return [build_prompt_for(counter, **r) for r in rows]
+    return texts
+
+
+def _sample(n: int, every: int) -> list[int]:
+    if n == 0:
+        return []
+    k = max(1, -(-n // max(every, 1)))
+    return sorted(np.random.default_rng(n).choice(n, size=k, replace=False).tolist())
