@@ -101,6 +101,17 @@ class RequestBuilder:
             headers={**self.headers, "X-Request-Id": row["request_id"]},
         )
 
+    def user_message(self, row: dict[str, Any]) -> str:
+        """A session's later turn: its new user message, prepared or fitted here."""
+        text = self._prepared.get(row["request_id"])
+        if text is not None:
+            return text
+        if self._fitter is None:
+            self._fitter = PromptFitter(self.s.token_counter)
+        return self._fitter.user_message(
+            int(row["prompt_seed"]), int(row["user_tokens"]), self.s.corpus_revision
+        )
+
     def prompt(self, row: dict[str, Any]) -> str:
         text = self._prepared.get(row["request_id"])
         if text is not None:

@@ -6,8 +6,10 @@ corpus and prefix-set revisions, the cold head's length, a block-hash trace's bl
 the tokenizer (the project tokenizer, or a ``tokenizer.json`` named by its sha256, so an edited
 file at the same path re-prepares). The prompts file (parquet: ``request_id``, ``prompt``) holds
 in its metadata these inputs and the digest of the schedule columns a prompt reads
-(:func:`schedule_digest`: sha256 over ``request_id``, ``input_tokens``, ``prompt_seed``,
-``prefix_id``, ``prefix_tokens``, ``prefix_blocks``); a measurement whose schedule or inputs
+(:func:`schedule_digest`: sha256 over ``request_id``, a session's ``turn`` and
+``user_tokens``, ``input_tokens``, ``prompt_seed``, ``prefix_id``, ``prefix_tokens``,
+``prefix_blocks``). A session's later turn holds its new user message (the conversation before
+it is known only when the previous answer has come); a measurement whose schedule or inputs
 differ refuses the file (:func:`read_prepared`).
 
 A target counted only through its server's ``POST /tokenize`` is not up before its measurement:
@@ -33,6 +35,8 @@ from capacity_pack.plan.prompts import FileTokenizerCounter, TokenCounter
 
 PROMPT_COLUMNS = (
     "request_id",
+    "turn",
+    "user_tokens",
     "input_tokens",
     "prompt_seed",
     "prefix_id",
@@ -105,8 +109,9 @@ class PromptInputs(BaseModel):
         return counter
 
     def row(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A schedule row as :func:`capacity_pack.plan.prompts.build_prompt` keywords."""
-        return {
+        """A schedule row as :func:`capacity_pack.plan.prompts.build_prompt` keywords, with
+        ``user_tokens`` for a session's later turn (its text is the new user message)."""
+        out = {
             "input_tokens": int(row["input_tokens"]),
             "prompt_seed": int(row["prompt_seed"]),
             "prefix_id": int(row["prefix_id"]),
@@ -117,6 +122,9 @@ class PromptInputs(BaseModel):
             "prefix_blocks": str(row.get("prefix_blocks") or ""),
             "block_tokens": self.block_tokens,
         }
+        if int(row.get("turn", 0) or 0) > 0:
+            out["user_tokens"] = int(row["user_tokens"])
+        return out
 
 
 def _file_sha256(path: str | Path) -> str | None:

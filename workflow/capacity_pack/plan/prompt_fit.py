@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from capacity_pack.errors import StatedError
 from capacity_pack.plan.prompts import (
     CORPUS_REVISION,
     PADS,
@@ -44,8 +45,13 @@ from capacity_pack.plan.prompts import (
     shared_prefix,
     unique_head,
 )
+from capacity_pack.plan.sessions import user_message
 
 ANCHOR = "x"
+
+
+class PromptFitError(StatedError, ValueError):
+    """A request whose prompt cannot have exactly its token count under the tokenizer."""
 
 
 class NotAdditive(Exception):
@@ -140,7 +146,15 @@ class PieceCounts:
 def fit_counted(words: list[str], n_tokens: int, counts: PieceCounts, name: str = "") -> str:
     """:func:`~capacity_pack.plan.prompts.fit_words` with the counts taken from ``counts``:
     the same binary search over prefix sums, the same padding, the same text."""
-    per = counts.words(words)
+    kept, _ = fit_parts(words, counts.words(words), n_tokens, counts, name)
+    return " ".join(kept)
+
+
+def fit_parts(
+    words: list[str], per: np.ndarray, n_tokens: int, counts: PieceCounts, name: str = ""
+) -> tuple[list[str], list[int]]:
+    """The words (pads included) of :func:`fit_counted`'s text and each one's count, given
+    ``per``, the count of each of ``words`` in place."""
     prefix = np.concatenate([[0], np.cumsum(per)])
     lo, hi = 0, len(words)
     while lo < hi:
@@ -154,7 +168,7 @@ def fit_counted(words: list[str], n_tokens: int, counts: PieceCounts, name: str 
     count = int(prefix[lo])
     for _ in range(2 * n_tokens + 8):
         if count == n_tokens:
-            return " ".join(kept)
+            return kept, parts
         for pad in PADS:
             c = count + counts.word(pad, not kept)
             if count < c <= n_tokens:
@@ -193,6 +207,22 @@ class PromptFitter:
     def exact_by_construction(self) -> bool:
         return self.counter is None or isinstance(self.counter, WhitespaceCounter)
 
+    def text(self, row: dict[str, Any]) -> str:
+        """A row's text: a session's later user message where the row has ``user_tokens``
+        (:func:`capacity_pack.plan.sessions.user_message`), else its prompt."""
+        if "user_tokens" in row:
+            return self.user_message(
+                int(row["prompt_seed"]),
+                int(row["user_tokens"]),
+                row.get("corpus_revision", CORPUS_REVISION),
+            )
+        return self.prompt(row)
+
+    def user_message(self, prompt_seed: int, user_tokens: int, corpus_revision: str) -> str:
+        if self.counts is None or self.counter is None:
+            return user_message(prompt_seed, user_tokens, self.counter, corpus_revision)
+        return self._fit(body(prompt_seed, user_tokens + 16, corpus_revision), user_tokens)
+
     def prompt(self, row: dict[str, Any]) -> str:
         if self.exact_by_construction:
             return build_prompt(**row)
@@ -210,26 +240,61 @@ class PromptFitter:
         seed = int(row["prompt_seed"])
         revision = row.get("corpus_revision", CORPUS_REVISION)
         supply = body(seed, n + 16, revision)
+        counts = self.counts
+        assert counts is not None
         if row.get("prefix_blocks"):
             head = block_words(row["prefix_blocks"], n + 16, int(row["block_tokens"]), revision)
             return self._fit(head + supply, n)
         if int(row["prefix_id"]) >= 0:
             k = int(row["prefix_tokens"])
-            key = (row["prefix_revision"], int(row["prefix_id"]), k)
-            if (head := self._heads.get(key)) is None:
-                prefix_words = shared_prefix(key[0], key[1], k + 16).split()
-                head = self._heads[key] = self._fit(prefix_words, k)
-            tail = self._fit(supply, n - k)
-            assert self.counts is not None
-            joined = head + "\n" + tail
-            # Head and tail have k and n - k tokens; the newline changes only how the tail's
-            # first word counts.
-            first = tail.split(" ", 1)[0]
-            if self.counts.piece("\n", first) == self.counts.piece("", first):
-                return joined
-            return self._fit(joined.split(" ") + supply, n)
+            return self._warm((row["prefix_revision"], int(row["prefix_id"]), k), supply, n, counts)
         unique = unique_head(seed, min(row["cold_unique_prefix_tokens"], n))
         return self._fit(unique + supply, n)
+
+    def _warm(
+        self, key: tuple[str, int, int], supply: list[str], n: int, counts: PieceCounts
+    ) -> str:
+        # The shared prefix fitted to k tokens, a newline, the body fitted to n - k; refitted as
+        # one piece when the newline changes the count. The counts of every word are known
+        # from the two fits, so the refit looks up none again.
+        name = self.counter.name if self.counter is not None else ""
+        k = key[2]
+        if (head := self._heads.get(key)) is None:
+            prefix_words = shared_prefix(key[0], key[1], k + 16).split()
+            head = self._heads[key] = fit_parts(
+                prefix_words, counts.words(prefix_words), k, counts, name
+            )
+        head_kept, head_parts = head
+        supply_per = counts.words(supply)
+        tail_kept, tail_parts = fit_parts(supply, supply_per, n - k, counts, name)
+        first = tail_kept[0]
+        if counts.piece("\n", first) == counts.piece("", first):
+            return " ".join(head_kept) + "\n" + " ".join(tail_kept)
+        words = [*head_kept[:-1], head_kept[-1] + "\n" + first, *tail_kept[1:], *supply]
+        supply_per = supply_per.copy()
+        supply_per[0] = counts.piece(" ", supply[0])
+        per = np.concatenate(
+            [
+                head_parts[:-1],
+                [head_parts[-1] + counts.piece("\n", first)],
+                tail_parts[1:],
+                supply_per,
+            ]
+        ).astype(np.int64)
+        kept, _ = fit_parts(words, per, n, counts, name)
+        return " ".join(kept)
+
+
+def reference_text(counter: TokenCounter | None, row: dict[str, Any]) -> str:
+    """:meth:`PromptFitter.text` by the reference fit (a tokenization per probe)."""
+    if "user_tokens" in row:
+        seed, n = int(row["prompt_seed"]), int(row["user_tokens"])
+        return user_message(seed, n, counter, row.get("corpus_revision", CORPUS_REVISION))
+    return build_prompt_for(counter, **row)
+
+
+def expected_tokens(row: dict[str, Any]) -> int:
+    return int(row["user_tokens"] if "user_tokens" in row else row["input_tokens"])
 
 
 def prepare(
@@ -238,29 +303,48 @@ def prepare(
     *,
     verify_every: int = 64,
     log: Callable[[str], None] | None = None,
+    ids: list[str] | None = None,
 ) -> list[str]:
-    """The prompt of every row (``build_prompt`` keyword rows), in order.
+    """The text of every row (``build_prompt`` keywords, with ``user_tokens`` for a session's
+    later turn: :meth:`PromptFitter.text`), in order.
 
     Under a ``tokenizer.json``: fitted from piece counts, the pieces verified once with offsets
     and every ``verify_every``-th prompt (seeded choice) tokenized whole; any disagreement
-    refits every prompt with the reference fit."""
+    refits every prompt with the reference fit. A prompt that cannot reach its count raises
+    :class:`PromptFitError` naming its request (``ids``, else its index)."""
     fitter = PromptFitter(counter)
     if fitter.counts is None:
-        return [fitter.prompt(r) for r in rows]
+        return _each(rows, fitter.text, ids)
     try:
-        texts = [fitter.prompt(r) for r in rows]
+        try:
+            texts = _each(rows, fitter.text, ids)
+        except PromptFitError:
+            fitter.counts.verify()  # a tokenizer that is not additive: the reference fit may
+            raise  # reach the count; an additive one cannot either
         fitter.counts.verify()
         sample = _sample(len(texts), verify_every)
         assert isinstance(counter, FileTokenizerCounter)
         encs = counter.tokenizer.encode_batch([texts[i] for i in sample], add_special_tokens=False)
         for i, enc in zip(sample, encs, strict=True):
-            if len(enc.ids) != int(rows[i]["input_tokens"]):
+            if len(enc.ids) != expected_tokens(rows[i]):
                 raise NotAdditive(f"prompt {i} has {len(enc.ids)} tokens, not the fitted count")
     except NotAdditive as err:
         if log is not None:
             log(f"{counter.name}: {err}; fitting every prompt by full tokenization")
-        return [build_prompt_for(counter, **r) for r in rows]
+        return _each(rows, lambda r: reference_text(counter, r), ids)
     return texts
+
+
+def _each(
+    rows: list[dict[str, Any]], text: Callable[[dict[str, Any]], str], ids: list[str] | None
+) -> list[str]:
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(text(row))
+        except ValueError as err:
+            raise PromptFitError(f"request {ids[i] if ids else i}: {err}") from None
+    return out
 
 
 def _sample(n: int, every: int) -> list[int]:

@@ -33,7 +33,8 @@ def run(
         return {"requests": len(frame), "prepared": 0}
     counter = inputs.counter()
     rows = [inputs.row(r) for r in frame.to_dict("records")]
-    texts = prepare(rows, counter, log=log.warning)
+    ids = frame["request_id"].astype(str).tolist()
+    texts = prepare(rows, counter, log=log.warning, ids=ids)
     write_prepared(prompts, frame, texts, inputs)
     elapsed = time.perf_counter() - start
     name = counter.name if counter is not None else "the project tokenizer"
