@@ -23,6 +23,10 @@ each ``--cache-state``: cold requests carry a unique head, warm ones a shared pr
   seeded rows of each class, extrapolated to the schedule by class (each class has one fixed
   length, so time per row is per class): an estimate, stated as such.
 
+- *project tokenizer* (the simulated engine's, ``text.split()``): the same schedule's prompts
+  built as the measurement built them before the clock (``build_prompt`` per row: *before*),
+  then by the stage and the sweep's read of its file (*after*).
+
 Also printed: requests and input tokens prepared, the prompts file's size, and the other load
 (CPU seconds every other process of the machine used per second of the timed section, from
 /proc/stat less this process's own CPU time).
@@ -103,7 +107,6 @@ def main() -> None:
     args = ap.parse_args()
     caches = args.cache_state or ["cold", "warm"]
 
-    import pandas as pd
     import yaml
 
     from capacity_pack.plan.manifest import validate_pack
@@ -150,6 +153,17 @@ def main() -> None:
                     assert text == prepared[r["request_id"]], "prepared prompt differs"
             before_s += b.wall / len(pick) * len(rows)
             sampled += len(pick)
+        project = inputs.model_copy(
+            update={"tokenizer": "project", "tokenizer_path": None, "tokenizer_sha256": None}
+        )
+        with Timed() as p_before:
+            for r in frame.to_dict("records"):
+                build_prompt_for(None, **project.row(r))
+        p_out = work / f"{cache}-project.parquet"
+        with Timed() as p_after:
+            prepare_stage(inputs=project, schedule=frame, prompts=p_out, log=log)
+        with Timed() as p_read:
+            read_prepared(p_out, frame, project)
         row = {
             "point": point.key,
             "requests": len(frame),
@@ -160,13 +174,17 @@ def main() -> None:
             "sweep_read_s": round(read.wall, 2),
             "before_estimate_s": round(before_s, 1),
             "before_rows_timed": sampled,
+            "project_before_s": round(p_before.wall, 2),
+            "project_after_s": round(p_after.wall, 2),
+            "project_file_mb": round(p_out.stat().st_size / 1e6, 1),
+            "project_sweep_read_s": round(p_read.wall, 2),
+            "project_other_load": round(max(p_before.other, p_after.other), 2),
         }
         results.append(row)
         print(json.dumps(row))
     print(f"loadavg after: {os.getloadavg()}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    pd.DataFrame(results).to_string()
 
 
 if __name__ == "__main__":

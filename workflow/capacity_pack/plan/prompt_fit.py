@@ -15,12 +15,17 @@ once per tokenizer (``c(s, w)``: the tokens of ``"x" + s + w`` less those of ``"
 ``w`` alone when it starts the text) and kept; the generated text has about 1,200 word forms,
 plus one head word per cold request.
 
-Verification, once per tokenizer (:meth:`PieceCounts.verify`): a text of every counted piece
-in a seeded order is tokenized once with offsets, and each piece must own exactly its
-predicted tokens (no token crosses a word boundary); then a seeded sample of the prepared
-prompts is tokenized whole (:func:`prepare`, ``verify_every``). A tokenizer that fails either
-check gets the reference fit (``build_prompt_for``, a tokenization per probe) for every
-prompt: slower, never different.
+Verification (:meth:`PieceCounts.verify`, again each time the counted pieces have doubled): a
+text of every counted piece in a seeded order is tokenized once with offsets, and each piece
+must own exactly its predicted tokens (no token crosses a word boundary); a stage preparing a
+schedule (:func:`prepare`) also tokenizes a seeded sample of its prompts whole. A tokenizer
+that fails either check gets the reference fit (``build_prompt_for``, a tokenization per probe)
+for every prompt: slower, never different.
+
+A target counted by its server's ``POST /tokenize`` (``engines.tokenize.EndpointCounter``) gets
+the same fit: its piece counts are requested eight at a time, once per piece and run (about
+3,600 pieces, plus one per cold request's head word), instead of 15 to 30 requests per prompt;
+without offsets, the check is the whole verification text's count against the sum.
 """
 
 from __future__ import annotations
@@ -61,10 +66,17 @@ class NotAdditive(Exception):
 class PieceCounts:
     """Token counts of pieces (separator + word) under one tokenizer, measured in batches."""
 
-    def __init__(self, encode_batch: Callable[[list[str]], list[Any]]):
-        # encode_batch(texts) -> encodings with ``ids`` and ``offsets`` (Hugging Face tokenizers).
+    def __init__(
+        self,
+        count_batch: Callable[[list[str]], list[int]],
+        encode_batch: Callable[[list[str]], list[Any]] | None = None,
+    ):
+        # count_batch(texts) -> token counts; encode_batch(texts) -> encodings with ``offsets``
+        # (Hugging Face tokenizers), for the offsets check where the tokenizer is local.
+        self._count = count_batch
         self._encode = encode_batch
-        self._anchor = len(encode_batch([ANCHOR])[0].ids)
+        self._anchor = count_batch([ANCHOR])[0]
+        self._verified = 0
         # One table per separator: "" (the text's first word), " " and "\n".
         self.table: dict[str, dict[str, int]] = {"": {}, " ": {}, "\n": {}}
 
@@ -75,11 +87,10 @@ class PieceCounts:
         if not new:
             return
         if sep == "":
-            encs = self._encode(new)
-            known.update((w, len(e.ids)) for w, e in zip(new, encs, strict=True))
+            known.update(zip(new, self._count(new), strict=True))
         else:
-            encs = self._encode([ANCHOR + sep + w for w in new])
-            known.update((w, len(e.ids) - self._anchor) for w, e in zip(new, encs, strict=True))
+            counts = self._count([ANCHOR + sep + w for w in new])
+            known.update((w, c - self._anchor) for w, c in zip(new, counts, strict=True))
 
     def piece(self, sep: str, word: str) -> int:
         """The count of ``word`` (no whitespace) after separator ``sep``."""
@@ -113,11 +124,27 @@ class PieceCounts:
                     rest[i] = self.word(words[1 + i], False)
         return out
 
+    def count_whole(self, texts: list[str]) -> list[int]:
+        """The token counts of whole texts (no piece table)."""
+        return self._count(texts)
+
+    @property
+    def size(self) -> int:
+        return len(self.table[" "]) + len(self.table["\n"])
+
+    def verify_grown(self) -> None:
+        """:meth:`verify` again once the counted pieces have doubled since the last check (so
+        the checks cost a constant factor of the counting)."""
+        if self.size > 2 * self._verified:
+            self.verify()
+
     def verify(self, seed: int = 0) -> None:
-        """Tokenize every counted piece once, in a seeded order, with offsets: each piece must
-        own exactly the tokens its count says. Raises :class:`NotAdditive` otherwise."""
+        """Tokenize every counted piece once, in a seeded order: with offsets, each piece must
+        own exactly the tokens its count says; without (a server's /tokenize), the whole text
+        must count their sum. Raises :class:`NotAdditive` otherwise."""
         rng = np.random.default_rng(seed)
         pieces = [(s, w) for s in (" ", "\n") for w in self.table[s]]
+        self._verified = len(pieces)
         if not pieces:
             return
         order = rng.permutation(len(pieces))
@@ -130,6 +157,11 @@ class PieceCounts:
             want.append(self.table[sep][w])
             text += sep + w
         bounds.append(len(text))
+        if self._encode is None:
+            head = want_first if want_first is not None else self._anchor
+            if self._count([text])[0] != head + sum(want):
+                raise NotAdditive("token counts are not sums over whitespace-separated pieces")
+            return
         enc = self._encode([text])[0]
         starts = np.array([a for a, _ in enc.offsets], dtype=np.int64)
         ends = np.array([b for _, b in enc.offsets], dtype=np.int64)
@@ -197,11 +229,14 @@ class PromptFitter:
         self._heads: dict[tuple[str, int, int], str] = {}
         if isinstance(counter, FileTokenizerCounter):
             tok = counter.tokenizer
-            self.counts = PieceCounts(
-                lambda texts: tok.encode_batch(texts, add_special_tokens=False)
-            )
+
+            def encode(texts: list[str]) -> list[Any]:
+                return tok.encode_batch(texts, add_special_tokens=False)
+
+            self.counts = PieceCounts(lambda texts: [len(e.ids) for e in encode(texts)], encode)
         elif counter is not None and not isinstance(counter, WhitespaceCounter):
-            self.reference = True  # a /tokenize endpoint: one request per probe, as before
+            # A server's /tokenize: a request per piece, several at once.
+            self.counts = PieceCounts(lambda texts: _concurrently(counter.count, texts))
 
     @property
     def exact_by_construction(self) -> bool:
@@ -219,16 +254,30 @@ class PromptFitter:
         return self.prompt(row)
 
     def user_message(self, prompt_seed: int, user_tokens: int, corpus_revision: str) -> str:
-        if self.counts is None or self.counter is None:
-            return user_message(prompt_seed, user_tokens, self.counter, corpus_revision)
-        return self._fit(body(prompt_seed, user_tokens + 16, corpus_revision), user_tokens)
+        if not self.reference and self.counts is not None:
+            text = self._fit(body(prompt_seed, user_tokens + 16, corpus_revision), user_tokens)
+            if self._checked():
+                return text
+        return user_message(prompt_seed, user_tokens, self.counter, corpus_revision)
 
     def prompt(self, row: dict[str, Any]) -> str:
         if self.exact_by_construction:
             return build_prompt(**row)
-        if self.reference or self.counts is None:
-            return build_prompt_for(self.counter, **row)
-        return self._fitted(row)
+        if not self.reference and self.counts is not None:
+            text = self._fitted(row)
+            if self._checked():
+                return text
+        return build_prompt_for(self.counter, **row)
+
+    def _checked(self) -> bool:
+        """Whether the piece counts still hold (checked as they grow); else the reference fit
+        from now on."""
+        assert self.counts is not None
+        try:
+            self.counts.verify_grown()
+        except NotAdditive:
+            self.reference = True
+        return not self.reference
 
     def _fit(self, words: list[str], n: int) -> str:
         assert self.counts is not None and self.counter is not None
@@ -323,11 +372,10 @@ def prepare(
             raise  # reach the count; an additive one cannot either
         fitter.counts.verify()
         sample = _sample(len(texts), verify_every)
-        assert isinstance(counter, FileTokenizerCounter)
-        encs = counter.tokenizer.encode_batch([texts[i] for i in sample], add_special_tokens=False)
-        for i, enc in zip(sample, encs, strict=True):
-            if len(enc.ids) != expected_tokens(rows[i]):
-                raise NotAdditive(f"prompt {i} has {len(enc.ids)} tokens, not the fitted count")
+        got = fitter.counts.count_whole([texts[i] for i in sample])
+        for i, n in zip(sample, got, strict=True):
+            if n != expected_tokens(rows[i]):
+                raise NotAdditive(f"prompt {i} has {n} tokens, not the fitted count")
     except NotAdditive as err:
         if log is not None:
             log(f"{counter.name}: {err}; fitting every prompt by full tokenization")
@@ -345,6 +393,16 @@ def _each(
         except ValueError as err:
             raise PromptFitError(f"request {ids[i] if ids else i}: {err}") from None
     return out
+
+
+def _concurrently(count: Callable[[str], int], texts: list[str]) -> list[int]:
+    """``count`` over ``texts``, eight requests in flight (a /tokenize endpoint)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(texts) < 2:
+        return [count(t) for t in texts]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(count, texts))
 
 
 def _sample(n: int, every: int) -> list[int]:
