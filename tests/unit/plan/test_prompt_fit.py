@@ -213,3 +213,33 @@ def test_a_file_that_is_no_prompts_file_is_refused_in_one_line(tmp_path):
     bad.write_text("not parquet")
     with pytest.raises(PreparedPromptsError, match="not a prepared-prompts file"):
         read_prepared(bad, schedule(), inputs())
+
+
+def test_the_sweep_refuses_prompts_prepared_for_another_schedule(tmp_path):
+    """Before its target is started or locked: a one-line error naming the file."""
+    from capacity_pack.measure.inputs import SweepInputs
+    from capacity_pack.plan.manifest import load_pack
+    from capacity_pack.plan.schedule import build_schedule, find_point
+    from capacity_pack.stages.sweep import run
+    from tests.paths import DEFAULT_CONFIG
+
+    pack = load_pack(DEFAULT_CONFIG)
+    point = find_point(pack, "closed-c1", "cold", 0)
+    frame = build_schedule(pack, point)
+    path = tmp_path / "prompts.parquet"
+    other = frame.assign(prompt_seed=frame["prompt_seed"] + 1)
+    write_prepared(path, other, ["x"] * len(other), PromptInputs.of_pack(pack))
+    with pytest.raises(PreparedPromptsError, match="prepared for another schedule") as err:
+        run(
+            inputs=SweepInputs.for_point(pack, point),
+            point="closed-c1",
+            cache_state="cold",
+            repeat=0,
+            schedule=frame,
+            records=tmp_path / "raw" / "records.jsonl",
+            summary=tmp_path / "summary.json",
+            log=logging.getLogger("test"),
+            prompts=path,
+        )
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "raw").exists() and not (tmp_path / "summary.json").exists()
