@@ -13,7 +13,10 @@ so every probe of the binary search is a prefix sum and every padding step one a
 fit walks the same path as ``fit_words`` and yields the same text. A piece's count is measured
 once per tokenizer (``c(s, w)``: the tokens of ``"x" + s + w`` less those of ``"x"``, or of
 ``w`` alone when it starts the text) and kept; the generated text has about 1,200 word forms,
-plus one head word per cold request.
+plus one head word per cold request. Why not one tokenization per prompt, cut at a token
+boundary by its offsets: a tutorial-size schedule is 55 M input tokens, and tokenizing each
+prompt's word supply and then checking the cut text is over 110 M tokens, about 100 s at the
+1.1 M tokens/s a 2-core machine encodes; the piece counts need a few thousand short texts.
 
 Verification (:meth:`PieceCounts.verify`, again each time the counted pieces have doubled): a
 text of every counted piece in a seeded order is tokenized once with offsets, and each piece
@@ -24,8 +27,8 @@ for every prompt: slower, never different.
 
 A target counted by its server's ``POST /tokenize`` (``engines.tokenize.EndpointCounter``) gets
 the same fit: its piece counts are requested eight at a time, once per piece and run (about
-3,600 pieces, plus one per cold request's head word), instead of 15 to 30 requests per prompt;
-without offsets, the check is the whole verification text's count against the sum.
+3,600 pieces, plus one per cold request's head word), instead of a request per probe (15 or
+more per prompt); without offsets, the check is the whole verification text's count against the sum.
 """
 
 from __future__ import annotations
