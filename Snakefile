@@ -77,6 +77,7 @@ workflow.global_resources.setdefault(TARGET_RESOURCE, 1)
 
 include: "rules/freeze.smk"
 include: "rules/schedule.smk"
+include: "rules/prompts.smk"
 include: "rules/sweep.smk"
 include: "rules/normalize.smk"
 include: "rules/analyze.smk"

@@ -20,6 +20,7 @@ from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
 from capacity_pack.drills import plan as drill_plan_lib
 from capacity_pack.plan import schedule as schedule_lib
+from capacity_pack.plan import prepared as prepared_lib
 from capacity_pack.measure import inputs as sweep_inputs_lib
 from capacity_pack.io import canonical_json
 from capacity_pack import stages as stages_lib
@@ -52,6 +53,8 @@ MANIFEST_JSON = canonical_json(PACK.model_dump(mode="json"))
 # checkpoints, to be called from an input function only.
 POINTS = schedule_lib.points(PACK)
 SEARCH = PACK.sweep.search
+# What every point's prompts read beyond its schedule (the tokenizer file by its sha256).
+PROMPT_INPUTS_JSON = prepared_lib.PromptInputs.of_pack(PACK).canonical_json()
 ANALYSIS_SPEC_JSON = analysis_lib.AnalysisSpec.of(PACK).canonical_json()
 # The decision reads gates, workload, placement, plan and target: it is cheap, so it takes the
 # whole validated pack (a script never reads the config itself) except the failure drills,

@@ -3,6 +3,7 @@ rule sweep:
     priority: CHAIN_PRIORITY
     input:
         schedule=stage_output("schedule", "schedule"),
+        prompts=stage_output("prompts", "prompts"),
     output:
         **stage_outputs("sweep"),
     params:

@@ -11,6 +11,7 @@ with job_logging(snakemake.log[0]) as log:
         cache_state=p.cache_state,
         repeat=p.repeat,
         schedule=snakemake.input.schedule,
+        prompts=snakemake.input.prompts,
         # A searching pack's in-run decisions read the attainment gate from the config, not
         # the params: a changed gate re-analyzes and re-decides, never re-measures.
         gate=snakemake.config["acceptance"] if p.gate_from_config else None,

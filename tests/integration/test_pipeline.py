@@ -479,7 +479,7 @@ def test_changed_attainment_gate_remeasures_only_the_open_loop_points(ran, field
 def test_added_rate_adds_only_that_rates_jobs(ran):
     jobs = replan(ran, lambda d: d["sweep"].__setitem__("open_loop_rps", [10, 20, 30]))
     new = ["open-r30/cold/rep0", "open-r30/warm/rep0"]
-    stages = ["analyze", "normalize", "schedule", "sweep"]
+    stages = ["analyze", "normalize", "prompts", "schedule", "sweep"]
     assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(stages, new)])
 
 
@@ -495,7 +495,7 @@ def test_changed_gate_remeasures_but_keeps_schedules(ran):
 
 def test_changed_seed_reruns_every_schedule(ran):
     jobs = replan(ran, lambda d: d["client"].__setitem__("request_schedule_seed", 7))
-    stages = ["analyze", "normalize", "schedule", "sweep"]
+    stages = ["analyze", "normalize", "prompts", "schedule", "sweep"]
     assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(stages, POINTS)])
 
 

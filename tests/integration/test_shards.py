@@ -316,6 +316,13 @@ def test_a_sharded_point_through_snakemake(tmp_path):
     # The shards' own logs and specs stay beside the point's records.
     shard_dir = tmp_path / base / "raw/open-r20/cold/rep0/shards"
     assert sorted(p.name for p in shard_dir.glob("shard-*.log")) == ["shard-0.log", "shard-1.log"]
+    # Each shard sent its own rows' prepared prompts (stage prompts), none fitted in the shard.
+    import pandas as pd
+
+    prepared = pd.read_parquet(tmp_path / base / "prompts/open-r20/cold/rep0/prompts.parquet")
+    handed = [pd.read_parquet(shard_dir / f"prompts-{i}.parquet") for i in range(2)]
+    assert sorted(pd.concat(handed)["request_id"]) == sorted(prepared["request_id"])
+    assert [len(h) for h in handed] == [p["assigned"] for p in per]
 
 
 @pytest.mark.slow

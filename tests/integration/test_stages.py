@@ -177,7 +177,7 @@ def test_the_rules_outputs_are_the_tables(workflow):
 
 
 def test_point_stages_write_under_one_point_folder():
-    for name in ("schedule", "sweep", "normalize", "analyze"):
+    for name in ("schedule", "prompts", "sweep", "normalize", "analyze"):
         assert stages.STAGES[name].folder.endswith("/" + stages.POINT_DIR), name
 
 

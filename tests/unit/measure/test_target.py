@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 import httpx
+import pytest
 import yaml
 
 from capacity_pack.measure.sweep import measure_point
@@ -48,9 +51,11 @@ def test_reset_waits_while_the_engine_refuses(tmp_path):
         assert facts["cache_empty_verified"] is True and facts["kv_usage_at_start"] == 0
 
 
-def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path):
+@pytest.mark.parametrize("prepared", [False, True])
+def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path, prepared):
     """A word-level tokenizer.json counts like the simulated engine, so the server's usage
-    proves every fitted prompt had exactly its scheduled input tokens."""
+    proves every fitted prompt had exactly its scheduled input tokens: fitted in the
+    measurement, or prepared beforehand by the prompts stage."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "the": 1}, unk_token="[UNK]"))
@@ -69,6 +74,16 @@ def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path):
         data["acceptance"]["min_successful_samples_per_class"] = 2
         pack = validate_pack(data)
         point = S.Point(mode="open", rate_rps=30, cache_state="warm", repeat=0)
-        summary = measure_point(pack, point, S.build_schedule(pack, point), tmp_path / "out")
+        frame = S.build_schedule(pack, point)
+        prompts = None
+        if prepared:
+            from capacity_pack.plan.prepared import PromptInputs, read_prepared
+            from capacity_pack.stages.prompts import run as prepare
+
+            spec, file = PromptInputs.of_pack(pack), tmp_path / "prompts.parquet"
+            prepare(inputs=spec, schedule=frame, prompts=file, log=logging.getLogger("t"))
+            prompts = read_prepared(file, frame, spec)
+            assert len(prompts) == len(frame)
+        summary = measure_point(pack, point, frame, tmp_path / "out", prompts=prompts)
     assert summary["failed"] == 0 and summary["prompt_tokens_mismatches"] == 0
     assert summary["server_prefix_hit_rate"] > 0.1  # the shared prefixes survived the fitting

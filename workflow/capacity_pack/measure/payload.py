@@ -5,8 +5,10 @@ Every request is a streamed ``POST /v1/completions`` (``prompt``, ``max_tokens``
 output length as the limit, ``stream_options.include_usage``, ``ignore_eos`` (the fixed-length
 workload contract), the stop sequences and the sampling parameters of the pack, and an
 ``X-Request-Id`` header naming the scheduled request. The prompt is built to the row's exact
-input length (:func:`capacity_pack.plan.prompts.build_prompt_for`: the target's tokenizer where
-the pack names one, else the project's words, exact for the simulated engine).
+input length: read from the point's prepared prompts (:mod:`capacity_pack.plan.prepared`) where
+they hold the request, else built here (:class:`capacity_pack.plan.prompt_fit.PromptFitter`: the
+target's tokenizer where the pack names one, else the project's words, exact for the simulated
+engine).
 
 The API key (from the environment variable ``api_key_env`` names) goes with every request and
 scrape; a key of 8 characters or more is also listed in :attr:`RequestBuilder.secrets`, the
@@ -22,7 +24,7 @@ from typing import Any
 import httpx
 
 from capacity_pack.measure.settings import LoadSettings
-from capacity_pack.plan.prompts import build_prompt_for
+from capacity_pack.plan.prompt_fit import PromptFitter
 
 
 class RequestBuilder:
@@ -30,6 +32,8 @@ class RequestBuilder:
 
     def __init__(self, settings: LoadSettings) -> None:
         self.s = settings
+        self._prepared: dict[str, str] = settings.prepared_prompts or {}
+        self._fitter: PromptFitter | None = None
         path = "completions" if settings.endpoint == "completions" else "chat/completions"
         self.url = f"{settings.base_url}/v1/{path}"
         key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
@@ -97,18 +101,35 @@ class RequestBuilder:
             headers={**self.headers, "X-Request-Id": row["request_id"]},
         )
 
+    def user_message(self, row: dict[str, Any]) -> str:
+        """A session's later turn: its new user message, prepared or fitted here."""
+        text = self._prepared.get(row["request_id"])
+        if text is not None:
+            return text
+        if self._fitter is None:
+            self._fitter = PromptFitter(self.s.token_counter)
+        return self._fitter.user_message(
+            int(row["prompt_seed"]), int(row["user_tokens"]), self.s.corpus_revision
+        )
+
     def prompt(self, row: dict[str, Any]) -> str:
-        # A real target's tokenizer (tokenizer.json or /tokenize) fits the text to the exact
-        # count; without one, the project's words are exact for the simulated engine.
-        return build_prompt_for(
-            self.s.token_counter,
-            input_tokens=int(row["input_tokens"]),
-            prompt_seed=int(row["prompt_seed"]),
-            prefix_id=int(row["prefix_id"]),
-            prefix_tokens=int(row["prefix_tokens"]),
-            prefix_revision=self.s.prefix_revision,
-            cold_unique_prefix_tokens=self.s.cold_unique_prefix_tokens,
-            corpus_revision=self.s.corpus_revision,
-            prefix_blocks=str(row.get("prefix_blocks") or ""),
-            block_tokens=self.s.prefix_block_tokens,
+        text = self._prepared.get(row["request_id"])
+        if text is not None:
+            return text
+        # Not prepared (an extension block, a prewarm request, a target counted by /tokenize):
+        # fitted here to the target's tokenizer, or the project's words for the simulated one.
+        if self._fitter is None:
+            self._fitter = PromptFitter(self.s.token_counter)
+        return self._fitter.prompt(
+            {
+                "input_tokens": int(row["input_tokens"]),
+                "prompt_seed": int(row["prompt_seed"]),
+                "prefix_id": int(row["prefix_id"]),
+                "prefix_tokens": int(row["prefix_tokens"]),
+                "prefix_revision": self.s.prefix_revision,
+                "cold_unique_prefix_tokens": self.s.cold_unique_prefix_tokens,
+                "corpus_revision": self.s.corpus_revision,
+                "prefix_blocks": str(row.get("prefix_blocks") or ""),
+                "block_tokens": self.s.prefix_block_tokens,
+            }
         )

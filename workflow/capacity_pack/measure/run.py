@@ -97,7 +97,6 @@ from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sse import SSEReader
 from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
 from capacity_pack.measure.watchers import health, lag_monitor, progress, progress_lines, scraper
-from capacity_pack.plan.sessions import user_message
 
 NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
@@ -394,10 +393,7 @@ class Run:
         return None
 
     def _user_message(self, row: dict[str, Any]) -> str:
-        counter = self.s.token_counter
-        return user_message(
-            int(row["prompt_seed"]), int(row["user_tokens"]), counter, self.s.corpus_revision
-        )
+        return self._builder.user_message(row)
 
     async def _exchange(self, client, request: httpx.Request, a: Attempt) -> None:
         """Send the request, read its response into ``a``."""

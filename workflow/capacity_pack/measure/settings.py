@@ -60,6 +60,11 @@ class LoadSettings(BaseModel):
     token_counter: Any = Field(
         default=None, exclude=True, description="prompts.TokenCounter of a real target, or None."
     )
+    prepared_prompts: Any = Field(
+        default=None,
+        exclude=True,
+        description="Prompt texts by request id, prepared before the run (plan.prepared), or None.",
+    )
     progress: bool = Field(default=False, description="Live progress line on stderr.")
     report: Any = Field(
         default=None,

@@ -62,6 +62,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import finite_or_none, write_json_atomic
@@ -322,10 +324,30 @@ class ShardSpec(BaseModel):
     seed: int = Field(description="Assignment seed (assignment_seed).")
     schedule_path: str = Field(description="The point's full schedule (parquet).")
     prewarm_path: str | None = Field(default=None, description="Prewarm rows (shard 0 only).")
+    prompts_path: str | None = Field(
+        default=None, description="This shard's rows' prepared prompts (parquet), if any."
+    )
     rendezvous_dir: str = Field(description="Directory the shards meet in.")
     out_dir: str = Field(description="This shard's output directory.")
     lead_s: float = Field(gt=0, description="Start lead after the last ready report.")
     ready_timeout_s: float = Field(gt=0, description="Rendezvous timeout.")
+
+
+def write_shard_prompts(path: str | Path, prompts: dict[str, str]) -> None:
+    """One shard's prepared prompts by request id (uncompressed: read back at once)."""
+    table = pa.table(
+        {
+            "request_id": pa.array(list(prompts), pa.string()),
+            "prompt": pa.array(list(prompts.values()), pa.large_string()),
+        }
+    )
+    pq.write_table(table, path, compression="none")
+
+
+def read_shard_prompts(path: str | Path) -> dict[str, str]:
+    table = pq.read_table(path)
+    ids, texts = table.column("request_id").to_pylist(), table.column("prompt").to_pylist()
+    return dict(zip(ids, texts, strict=True))
 
 
 def run_shard(spec: ShardSpec) -> dict[str, Any]:
@@ -341,6 +363,8 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
         records.unlink()
     settings = load_settings(inputs, point, spec.base_url, progress=False)
     settings.token_counter = token_counter(inputs, spec.base_url)
+    if spec.prompts_path is not None:
+        settings.prepared_prompts = read_shard_prompts(spec.prompts_path)
     # Extension blocks need every shard's success counts at once; a sharded point runs its
     # planned schedule and the analysis's sample gate judges it.
     settings.min_successful_per_class = None

@@ -43,6 +43,8 @@ from capacity_pack.measure.shards import (
     merge_series,
     merge_summaries,
     run_shards,
+    shard_rows,
+    write_shard_prompts,
 )
 from capacity_pack.measure.target import open_target
 from capacity_pack.plan.manifest import Pack, SimTarget
@@ -115,8 +117,10 @@ def run_sharded(
     prewarm: pd.DataFrame,
     base_url: str,
     out: Path,
+    prompts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run a point as K shard processes; write the merged records and series; its summary."""
+    """Run a point as K shard processes; write the merged records and series; its summary.
+    ``prompts``: the point's prepared prompts, handed to each shard as its own rows' file."""
     c = inputs.client
     k = shard_count(inputs, point)
     seed = assignment_seed(c.request_schedule_seed, point.key)
@@ -130,6 +134,13 @@ def run_sharded(
     if len(prewarm):
         prewarm_path = work / "prewarm.parquet"
         prewarm.to_parquet(prewarm_path, index=False)
+    prompt_paths: list[str | None] = [None] * k
+    if prompts:
+        for i in range(k):
+            ids = shard_rows(schedule, k, seed, i)["request_id"].tolist()
+            path = work / f"prompts-{i}.parquet"
+            write_shard_prompts(path, {r: prompts[r] for r in ids if r in prompts})
+            prompt_paths[i] = str(path.resolve())
     specs = [
         ShardSpec(
             inputs_json=inputs.canonical_json(),
@@ -142,6 +153,7 @@ def run_sharded(
             seed=seed,
             schedule_path=str(schedule_path.resolve()),
             prewarm_path=str(prewarm_path.resolve()) if prewarm_path and i == 0 else None,
+            prompts_path=prompt_paths[i],
             rendezvous_dir=str((work / "rendezvous").resolve()),
             out_dir=str((work / f"shard-{i}").resolve()),
             lead_s=c.shard_start_lead_seconds,
@@ -234,12 +246,14 @@ def measure_point(
     progress: bool = False,
     report: Callable[[str], None] | None = None,
     in_run: bool = True,
+    prompts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run one point; write records.jsonl, metrics.parquet, summary.json (and server files).
 
     ``report`` gets a progress line at a steady cadence (a pipeline job's log and console).
     ``in_run`` False runs an open-loop point's planned schedule as a sharded one does: no
-    in-run decision, no extension block."""
+    in-run decision, no extension block. ``prompts``: prepared prompt texts by request id
+    (stage ``prompts``); any other request's prompt is fitted here."""
     inputs = (
         pack_or_inputs
         if isinstance(pack_or_inputs, SweepInputs)
@@ -266,6 +280,7 @@ def measure_point(
         settings = load_settings(inputs, point, base_url, progress=progress)
         settings.report, settings.label = report, point.key
         settings.token_counter = token_counter(inputs, base_url)
+        settings.prepared_prompts = prompts
 
         # Extension blocks and the in-run decision are for open-loop rate points: a
         # closed-loop level traces the frontier and a load-shape experiment is its profile,
@@ -280,7 +295,9 @@ def measure_point(
         stop: Interrupted | None = None
         try:
             if shard_count(inputs, point) > 1:
-                summary = run_sharded(inputs, point, schedule, prewarm, base_url, out)
+                summary = run_sharded(
+                    inputs, point, schedule, prewarm, base_url, out, prompts=prompts
+                )
             else:
                 summary = run_point(
                     schedule,

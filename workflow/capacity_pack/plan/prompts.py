@@ -212,6 +212,11 @@ class FileTokenizerCounter(TokenCounter):
         self._tok = Tokenizer.from_file(str(self.path))
         self.name = f"tokenizer.json:{self.path.name}"
 
+    @property
+    def tokenizer(self):
+        """The loaded ``tokenizers.Tokenizer`` (batch encoding, offsets)."""
+        return self._tok
+
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 

@@ -104,6 +104,14 @@ _STAGES = [
         doc="Seeded arrival schedule of one point.",
     ),
     Stage(
+        "prompts",
+        entry="capacity_pack.stages.prompts:run",
+        inputs="capacity_pack.plan.prepared:PromptInputs",
+        folder="prompts/" + POINT_DIR,
+        outputs={"prompts": "prompts.parquet"},
+        doc="Every scheduled request's exact prompt, prepared before the target is reserved.",
+    ),
+    Stage(
         "sweep",
         entry="capacity_pack.stages.sweep:run",
         inputs="capacity_pack.measure.inputs:SweepInputs",

@@ -20,6 +20,7 @@ from capacity_pack.measure.interrupt import Interrupted
 from capacity_pack.measure.lock import LockSettings, hold_target
 from capacity_pack.measure.sweep import measure_point
 from capacity_pack.plan.manifest import Acceptance
+from capacity_pack.plan.prepared import PromptInputs, read_prepared
 from capacity_pack.plan.schedule import Point
 
 
@@ -46,6 +47,7 @@ def run(
     progress: bool = False,
     lock: LockSettings | Mapping[str, Any] | None = None,
     gate: Mapping[str, Any] | None = None,
+    prompts: str | Path | None = None,
 ) -> dict[str, Any]:
     """Measure ``point`` on ``schedule`` (a parquet path or the frame); the records and metrics
     go beside ``records``, the summary to ``summary``, which is returned. Interrupted (SIGINT,
@@ -54,18 +56,31 @@ def run(
     whether to wait for a busy target (:class:`~capacity_pack.measure.lock.LockSettings`, or a
     Snakemake config holding its keys); ``gate``: the pack's ``acceptance`` section, whose
     attainment gate and confidence the in-run decision judges by instead of the inputs' (a
-    searching pack's rule params hold none: ``SweepInputs.without_gate``)."""
+    searching pack's rule params hold none: ``SweepInputs.without_gate``); ``prompts``: the
+    point's prepared prompts (stage ``prompts``), checked against this schedule and these
+    inputs, or None to fit every prompt here."""
     pt = Point.parse(point, cache_state, int(repeat))
     if isinstance(inputs, str):
         inputs = SweepInputs.model_validate_json(inputs)
     if gate is not None:
         inputs = inputs.with_gate(AttainmentGate.of_acceptance(Acceptance.model_validate(gate)))
     frame = schedule if isinstance(schedule, pd.DataFrame) else pd.read_parquet(schedule)
+    prepared = None
+    if prompts is not None:
+        # Refused (one line) when prepared for another schedule, tokenizer or corpus.
+        expected = PromptInputs.of_parts(inputs.target, inputs.prompts, inputs.client.trace)
+        prepared = read_prepared(prompts, frame, expected)
     pack = inputs.schedule.pack.name
     try:
         with hold_target(inputs.target, pack=pack, stage="sweep", what=pt.key, settings=lock):
             doc = measure_point(
-                inputs, pt, frame, Path(records).parent, progress=progress, report=_reporter(log)
+                inputs,
+                pt,
+                frame,
+                Path(records).parent,
+                progress=progress,
+                report=_reporter(log),
+                prompts=prepared,
             )
     except Interrupted as stop:
         # The partial measurement's summary says so (normalization refuses it); the job fails.
