@@ -11,16 +11,19 @@ start to the load's end, :class:`QuietCollector`):
 - ``gc.disable()``: no collection starts on its own;
 - the dispatcher thread (:class:`capacity_pack.measure.dispatcher.Dispatcher`) calls
   :meth:`QuietCollector.idle` when its next deadline is at least ``IDLE_GAP_NS`` away (it wakes
-  at least every ``IDLE_CHECK_NS`` for that); once ``YOUNG_THRESHOLD`` container objects have
-  been allocated since the last pass, it collects the youngest generation (generation 0): the
-  pass walks only the objects created since the previous one (about a thousand), so it ends
-  well inside the gap. What survives it moves to generation 1 and is never walked again inside
-  the window: the survivors are mostly alive (requests in flight and what the event loop holds
-  for them), and walking them again and again (CPython's generation-1
-  pass every 10 young ones) took 2-20 ms a pass at 400-800 RPS, their number growing with
-  the rate;
-- should allocations outrun the idle moments (``FORCE_THRESHOLD`` objects pending), the next
-  check collects the youngest generation at once, gap or not, so the young heap stays bounded;
+  at least every ``IDLE_CHECK_NS`` for that); there, once ``YOUNG_INTERVAL_NS`` have passed
+  since the last pass or ``YOUNG_THRESHOLD`` container objects are pending, it collects the
+  youngest generation (generation 0). The interval matters more than the count: CPython's
+  count is allocations minus deallocations of any generation, so each request freeing its
+  prepared (frozen) request objects keeps it near zero while the young list grows; a pass
+  every few tens of milliseconds walks a few thousand objects at most and ends well inside the
+  gap. What survives it moves to generation 1 and is never walked again inside the window: the
+  survivors are mostly alive (requests in flight and what the event loop holds for them), and
+  walking them again and again (CPython's generation-1 pass every 10 young ones) took 2-20 ms
+  a pass at 400-800 RPS, their number growing with the rate;
+- should the idle moments not come (``FORCE_INTERVAL_NS`` since the last pass, or
+  ``FORCE_THRESHOLD`` objects pending), the next check collects the youngest generation at
+  once, gap or not, so the young list stays bounded;
 - generations 1 and 2 are never collected inside the window; after it, one full collection (its
   duration and the objects it freed are reported) and the collector as it was before.
 
@@ -56,10 +59,12 @@ NS = 1_000_000_000
 IDLE_GAP_NS = 2_000_000
 #: The dispatcher thread checks for an idle collection at least this often.
 IDLE_CHECK_NS = 20_000_000
-#: Container objects allocated (net) since the last pass before an idle pass is worth it
-#: (CPython's own generation-0 threshold).
+#: An idle pass once this long since the last one...
+YOUNG_INTERVAL_NS = 25_000_000
+#: ...or this many container objects pending (net; CPython's own generation-0 threshold).
 YOUNG_THRESHOLD = 700
-#: Past this many, the youngest generation is collected at the next check, gap or not.
+#: Past either, a pass at the next check, gap or not.
+FORCE_INTERVAL_NS = 250_000_000
 FORCE_THRESHOLD = 20_000
 #: Pauses over 1 ms listed individually in the summary (all are counted).
 LISTED_PAUSES = 50
@@ -89,6 +94,7 @@ class QuietCollector:
         self.freed_after_window: int | None = None
         self._start_ns = self._start_cpu_ns = 0
         self._was_enabled = True
+        self._last_pass_ns = 0
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         now, cpu = time.perf_counter_ns(), time.thread_time_ns()
@@ -111,17 +117,23 @@ class QuietCollector:
         self._was_enabled = gc.isenabled()
         gc.disable()
         self.active = True
+        self._last_pass_ns = time.perf_counter_ns()
         gc.callbacks.append(self._callback)
 
     def idle(self, gap_ns: int) -> None:
-        """The dispatcher's next deadline is ``gap_ns`` away: collect the young generations if
-        enough has been allocated (at once, whatever the gap, past ``FORCE_THRESHOLD``)."""
+        """The dispatcher's next deadline is ``gap_ns`` away: a young pass if one is due (see
+        the module docstring)."""
         if not self.active:
             return
         pending = gc.get_count()[0]
-        if pending < YOUNG_THRESHOLD or (gap_ns < IDLE_GAP_NS and pending < FORCE_THRESHOLD):
+        since = time.perf_counter_ns() - self._last_pass_ns
+        if gap_ns >= IDLE_GAP_NS:
+            if since < YOUNG_INTERVAL_NS and pending < YOUNG_THRESHOLD:
+                return
+        elif since < FORCE_INTERVAL_NS and pending < FORCE_THRESHOLD:
             return
         gc.collect(0)
+        self._last_pass_ns = time.perf_counter_ns()
 
     def stop(self) -> None:
         """After the window: one full collection (timed), the collector as it was before."""
