@@ -1,54 +1,63 @@
-"""Benchmark: the load generator's dispatch lateness, CPU cost and timing accuracy.
+"""Benchmark: the load generator's dispatch lateness, CPU cost, timing accuracy and collector.
 
 Run (from the repository root, in the project's virtualenv, on a machine with >= 2 cores):
 
-    python tests/bench/bench_loadgen.py --sim-nodelay --json bench-loadgen.json
-    python tests/bench/bench_loadgen.py --json bench-loadgen-as-is.json
+    python tests/bench/bench_loadgen.py --json bench-loadgen.json
+    python tests/bench/bench_loadgen.py --server sim --rates 50,100,200 --json bench-sim.json
 
-(the first with the simulators' sockets given TCP_NODELAY, see below; the second with the
-simulator as it is), or, for a quicker look, ``python tests/bench/bench_loadgen.py --rates 100
---measure-s 5 --no-pack``. Not collected by pytest (``tests/bench`` is excluded). Results and
-conditions are recorded in docs/performance.md, "Load generator".
+(the first against this script's static responder at 50-800 RPS, the second against the
+simulator as it is), or, for the high rates alone, ``python tests/bench/bench_loadgen.py
+--rates 400,800 --transports capacity_pack --no-pack``. Not collected by pytest
+(``tests/bench`` is excluded). Results and conditions are recorded in docs/performance.md,
+"Load generator".
 
-Method. One ``capacity-pack sim serve`` process (with its ground-truth log) serves every run.
-Its profile is ``small-fast`` made step-bound: bandwidth and FLOP/s raised a thousandfold,
-per-sequence overhead zero and ``step_overhead_ms = --step-ms`` (10 ms, a typical decode step),
-``max_num_seqs`` 4096, so every stream gets one token (one SSE event) per step whatever the load
-and the simulator never queues; what is measured is the client. For each rate (50, 100 and 200
-RPS by default) and each client transport (``--transports``: ``capacity_pack``, the load
-generator's own plain-HTTP transport, and ``httpx``, httpx's default httpcore transport, with
-the same SSE reader), the default pack's Poisson schedule and request mix (~56 output tokens
-mean) is run for a 1 s warm-up plus ``--measure-s`` seconds through
-:func:`capacity_pack.measure.run.run_point`, exactly as a sweep point runs it (metrics scraping
-included). Reported per run, from the run's own summary and records:
+Method. One server process serves every run. ``--server static`` (the default) is this
+script's own responder (:class:`StaticSSE`, run as ``--serve-static`` in a child process,
+uvloop when installed): HTTP/1.1 keep-alive, chunked ``text/event-stream``, one token per
+stream per ``--step-ms`` (10 ms, a typical decode step) from one global ticker, one write per
+stream per tick, TCP_NODELAY, and a ground-truth log of the simulator's fields (arrival,
+first and last token written); it costs a few microseconds per token, so at 400 and 800 RPS
+the server is not the limit. ``--server sim`` is one ``capacity-pack sim serve`` (with its
+ground-truth log) whose profile is ``small-fast`` made step-bound: bandwidth and FLOP/s raised
+a thousandfold, per-sequence overhead zero and ``step_overhead_ms = --step-ms``,
+``max_num_seqs`` 4096, so every stream gets one token per step whatever the load and the
+simulator never queues (it reads requests late above ~200 RPS on 2 cores). For each rate (50,
+100, 200, 400 and 800 RPS by default) and each client transport (``--transports``:
+``capacity_pack``, the load generator's own plain-HTTP transport, and ``httpx``, httpx's
+default httpcore transport, with the same SSE reader; httpx only up to ``--httpx-max-rps``,
+200), the default pack's Poisson schedule and request mix (~56 output tokens mean) is run for a
+1 s warm-up plus ``--measure-s`` seconds through :func:`capacity_pack.measure.run.run_point`,
+exactly as a sweep point runs it (metrics scraping included). Reported per run, from the run's
+own summary and records:
 
 - dispatch lateness p50/p99/max (actual send - due, every request of the run);
 - client CPU per 1,000 streamed tokens (process CPU time from the clock's start to the end of
   the run, over the tokens streamed);
 - measurement error: |client TTFT - server TTFT| and |client E2E - server E2E|, p50/p99, against
-  the simulator's ground-truth log (:func:`capacity_pack.measure.sweep.measurement_error`),
-  and where
-  it arises: "to handler" = server arrival - client send (the request's way into the server's
-  handler: the simulator's own reading delay, invisible to its log), "to client" = |client
-  read stamp - server send stamp| of first and last tokens (the client's share);
+  the server's ground-truth log (:func:`capacity_pack.measure.sweep.measurement_error`), and
+  where it arises: "to handler" = server arrival - client send (the request's way into the
+  server's handler, invisible to its log), "to client" = |client read stamp - server send
+  stamp| of first and last tokens (the client's share);
+- every garbage collection of this process inside the window (the clock's start to the last
+  request's end), logged through ``gc.callbacks`` (:class:`GcLog`): count per generation,
+  longest and total pause, each pause over 1 ms with its time and generation; beside it the
+  run summary's own ``gc_*`` client-health fields (:mod:`capacity_pack.measure.collector`);
 - server CPU and other load (CPU that every other process of the machine used, in cores).
 
 Then, unless ``--no-pack``, the acceptance point: the default pack (config/config.yaml, the
 ``small-fast`` profile, a fresh simulator) at its highest swept open-loop rate, cold, through
 :func:`capacity_pack.measure.sweep.measure_point`, exactly as the sweep runs it, with its
-measurement
-error.
+measurement error.
 
-Processes are not pinned unless ``--pin`` (simulator on CPU 0, client on CPU 1). Other
+Processes are not pinned unless ``--pin`` (server on CPU 0, client on CPU 1). Other
 processes on the machine show up as lateness and error, so before each run the script waits
 (up to ``--quiet-wait-s``) for the machine to be idle and reports the other load it saw.
 
 ``--sim-nodelay`` starts every simulator with TCP_NODELAY on its listening socket (through a
-``sitecustomize`` on the children's PYTHONPATH). The simulator binds its own socket with
-protocol 0, so asyncio does not set TCP_NODELAY on the accepted connections; a token written
-after the response head then waits, under Nagle's algorithm, for the client's delayed ACK of
-the head (up to ~40 ms), which the server's log does not see. The flag measures the client
-as it will be once the simulator sets the option itself.
+``sitecustomize`` on the children's PYTHONPATH): for simulators that bind their socket with
+protocol 0, where asyncio does not set TCP_NODELAY on the accepted connections and a token
+written after the response head waits, under Nagle's algorithm, for the client's delayed ACK
+of the head (up to ~40 ms), which the server's log does not see.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 NS = 1_000_000_000
 # With an idle callback, the thread wakes at least this often to offer it an idle moment.
-IDLE_CHECK_NS = 20_000_000
+IDLE_CHECK_NS = 10_000_000
 # GIL switch interval during a run: how long the dispatcher thread may wait for the GIL.
 SWITCH_INTERVAL_S = 0.0002
 # How far ahead of its due time a timed send is handed to the loop to be prepared: above the
