@@ -17,8 +17,9 @@ start to the load's end, :class:`QuietCollector`):
   count is allocations minus deallocations of any generation, so each request freeing its
   prepared (frozen) request objects keeps it near zero while the young list grows; a pass
   every 10 ms walks the few hundred objects still alive of those made since (0.1-0.9 ms at 400
-  RPS on a 2-core VM; every 25 ms, up to 2.8 ms) and ends well inside the gap. What survives it moves to generation 1 and is never walked again inside the window: the
-  survivors are mostly alive (requests in flight and what the event loop holds for them), and
+  RPS on a 2-core VM; every 25 ms, up to 2.8 ms) and ends well inside the gap. What survives
+  it moves to generation 1 and is never walked again inside the window: the survivors are
+  mostly alive (requests in flight and what the event loop holds for them), and
   walking them again and again (CPython's generation-1 pass every 10 young ones) took 2-20 ms
   a pass at 400-800 RPS, their number growing with the rate;
 - should the idle moments not come (``FORCE_INTERVAL_NS`` since the last pass, or
