@@ -65,7 +65,7 @@ YOUNG_INTERVAL_NS = 10_000_000
 #: ...or this many container objects pending (net; CPython's own generation-0 threshold).
 YOUNG_THRESHOLD = 700
 #: Past either, a pass at the next check, gap or not.
-FORCE_INTERVAL_NS = 250_000_000
+FORCE_INTERVAL_NS = 50_000_000
 FORCE_THRESHOLD = 20_000
 #: Pauses over 1 ms listed individually in the summary (all are counted).
 LISTED_PAUSES = 50
