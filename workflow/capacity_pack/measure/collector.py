@@ -1,9 +1,10 @@
 """The garbage collector during a run: kept out of the measured window's hot path, and timed.
 
 CPython's cyclic collector runs when allocations pass a threshold, wherever the program is,
-holding the GIL for the whole pass: a young collection takes tens of microseconds, a full one
-walks every tracked object and took 28-47 ms at 300-800 RPS, long enough to make the sends it
-interrupted that late and to add as much to the TTFT error. So, during the window (the clock's
+holding the GIL for the whole pass: a young collection takes tens of microseconds, but a
+generation-1 pass took 5-15 ms at 400 RPS and a full one 60-178 ms at 800 RPS
+(tests/bench/bench_loadgen.py, docs/performance.md), making the sends it interrupted that late
+and adding as much to the TTFT error. So, during the window (the clock's
 start to the load's end, :class:`QuietCollector`):
 
 - before the clock, one full collection, then ``gc.freeze()``: everything built so far (the

@@ -15,6 +15,10 @@ arrival to the loop at its due time instead.
 
 The lateness this leaves is measured per request as dispatch lateness, s - (t0 + scheduled
 offset) (:mod:`capacity_pack.measure.records`).
+
+The thread also knows when the process is idle: before each sleep it offers the time to its
+next deadline to an ``idle`` callback (at least every ``IDLE_CHECK_NS``), where the run
+collects young garbage between sends (:mod:`capacity_pack.measure.collector`).
 """
 
 from __future__ import annotations
