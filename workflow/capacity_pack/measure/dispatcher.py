@@ -15,6 +15,10 @@ arrival to the loop at its due time instead.
 
 The lateness this leaves is measured per request as dispatch lateness, s - (t0 + scheduled
 offset) (:mod:`capacity_pack.measure.records`).
+
+The thread also knows when the process is idle: before each sleep it offers the time to its
+next deadline to an ``idle`` callback (at least every ``IDLE_CHECK_NS``), where the run
+collects young garbage between sends (:mod:`capacity_pack.measure.collector`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from capacity_pack.measure.connection import TimedWrite
 
 NS = 1_000_000_000
+# With an idle callback, the thread wakes at least this often to offer it an idle moment.
+IDLE_CHECK_NS = 10_000_000
 # GIL switch interval during a run: how long the dispatcher thread may wait for the GIL.
 SWITCH_INTERVAL_S = 0.0002
 # How far ahead of its due time a timed send is handed to the loop to be prepared: above the
@@ -54,7 +60,13 @@ class Dispatcher(threading.Thread):
     lowered switch interval bounds its wait for the GIL while the loop works.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, realtime: bool = False) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        realtime: bool = False,
+        idle: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__(name="capacity-pack-dispatch", daemon=True)
         self.loop = loop
         self.cond = threading.Condition(threading.Lock())
@@ -72,6 +84,9 @@ class Dispatcher(threading.Thread):
         self.realtime = realtime
         self.scheduling = "normal"
         self.scheduling_detail = "not requested (client.realtime_dispatch is false)"
+        # Called (outside the lock) with the time to the next deadline whenever the thread is
+        # about to sleep, at least every IDLE_CHECK_NS: the collector's idle moments.
+        self.idle = idle
 
     def arrivals(self, times: list[int], start: Callable[[int], None] | None) -> None:
         """Hand ``start(i)`` to the loop at ``times[i]`` (perf_counter_ns), in order."""
@@ -129,8 +144,14 @@ class Dispatcher(threading.Thread):
 
     def run(self) -> None:
         self.scheduling, self.scheduling_detail = dispatcher_priority(self.realtime)
-        clock, cond, writes = time.perf_counter_ns, self.cond, self.writes
+        clock, cond, writes, idle = time.perf_counter_ns, self.cond, self.writes, self.idle
+        check_ns = NS if idle is None else IDLE_CHECK_NS
+        offer, offered = -1, False  # the gap to offer the idle callback; offered this wake
         while True:
+            if offer >= 0 and idle is not None:
+                idle(offer)
+                offered = True
+            offer = -1
             due: list[TimedWrite] = []
             start, i = None, 0
             with cond:
@@ -145,21 +166,26 @@ class Dispatcher(threading.Thread):
                         start, i = self.start_cb, self.next
                         self.next += 1
                     if due or start is not None:
+                        offered = False
                         break
                     expected, k = self.expected, self.next_expected
                     while k < len(expected) and expected[k] <= now:
                         k += 1
                     self.next_expected = k
-                    wake = now + NS
+                    wake = now + check_ns
                     if k < len(expected):
                         wake = min(wake, expected[k])
                     if writes:
                         wake = min(wake, writes[0][0])
                     if self.next < len(self.times):
                         wake = min(wake, self.times[self.next])
+                    if idle is not None and not offered:
+                        offer = wake - now
+                        break  # idle(gap) outside the lock first, then back here to sleep
                     self.wake_ns = wake
                     cond.wait((wake - now) / NS)
                     self.wake_ns = 0
+                    offered = False
             for write in due:
                 write.fire()
             if start is not None:

@@ -49,13 +49,17 @@ extension blocks run after the previous block has ended, as before.
 The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
 and its own CPU time from the clock's start (request building before it is not counted); when
 lateness p99 exceeds ``client.lateness_bound_ms`` the summary labels the point ``client_bound``
-and the analysis treats it as invalid. Objects alive at the clock's start are frozen out of the
-garbage collector (``gc.freeze``), so a full collection cannot pause the loop for tens of
-milliseconds. ``/metrics`` is scraped every ``client.metrics_interval_seconds`` into a long time
-series (queue depth, running, KV usage, prefix-cache queries/hits, preemptions) through a name
-map for vLLM, SGLang, llama.cpp, TGI, TensorRT-LLM and the simulator
-(:func:`capacity_pack.engines.signals.parse_metrics`), with the client's own backlog series (due
-but unsent, in flight) alongside (:mod:`capacity_pack.measure.watchers`).
+and the analysis treats it as invalid. The garbage collector is kept out of the measured
+window (:mod:`capacity_pack.measure.collector`): what is alive at the clock's start is frozen
+(``gc.freeze``), automatic collections are off until the load ends, the dispatcher thread
+collects the young generations at its idle moments, and every pass is timed into the
+summary's ``gc_*`` fields; a response is unbound from its stream when it ends, so requests
+leave no cyclic garbage behind. ``/metrics`` is scraped every
+``client.metrics_interval_seconds`` into a long time series (queue depth, running, KV usage,
+prefix-cache queries/hits, preemptions) through a name map for vLLM, SGLang, llama.cpp, TGI,
+TensorRT-LLM and the simulator (:func:`capacity_pack.engines.signals.parse_metrics`), with the
+client's own backlog series (due but unsent, in flight) alongside
+(:mod:`capacity_pack.measure.watchers`).
 """
 
 from __future__ import annotations
@@ -63,7 +67,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import gc
 import http.cookiejar
 import json
 import signal
@@ -80,6 +83,7 @@ import pandas as pd
 from capacity_pack.engines import verify_setting
 from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
 from capacity_pack.measure.arrivals import Arrivals, Block, BlocksAhead, build_block, feed
+from capacity_pack.measure.collector import QuietCollector, unbind
 from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
 from capacity_pack.measure.dispatcher import LEAD_NS, SWITCH_INTERVAL_S, Dispatcher
 from capacity_pack.measure.interrupt import Interrupted, catch_signals, interruption
@@ -247,6 +251,7 @@ class Run:
         self.cancelled_in_flight = 0
         self.wall_s = 0.0
         self.cpu_s = 0.0
+        self.collector = QuietCollector()
 
     # -- request construction --------------------------------------------------------------
 
@@ -408,6 +413,7 @@ class Run:
                 await self._consume(resp, a)
         finally:
             await resp.aclose()
+            unbind(resp)
 
     def _settle(self, a: Attempt, gate: _Gate, block: Arrivals | None) -> None:
         """The request ended (any way but the ceiling's refusal): stamp, count, record it."""
@@ -658,7 +664,9 @@ class Run:
         own, limits, timeout = self._http_options()
         loop = asyncio.get_running_loop()
         self._halt = asyncio.Event()
-        self._dispatcher = Dispatcher(loop, realtime=self.s.realtime_dispatch)
+        self._dispatcher = Dispatcher(
+            loop, realtime=self.s.realtime_dispatch, idle=self.collector.idle
+        )
         self._dispatcher.start()
         transport = PlainHTTPTransport(limits, scheduler=self._dispatcher) if own else None
         # TLS as the target says (the https:// default transport; ours serves http only).
@@ -752,14 +760,13 @@ class Run:
             await asyncio.gather(
                 *(self._send(client, r, 0) for r in self.prewarm.to_dict("records"))
             )
-        # Everything allocated so far (pandas, the schedule, the bodies) is long-lived:
-        # moved out of the collector's sight, a full collection during the run stays
-        # cheap instead of pausing the loop for tens of milliseconds.
-        gc.collect()
-        gc.freeze()
+        # Everything allocated so far (pandas, the schedule, the bodies) is long-lived: frozen,
+        # and no automatic collection until the load has ended (collector module).
+        self.collector.start()
         watchers: list[asyncio.Task] = []
         try:
             self._start_clock()
+            self.collector.t0_ns = self.t0_ns
             # The client's CPU from the start on (a shard's wait for the others excluded).
             cpu0 = time.process_time()
             watchers = self._watchers(client, stop)
@@ -784,7 +791,7 @@ class Run:
                 w.cancel()
             if self._ahead is not None:
                 await self._ahead.close()
-            gc.unfreeze()
+            self.collector.stop()
 
     def _start_clock(self) -> None:
         if self.s.start_at is not None and self.interrupted is None:
@@ -881,6 +888,7 @@ class Run:
                 d.scheduling if d is not None else None,
                 d.scheduling_detail if d is not None else None,
             ),
+            **self.collector.summary(),
             "extension_blocks": max(0, self.blocks_sent - 1),
             # Blocks built before the clock and by a worker thread during the run.
             "extension_blocks_built": (

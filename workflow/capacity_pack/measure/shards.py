@@ -67,6 +67,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import finite_or_none, write_json_atomic
+from capacity_pack.measure.collector import merge_summaries as merge_gc
 from capacity_pack.measure.commands import copy_redacted
 from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
 from capacity_pack.measure.interrupt import Interrupted, forward_signals, merge_interruptions
@@ -569,6 +570,7 @@ def merge_summaries(
                 "dispatch_lateness_ms": lateness(mine),
                 "event_loop_lag_ms": s["event_loop_lag_ms"],
                 "dispatcher_scheduling": s["dispatcher_scheduling"],
+                "gc_pause_max_ms": s.get("gc_pause_max_ms"),
                 "client_bound": s["client_bound"],
             }
         )
@@ -599,6 +601,7 @@ def merge_summaries(
         "client_transport": first["client_transport"],
         "dispatcher_scheduling": first["dispatcher_scheduling"],
         "realtime_dispatch": first.get("realtime_dispatch"),
+        **merge_gc(summaries),
         "client_bound": bool(bound),
         "extension_blocks": 0,
         "extension_blocks_built": None,

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from capacity_pack.engines.signals import parse_metrics
+from capacity_pack.measure.collector import unbind
 
 NS = 1_000_000_000
 
@@ -65,6 +66,7 @@ async def scraper(run: Any, client, stop: asyncio.Event) -> None:
         if run.s.scrape_metrics:
             try:
                 resp = await client.get(url, timeout=max(0.5, interval))
+                unbind(resp)  # read and closed: freed at once, not by the collector
                 if resp.status_code == 200:
                     for key, val in parse_metrics(resp.text).items():
                         run.series.append((rel, rt_ns, "server", key, val))

@@ -97,6 +97,10 @@ def sweep(summary: dict[str, Any]) -> dict[str, Any]:
         "dispatch_lateness_p50_ms": late["p50"],
         "dispatch_lateness_p99_ms": late["p99"],
         "event_loop_lag_p99_ms": lag["p99"],
+        # The garbage collector inside the measured window (capacity_pack.measure.collector).
+        "gc_collections": summary.get("gc_collections"),
+        "gc_pause_max_ms": summary.get("gc_pause_max_ms"),
+        "gc_pauses_over_1ms_count": summary.get("gc_pauses_over_1ms_count"),
         "client_bound": float(summary["client_bound"]),
         "server_prefix_hit_rate": summary.get("server_prefix_hit_rate"),
         "client_cached_token_fraction": summary.get("client_cached_token_fraction"),
