@@ -43,6 +43,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,9 @@ class SimServer:
         self.max_model_len = engine.profile.model.max_model_len
         self._model_json = json.dumps(self.model_name)
         self._created = int(time.time())
+        # The event loop and HTTP parser the server runs on (:func:`running_stack`), once
+        # started; /metrics shows them as ``sim:server_info`` and /sim/state as ``server``.
+        self.stack: dict[str, str] = {}
 
     # -- app --------------------------------------------------------------------------------
 
@@ -257,14 +261,27 @@ class SimServer:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(self.engine.metrics_text(), media_type=CONTENT_TYPE)
+        x = self.engine.metrics_exposition()
+        if self.stack:
+            labels = [
+                ("model_name", self.model_name),
+                ("engine", str(self.engine.engine_index)),
+                ("loop", self.stack["loop"]),
+                ("http", self.stack["http"]),
+            ]
+            x.gauge(
+                "sim:server_info",
+                "Event loop and HTTP/1.1 parser this server runs on, as labels of a constant 1.",
+                [(labels, 1.0)],
+            )
+        return Response(x.text(), media_type=CONTENT_TYPE)
 
     async def reset_prefix_cache(self, request: Request) -> Response:
         ok = self.engine.reset_prefix_cache()
         return JSONResponse({"reset": ok, "blocks_in_use": self.engine.sched.pool.num_used})
 
     async def sim_state(self, request: Request) -> Response:
-        return JSONResponse(self.engine.state())
+        return JSONResponse({**self.engine.state(), "server": self.stack})
 
     async def sim_faults(self, request: Request) -> Response:
         if request.method == "POST":
@@ -754,6 +771,51 @@ def _write_port_file(path: str | Path, port: int) -> None:
     os.replace(tmp, target)
 
 
+LOOPS = ("auto", "uvloop", "asyncio")
+HTTP_PARSERS = ("auto", "httptools", "h11")
+
+
+def _importable(name: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def serving_stack(loop: str = "auto", http: str = "auto") -> tuple[str, str]:
+    """The event loop and HTTP/1.1 parser that ``loop`` and ``http`` name: ``auto`` takes uvloop
+    and httptools (uvicorn's standard extras, a dependency) when importable, else asyncio and
+    h11 (uvicorn's pure-Python defaults). Naming one that is not installed is a ``ValueError``."""
+    if loop not in LOOPS:
+        raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    if http not in HTTP_PARSERS:
+        raise ValueError(f"--http must be one of {', '.join(HTTP_PARSERS)}, got {http!r}")
+    has_uvloop = _importable("uvloop")
+    has_httptools = _importable("httptools")
+    if loop == "auto":
+        loop = "uvloop" if has_uvloop else "asyncio"
+    elif loop == "uvloop" and not has_uvloop:
+        raise ValueError("--loop uvloop: uvloop is not installed (pip install 'uvicorn[standard]')")
+    if http == "auto":
+        http = "httptools" if has_httptools else "h11"
+    elif http == "httptools" and not has_httptools:
+        raise ValueError(
+            "--http httptools: httptools is not installed (pip install 'uvicorn[standard]')"
+        )
+    return loop, http
+
+
+def running_stack(config: Any) -> dict[str, str]:
+    """What a started uvicorn server actually runs on, read from the running loop's class and
+    the HTTP protocol class uvicorn loaded (``...h11_impl`` / ``...httptools_impl``)."""
+    loop_module = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    http_module = config.http_protocol_class.__module__.rpartition(".")[2]
+    return {"loop": loop_module, "http": http_module.removesuffix("_impl")}
+
+
 def run_app(
     app: Any,
     sock: socket.socket,
@@ -762,14 +824,22 @@ def run_app(
     announce: str | None = None,
     log_level: str = "warning",
     graceful_s: float = 2.0,
+    loop: str = "auto",
+    http: str = "auto",
+    on_start: Callable[[dict[str, str]], None] | None = None,
 ) -> None:
-    """Serve ``app`` on ``sock`` with uvicorn until SIGINT/SIGTERM; write ``port_file`` (the
-    bound port, atomically) and print ``announce`` once the server accepts requests."""
+    """Serve ``app`` on ``sock`` with uvicorn until SIGINT/SIGTERM, on the event loop and HTTP
+    parser :func:`serving_stack` resolves ``loop`` and ``http`` to. Once the server accepts
+    requests: ``on_start`` receives :func:`running_stack`, ``port_file`` gets the bound port
+    (atomically) and ``announce`` is printed, formatted with ``port``, ``loop`` and ``http``."""
     import uvicorn
 
+    loop_name, http_name = serving_stack(loop, http)
     install_log_filter()
     config = uvicorn.Config(
         app,
+        loop=loop_name,
+        http=http_name,
         log_level=log_level,
         access_log=False,
         lifespan="on",
@@ -784,13 +854,17 @@ def run_app(
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
+            stack = running_stack(config)
+            if on_start is not None:
+                on_start(stack)
+            log.info("serving on event loop %s, HTTP parser %s", stack["loop"], stack["http"])
             # Start-up objects live as long as the server: keep them out of every GC pass, so
             # collections stay short and do not show up as step lateness.
             gc.freeze()
             if port_file is not None:
                 _write_port_file(port_file, port)
             if announce:
-                print(announce.format(port=port), flush=True)
+                print(announce.format(port=port, **stack), flush=True)
         await task
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
