@@ -137,8 +137,8 @@ class Load:
             }
         ).encode()
         self.request = (
-            b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+            b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % (port, len(body))
         ) + body
         self.tokens = 0
         self.requests = 0
@@ -174,7 +174,8 @@ class Load:
 
 async def scrape(port: int) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    # The server answers only requests whose Host is its own address (DNS-rebinding guard).
+    writer.write(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1:%d\r\nconnection: close\r\n\r\n" % port)
     data = await reader.read(-1)
     writer.close()
     body = data.split(b"\r\n\r\n", 1)[1]

@@ -62,6 +62,8 @@ from capacity_pack.sim.tokenizer import chat_prompt_text, encode
 log = logging.getLogger("capacity_pack.sim")
 
 OUTPUT_JSON = tuple(json.dumps(t).encode() for t in OUTPUT_TEXT)
+# The scope key under which :class:`_Entry` keeps the server's own ``send``.
+_RAW_SEND = "capacity_pack.sim.send"
 _TOKEN_ID_LIMIT = 1 << 32
 
 
@@ -174,6 +176,20 @@ def _completion_prompt(prompt: Any) -> list[int]:
     raise BadRequest("prompt must be a string, a list of token ids, or a list of one", "prompt")
 
 
+class _Entry:
+    """The replica's ASGI entry: its Starlette app, with the server's own ``send`` kept in the
+    scope (under ``_RAW_SEND``) for a stream's per-token body events."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        scope[_RAW_SEND] = send
+        await self.app(scope, receive, send)
+
+
 class SimServer:
     """Routes of one simulated replica around an :class:`Engine`."""
 
@@ -189,7 +205,7 @@ class SimServer:
 
     # -- app --------------------------------------------------------------------------------
 
-    def app(self) -> Starlette:
+    def app(self) -> _Entry:
         import contextlib
 
         @contextlib.asynccontextmanager
@@ -214,10 +230,12 @@ class SimServer:
             Route("/sim/stall", self.sim_stall, methods=["POST"]),
             Route("/sim/kill", self.sim_kill, methods=["POST"]),
         ]
-        return Starlette(
-            routes=routes,
-            lifespan=lifespan,
-            exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        return _Entry(
+            Starlette(
+                routes=routes,
+                lifespan=lifespan,
+                exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+            )
         )
 
     # -- simple endpoints -------------------------------------------------------------------
@@ -610,49 +628,14 @@ class _StreamResponse(Response):
                     "more_body": True,
                 }
             )
-        watcher = asyncio.get_running_loop().create_task(
-            server._watch_disconnect(receive, req, ctx)
-        )
-        sent = 0
-        seed = req.out_seed
-        cut = ctx.disconnect_after
+        loop = asyncio.get_running_loop()
+        watcher = loop.create_task(server._watch_disconnect(receive, req, ctx))
         try:
-            while True:
-                n = req.num_output
-                if cut is not None and n >= cut:
-                    n = cut
-                if n > sent:
-                    final = (
-                        req.status == FINISHED
-                        and n == req.num_output
-                        and (req.finish_reason in ("stop", "length"))
-                    )
-                    parts = []
-                    if req.text_limit is None and not p.continuous_usage:
-                        for k in range(sent, n - 1 if final else n):
-                            parts += (head, OUTPUT_JSON[output_index(seed, k)], mid)
-                    else:
-                        for k in range(sent, n - 1 if final else n):
-                            parts += (head, _token_json(req, k), self._tail(chat, mid, req, k))
-                    if final:
-                        k = n - 1
-                        parts += (head, _token_json(req, k), self._final_tail(chat, req, k))
-                    await send(
-                        {"type": "http.response.body", "body": b"".join(parts), "more_body": True}
-                    )
-                    t = mono_ns()
-                    if sent == 0:
-                        ctx.first_sent_ns = t
-                    ctx.last_sent_ns = t
-                    sent = n
-                if cut is not None and sent >= cut:
-                    ctx.error = "injected disconnect"
-                    ctx.disconnected = True
-                    engine.faults_injected["disconnect"] += 1
-                    raise InjectedDisconnect(f"cut after {sent} tokens")
-                if req.status == FINISHED or ctx.disconnected:
-                    break
-                await engine.wait(req)
+            # The token loop runs as a task of its own: each step then resumes one coroutine
+            # rather than the handler's whole middleware stack, and its body events go
+            # straight to the server's send (the wrappers in between only watch for
+            # http.response.start, sent above through them).
+            await loop.create_task(self._pump(scope.get(_RAW_SEND, send), head, mid, chat))
             if ctx.disconnected:
                 return
             tail = []
@@ -670,6 +653,59 @@ class _StreamResponse(Response):
             if ctx.disconnected and ctx.error is None:
                 ctx.error = "client disconnected"
             engine.record(req, ctx, self.arrival)
+
+    async def _pump(self, send: Any, head: bytes, mid: bytes, chat: bool) -> None:
+        """Send each step's new tokens, one SSE event per token, until the request finishes,
+        the client goes away or an injected disconnect cuts the stream."""
+        req, ctx, p = self.req, self.ctx, self.p
+        engine = self.server.engine
+        sent = 0
+        seed = req.out_seed
+        cut = ctx.disconnect_after
+        while True:
+            n = req.num_output
+            if cut is not None and n >= cut:
+                n = cut
+            if n > sent:
+                final = (
+                    req.status == FINISHED
+                    and n == req.num_output
+                    and (req.finish_reason in ("stop", "length"))
+                )
+                if (
+                    n == sent + 1
+                    and not final
+                    and req.text_limit is None
+                    and not p.continuous_usage
+                ):
+                    # One token, the usual case of a decode step: no list, one concatenation.
+                    body = head + OUTPUT_JSON[output_index(seed, sent)] + mid
+                else:
+                    parts = []
+                    if req.text_limit is None and not p.continuous_usage:
+                        for k in range(sent, n - 1 if final else n):
+                            parts += (head, OUTPUT_JSON[output_index(seed, k)], mid)
+                    else:
+                        for k in range(sent, n - 1 if final else n):
+                            parts += (head, _token_json(req, k), self._tail(chat, mid, req, k))
+                    if final:
+                        k = n - 1
+                        parts += (head, _token_json(req, k), self._final_tail(chat, req, k))
+                    body = b"".join(parts)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                t = mono_ns()
+                if sent == 0:
+                    ctx.first_sent_ns = t
+                ctx.last_sent_ns = t
+                sent = n
+            if cut is not None and sent >= cut:
+                ctx.error = "injected disconnect"
+                ctx.disconnected = True
+                engine.faults_injected["disconnect"] += 1
+                raise InjectedDisconnect(f"cut after {sent} tokens")
+            if req.status == FINISHED or ctx.disconnected:
+                return
+            await engine.wait(req)
 
     def _tail(self, chat: bool, mid: bytes, req: SimRequest, k: int) -> bytes:
         if not self.p.continuous_usage:
