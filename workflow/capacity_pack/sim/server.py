@@ -15,6 +15,9 @@ Endpoints:
 - ``GET /health``, ``GET|POST /ping``, ``GET /version``, ``GET /v1/models``, ``GET /metrics``,
   ``POST /reset_prefix_cache`` (200 either way, like vLLM; the body's ``reset`` says whether it
   happened and ``sim:prefix_cache_resets_total{result}`` counts both outcomes).
+- ``/metrics`` also carries ``sim:server_info{loop, http}`` (constant 1) and ``/sim/state`` a
+  ``server`` object with the same two names: the event loop and HTTP/1.1 parser the server runs
+  on (:func:`serving_stack`; uvloop and httptools unless ``--loop``/``--http`` say otherwise).
 - Control: ``GET /sim/state``, ``GET|POST /sim/faults`` (partial update of the fault knobs),
   ``POST /sim/stall {"seconds"}``, ``POST /sim/kill {"after_s"}``.
 
