@@ -359,7 +359,7 @@ def serve(
     # Nothing listens while a real engine loads weights: health checks are refused meanwhile.
     time.sleep(startup_delay_s)
 
-    from capacity_pack.sim.engine import Engine, Faults
+    from capacity_pack.sim.engine import SWITCH_INTERVAL_S, Engine, Faults
     from capacity_pack.sim.server import SimServer
 
     loaded = _load(
@@ -389,6 +389,7 @@ def serve(
         kill_after_s=kill_after_s,
     )
     server = SimServer(engine)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     _serve(
         server.app(),
         host,

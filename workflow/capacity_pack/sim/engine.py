@@ -88,8 +88,15 @@ class Rejected(Exception):
         self.message = message
 
 
+# GIL switch interval for a process serving the live loop: the timer thread must get the GIL
+# promptly at a deadline while the loop thread runs request handlers (the default 5 ms would show
+# up as step lateness whenever a step's handlers are still busy at its deadline).
+SWITCH_INTERVAL_S = 0.0002
+
+
 class DeadlineTimer:
-    """Wakes an asyncio loop at absolute CLOCK_MONOTONIC deadlines with sub-millisecond error."""
+    """Wakes an asyncio loop at absolute CLOCK_MONOTONIC deadlines with sub-millisecond error
+    (a thread, so the process should run with :data:`SWITCH_INTERVAL_S`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
