@@ -352,6 +352,7 @@ def serve(
     **fault_kwargs,
 ) -> None:
     """Serve one simulated replica on HOST:PORT until interrupted."""
+    import gc
     import logging
     import time
 
@@ -359,7 +360,7 @@ def serve(
     # Nothing listens while a real engine loads weights: health checks are refused meanwhile.
     time.sleep(startup_delay_s)
 
-    from capacity_pack.sim.engine import SWITCH_INTERVAL_S, Engine, Faults
+    from capacity_pack.sim.engine import GC_SAFETY_THRESHOLD, SWITCH_INTERVAL_S, Engine, Faults
     from capacity_pack.sim.server import SimServer
 
     loaded = _load(
@@ -390,6 +391,8 @@ def serve(
     )
     server = SimServer(engine)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    engine.collect_between_steps = True
+    gc.set_threshold(GC_SAFETY_THRESHOLD, *gc.get_threshold()[1:])
     _serve(
         server.app(),
         host,
