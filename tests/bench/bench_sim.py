@@ -5,7 +5,9 @@ Run (from the repository root, in the project's virtualenv, on a machine with >=
 
     python tests/bench/bench_sim.py
 
-or, for a quicker look, ``python tests/bench/bench_sim.py --levels 256,512 --measure-s 5``.
+or, for a quicker look, ``python tests/bench/bench_sim.py --levels 400,450,500 --measure-s 5``;
+``--loop asyncio --http h11`` measures uvicorn's pure-Python path instead of the default
+(uvloop + httptools, uvicorn's standard extras, when installed).
 
 Method. One ``capacity-pack sim serve`` process is pinned to CPU 0 and the load generator (a
 minimal asyncio HTTP/1.1 client, cheaper per event than httpx) to CPU 1. The profile is
@@ -25,7 +27,8 @@ Other processes on the machine compete for the server's core and show up as late
 before each level the script waits (up to ``--quiet-wait-s``) for the machine to be idle, and
 reports the CPU that other processes used during the window ("other load").
 
-Output: one line per level and a final verdict line; ``--json PATH`` writes them as JSON.
+Output: the serving stack the server reports (``sim:server_info``: event loop and HTTP parser),
+one line per level and a final verdict line; ``--json PATH`` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def start_server(workdir: Path, args: argparse.Namespace) -> tuple[subprocess.Po
         "0",
         "--port-file",
         str(port_file),
+        "--loop",
+        args.loop,
+        "--http",
+        args.http,
     ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, preexec_fn=lambda: _pin(args.server_cpu)
@@ -130,8 +137,8 @@ class Load:
             }
         ).encode()
         self.request = (
-            b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+            b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % (port, len(body))
         ) + body
         self.tokens = 0
         self.requests = 0
@@ -167,7 +174,8 @@ class Load:
 
 async def scrape(port: int) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    # The server answers only requests whose Host is its own address (DNS-rebinding guard).
+    writer.write(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1:%d\r\nconnection: close\r\n\r\n" % port)
     data = await reader.read(-1)
     writer.close()
     body = data.split(b"\r\n\r\n", 1)[1]
@@ -182,6 +190,16 @@ async def scrape(port: int) -> str:
             out, rest = out + rest[:size], rest[size + 2 :]
         body = out
     return body.decode()
+
+
+def server_stack(text: str) -> dict[str, str]:
+    """The ``loop`` and ``http`` labels of the server's ``sim:server_info`` sample."""
+    for line in text.splitlines():
+        if line.startswith("sim:server_info{"):
+            labels = line.split("{", 1)[1].rsplit("}", 1)[0]
+            pairs = dict(item.split("=", 1) for item in labels.split('",') if "=" in item)
+            return {k: pairs[k].strip('"') for k in ("loop", "http") if k in pairs}
+    return {}
 
 
 def lateness_counts(text: str) -> dict[str, float]:
@@ -239,6 +257,12 @@ async def run_level(port: int, pid: int, concurrency: int, args: argparse.Namesp
 
 
 async def main_async(args: argparse.Namespace, port: int, pid: int) -> list[dict]:
+    stack = server_stack(await scrape(port))
+    args.stack = stack
+    print(
+        f"server stack: event loop {stack.get('loop', '?')}, HTTP parser {stack.get('http', '?')}",
+        flush=True,
+    )
     results = []
     for level in args.levels:
         await wait_for_quiet(args.quiet_wait_s)
@@ -261,8 +285,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--levels",
-        default="100,200,300,400,500,600,800",
+        default="100,200,300,350,400,450,500,600,800",
         help="Comma-separated closed-loop concurrencies.",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="The server's event loop (sim serve --loop).",
+    )
+    parser.add_argument(
+        "--http",
+        choices=["auto", "httptools", "h11"],
+        default="auto",
+        help="The server's HTTP/1.1 parser (sim serve --http).",
     )
     parser.add_argument("--step-ms", type=float, default=10.0, help="Modelled step time.")
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -306,10 +342,13 @@ def main() -> int:
         print(
             f"best: {best['tokens_per_s']:.0f} streamed tokens/s at concurrency "
             f"{best['concurrency']} with step lateness p99 <= {best['lateness_p99_le_s'] * 1e3:.2f}"
-            " ms (one server process on one core)"
+            f" ms (one server process on one core; {args.stack.get('loop', '?')} + "
+            f"{args.stack.get('http', '?')})"
         )
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "best": best}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"stack": args.stack, "results": results, "best": best}, indent=2) + "\n"
+        )
     return 0
 
 

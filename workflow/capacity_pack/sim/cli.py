@@ -21,6 +21,31 @@ class _Fail(click.ClickException):
     """A user-facing error: printed without a traceback, exit status 1."""
 
 
+def _stack_options(func):
+    """``--loop`` and ``--http``: the event loop and HTTP/1.1 parser uvicorn serves with."""
+    options = [
+        click.option(
+            "--loop",
+            "loop",
+            type=click.Choice(["auto", "uvloop", "asyncio"]),
+            default="auto",
+            show_default=True,
+            help="Event loop; auto: uvloop when installed (uvicorn[standard]), else asyncio.",
+        ),
+        click.option(
+            "--http",
+            "http",
+            type=click.Choice(["auto", "httptools", "h11"]),
+            default="auto",
+            show_default=True,
+            help="HTTP/1.1 parser; auto: httptools when installed (uvicorn[standard]), else h11.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def _fault_options(func):
     options = [
         click.option(
@@ -125,11 +150,19 @@ def _serve(
     announce: str,
     log_level: str,
     graceful_s: float = 2.0,
+    loop: str = "auto",
+    http: str = "auto",
+    on_start: Any = None,
 ) -> None:
-    """Bind, write the token file, and serve ``app`` behind the control guard."""
+    """Bind, write the token file, and serve ``app`` behind the control guard on the event
+    loop and HTTP parser ``loop`` and ``http`` name (``on_start`` receives what runs)."""
     from capacity_pack.sim import control
-    from capacity_pack.sim.server import bind_socket, run_app
+    from capacity_pack.sim.server import bind_socket, run_app, serving_stack
 
+    try:
+        loop, http = serving_stack(loop, http)
+    except ValueError as err:
+        raise _Fail(str(err)) from None
     try:
         sock = bind_socket(host, port)
     except OSError as err:
@@ -144,9 +177,13 @@ def _serve(
             control.ControlGuard(app, token=token, hosts=policy),
             sock,
             port_file=port_file,
-            announce=f"{announce} listening on http://{shown}:{{port}} (control token in {where})",
+            announce=f"{announce} listening on http://{shown}:{{port}} ({{loop}} + {{http}}; "
+            f"control token in {where})",
             log_level=log_level,
             graceful_s=graceful_s,
+            loop=loop,
+            http=http,
+            on_start=on_start,
         )
 
 
@@ -289,6 +326,7 @@ def profiles() -> None:
     default="warning",
     show_default=True,
 )
+@_stack_options
 def serve(
     profile: str,
     host: str,
@@ -309,9 +347,12 @@ def serve(
     replica_id: int | None,
     startup_delay_s: float,
     log_level: str,
+    loop: str,
+    http: str,
     **fault_kwargs,
 ) -> None:
     """Serve one simulated replica on HOST:PORT until interrupted."""
+    import gc
     import logging
     import time
 
@@ -319,7 +360,7 @@ def serve(
     # Nothing listens while a real engine loads weights: health checks are refused meanwhile.
     time.sleep(startup_delay_s)
 
-    from capacity_pack.sim.engine import Engine, Faults
+    from capacity_pack.sim.engine import GC_SAFETY_THRESHOLD, SWITCH_INTERVAL_S, Engine, Faults
     from capacity_pack.sim.server import SimServer
 
     loaded = _load(
@@ -348,8 +389,12 @@ def serve(
         replica=replica_id,
         kill_after_s=kill_after_s,
     )
+    server = SimServer(engine)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    engine.collect_between_steps = True
+    gc.set_threshold(GC_SAFETY_THRESHOLD, *gc.get_threshold()[1:])
     _serve(
-        SimServer(engine).app(),
+        server.app(),
         host,
         port,
         port_file=port_file,
@@ -357,6 +402,9 @@ def serve(
         allowed_hosts=allowed_hosts,
         announce=f"capacity-pack sim: {loaded.name} ({engine.model_name})",
         log_level=log_level,
+        loop=loop,
+        http=http,
+        on_start=server.stack.update,
     )
 
 
@@ -510,6 +558,7 @@ def _replica_command(text: str | None) -> list[str] | None:
     default="warning",
     show_default=True,
 )
+@_stack_options
 def cluster(
     replicas: int,
     profile: str,
@@ -538,6 +587,8 @@ def cluster(
     replica_startup_timeout_s: float,
     upstream_keep_alive: bool,
     log_level: str,
+    loop: str,
+    http: str,
     **fault_kwargs,
 ) -> None:
     """Serve REPLICAS simulated replicas behind a health-checking router (admission control,
@@ -556,6 +607,7 @@ def cluster(
     except ValueError as err:
         raise _Fail(str(err)) from None
     serve_args = ["--profile", profile, "--log-level", log_level, *_faults(fault_kwargs)]
+    serve_args += ["--loop", loop, "--http", http]
     if model_name:
         serve_args += ["--model-name", model_name]
     if ground_truth:
@@ -593,4 +645,6 @@ def cluster(
         announce=f"capacity-pack sim cluster: {replicas} x {what} ({policy})",
         log_level=log_level,
         graceful_s=5.0,
+        loop=loop,
+        http=http,
     )

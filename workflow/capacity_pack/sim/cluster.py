@@ -123,6 +123,8 @@ _GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 _HEALTH_TIMEOUT_S = 1.0
 # Unanswered checks in a row that take a healthy replica out of rotation.
 _UNANSWERED_THRESHOLD = 2
+# How long a refused or reset probe waits for a dying replica's exit status to show.
+_EXIT_GRACE_S = 0.05
 _NO_ANSWER = f"health check failed (no answer in {_HEALTH_TIMEOUT_S:g} s)"
 # A shedding episode ends once nothing was shed for as long as shed clients are told to wait, so
 # a router at its limit logs one start and one stop rather than a pair per request.
@@ -214,7 +216,7 @@ class Replica(RouterView):
         self.token = secrets.token_urlsafe(32)
         # Taken away on purpose (the cluster is stopping): the supervisor leaves it dead.
         self.removed = False
-        self.restart_timer: asyncio.TimerHandle | None = None
+        self.restart_timer: asyncio.Handle | None = None
         self.restart_at_s: float | None = None
         self.check_task: asyncio.Task[None] | None = None
         self.unanswered = 0  # health checks in a row that timed out
@@ -378,7 +380,9 @@ class Cluster:
         self._stopping = False
         self._client: httpx.AsyncClient | None = None
         self._health_task: asyncio.Task[None] | None = None
-        self._timers: list[asyncio.TimerHandle] = []
+        # (loop time due, handle): uvloop returns a plain Handle, without when(), for a zero
+        # delay, so the due time is kept beside it.
+        self._timers: list[tuple[float, asyncio.Handle]] = []
         self._initial_actions = actions or []
         self._initial_adds = list(add_at_s)
         self.seed = seed
@@ -416,7 +420,7 @@ class Cluster:
 
     async def stop(self) -> None:
         self._stopping = True
-        for t in self._timers:
+        for _, t in self._timers:
             t.cancel()
         for r in self.replicas:
             r.removed = True
@@ -615,6 +619,11 @@ class Cluster:
 
     async def _probe(self, r: Replica, proc: subprocess.Popen[bytes]) -> None:
         ok, why = await self._check(r)
+        if not ok and why != _NO_ANSWER and proc.poll() is None:
+            # The kernel closes a killed process's sockets before the process can be reaped,
+            # so a reset or refused probe can beat its exit status: give the exit a moment to
+            # show, so the verdict names the death (next check) rather than its symptom.
+            await asyncio.sleep(_EXIT_GRACE_S)
         # A verdict on a process that has since died or been replaced is stale.
         if r.proc is not proc or proc.poll() is not None or r.removed:
             return
@@ -633,15 +642,21 @@ class Cluster:
         if self.restart_after_s is None or r.removed or r.restart_timer is not None:
             return
         delay = self.restart_after_s
-        r.restart_at_s = time.time() + delay
-        r.restart_timer = self._later(delay, self._supervised_restart, r)
         self._event(
             r.index,
             "restart_scheduled",
             f"process exited with status {code}; restart in {delay:g} s",
         )
+        r.restart_at_s = time.time() + delay
+        r.restart_timer = self._later(delay, self._supervised_restart, r)
 
     def _supervised_restart(self, r: Replica) -> None:
+        early_s = (r.restart_at_s or 0.0) - time.time()
+        if early_s > 0:
+            # uvloop counts timers from the loop's clock as cached at the start of its
+            # iteration, so one can fire a little early: the restart waits the full delay.
+            r.restart_timer = self._later(early_s, self._supervised_restart, r)
+            return
         r.restart_timer, r.restart_at_s = None, None
         if r.removed or (r.proc is not None and r.proc.poll() is None):
             return
@@ -655,12 +670,12 @@ class Cluster:
 
     # -- control ----------------------------------------------------------------------------
 
-    def _later(self, delay_s: float, fn: Callable[..., None], *args: Any) -> asyncio.TimerHandle:
+    def _later(self, delay_s: float, fn: Callable[..., None], *args: Any) -> asyncio.Handle:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self._timers = [t for t in self._timers if not t.cancelled() and t.when() > now]
+        self._timers = [(w, t) for w, t in self._timers if not t.cancelled() and w > now]
         handle = loop.call_later(max(0.0, delay_s), fn, *args)
-        self._timers.append(handle)
+        self._timers.append((now + max(0.0, delay_s), handle))
         return handle
 
     def _live(self, index: int, action: str) -> Replica | None:

@@ -15,6 +15,9 @@ Endpoints:
 - ``GET /health``, ``GET|POST /ping``, ``GET /version``, ``GET /v1/models``, ``GET /metrics``,
   ``POST /reset_prefix_cache`` (200 either way, like vLLM; the body's ``reset`` says whether it
   happened and ``sim:prefix_cache_resets_total{result}`` counts both outcomes).
+- ``/metrics`` also carries ``sim:server_info{loop, http}`` (constant 1) and ``/sim/state`` a
+  ``server`` object with the same two names: the event loop and HTTP/1.1 parser the server runs
+  on (:func:`serving_stack`; uvloop and httptools unless ``--loop``/``--http`` say otherwise).
 - Control: ``GET /sim/state``, ``GET|POST /sim/faults`` (partial update of the fault knobs),
   ``POST /sim/stall {"seconds"}``, ``POST /sim/kill {"after_s"}``.
 
@@ -43,6 +46,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +65,8 @@ from capacity_pack.sim.tokenizer import chat_prompt_text, encode
 log = logging.getLogger("capacity_pack.sim")
 
 OUTPUT_JSON = tuple(json.dumps(t).encode() for t in OUTPUT_TEXT)
+# The scope key under which :class:`_Entry` keeps the server's own ``send``.
+_RAW_SEND = "capacity_pack.sim.send"
 _TOKEN_ID_LIMIT = 1 << 32
 
 
@@ -173,6 +179,20 @@ def _completion_prompt(prompt: Any) -> list[int]:
     raise BadRequest("prompt must be a string, a list of token ids, or a list of one", "prompt")
 
 
+class _Entry:
+    """The replica's ASGI entry: its Starlette app, with the server's own ``send`` kept in the
+    scope (under ``_RAW_SEND``) for a stream's per-token body events."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        scope[_RAW_SEND] = send
+        await self.app(scope, receive, send)
+
+
 class SimServer:
     """Routes of one simulated replica around an :class:`Engine`."""
 
@@ -182,10 +202,13 @@ class SimServer:
         self.max_model_len = engine.profile.model.max_model_len
         self._model_json = json.dumps(self.model_name)
         self._created = int(time.time())
+        # The event loop and HTTP parser the server runs on (:func:`running_stack`), once
+        # started; /metrics shows them as ``sim:server_info`` and /sim/state as ``server``.
+        self.stack: dict[str, str] = {}
 
     # -- app --------------------------------------------------------------------------------
 
-    def app(self) -> Starlette:
+    def app(self) -> _Entry:
         import contextlib
 
         @contextlib.asynccontextmanager
@@ -210,10 +233,12 @@ class SimServer:
             Route("/sim/stall", self.sim_stall, methods=["POST"]),
             Route("/sim/kill", self.sim_kill, methods=["POST"]),
         ]
-        return Starlette(
-            routes=routes,
-            lifespan=lifespan,
-            exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        return _Entry(
+            Starlette(
+                routes=routes,
+                lifespan=lifespan,
+                exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+            )
         )
 
     # -- simple endpoints -------------------------------------------------------------------
@@ -257,14 +282,27 @@ class SimServer:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(self.engine.metrics_text(), media_type=CONTENT_TYPE)
+        x = self.engine.metrics_exposition()
+        if self.stack:
+            labels = [
+                ("model_name", self.model_name),
+                ("engine", str(self.engine.engine_index)),
+                ("loop", self.stack["loop"]),
+                ("http", self.stack["http"]),
+            ]
+            x.gauge(
+                "sim:server_info",
+                "Event loop and HTTP/1.1 parser this server runs on, as labels of a constant 1.",
+                [(labels, 1.0)],
+            )
+        return Response(x.text(), media_type=CONTENT_TYPE)
 
     async def reset_prefix_cache(self, request: Request) -> Response:
         ok = self.engine.reset_prefix_cache()
         return JSONResponse({"reset": ok, "blocks_in_use": self.engine.sched.pool.num_used})
 
     async def sim_state(self, request: Request) -> Response:
-        return JSONResponse(self.engine.state())
+        return JSONResponse({**self.engine.state(), "server": self.stack})
 
     async def sim_faults(self, request: Request) -> Response:
         if request.method == "POST":
@@ -593,49 +631,14 @@ class _StreamResponse(Response):
                     "more_body": True,
                 }
             )
-        watcher = asyncio.get_running_loop().create_task(
-            server._watch_disconnect(receive, req, ctx)
-        )
-        sent = 0
-        seed = req.out_seed
-        cut = ctx.disconnect_after
+        loop = asyncio.get_running_loop()
+        watcher = loop.create_task(server._watch_disconnect(receive, req, ctx))
         try:
-            while True:
-                n = req.num_output
-                if cut is not None and n >= cut:
-                    n = cut
-                if n > sent:
-                    final = (
-                        req.status == FINISHED
-                        and n == req.num_output
-                        and (req.finish_reason in ("stop", "length"))
-                    )
-                    parts = []
-                    if req.text_limit is None and not p.continuous_usage:
-                        for k in range(sent, n - 1 if final else n):
-                            parts += (head, OUTPUT_JSON[output_index(seed, k)], mid)
-                    else:
-                        for k in range(sent, n - 1 if final else n):
-                            parts += (head, _token_json(req, k), self._tail(chat, mid, req, k))
-                    if final:
-                        k = n - 1
-                        parts += (head, _token_json(req, k), self._final_tail(chat, req, k))
-                    await send(
-                        {"type": "http.response.body", "body": b"".join(parts), "more_body": True}
-                    )
-                    t = mono_ns()
-                    if sent == 0:
-                        ctx.first_sent_ns = t
-                    ctx.last_sent_ns = t
-                    sent = n
-                if cut is not None and sent >= cut:
-                    ctx.error = "injected disconnect"
-                    ctx.disconnected = True
-                    engine.faults_injected["disconnect"] += 1
-                    raise InjectedDisconnect(f"cut after {sent} tokens")
-                if req.status == FINISHED or ctx.disconnected:
-                    break
-                await engine.wait(req)
+            # The token loop runs as a task of its own: each step then resumes one coroutine
+            # rather than the handler's whole middleware stack, and its body events go
+            # straight to the server's send (the wrappers in between only watch for
+            # http.response.start, sent above through them).
+            await loop.create_task(self._pump(scope.get(_RAW_SEND, send), head, mid, chat))
             if ctx.disconnected:
                 return
             tail = []
@@ -653,6 +656,59 @@ class _StreamResponse(Response):
             if ctx.disconnected and ctx.error is None:
                 ctx.error = "client disconnected"
             engine.record(req, ctx, self.arrival)
+
+    async def _pump(self, send: Any, head: bytes, mid: bytes, chat: bool) -> None:
+        """Send each step's new tokens, one SSE event per token, until the request finishes,
+        the client goes away or an injected disconnect cuts the stream."""
+        req, ctx, p = self.req, self.ctx, self.p
+        engine = self.server.engine
+        sent = 0
+        seed = req.out_seed
+        cut = ctx.disconnect_after
+        while True:
+            n = req.num_output
+            if cut is not None and n >= cut:
+                n = cut
+            if n > sent:
+                final = (
+                    req.status == FINISHED
+                    and n == req.num_output
+                    and (req.finish_reason in ("stop", "length"))
+                )
+                if (
+                    n == sent + 1
+                    and not final
+                    and req.text_limit is None
+                    and not p.continuous_usage
+                ):
+                    # One token, the usual case of a decode step: no list, one concatenation.
+                    body = head + OUTPUT_JSON[output_index(seed, sent)] + mid
+                else:
+                    parts = []
+                    if req.text_limit is None and not p.continuous_usage:
+                        for k in range(sent, n - 1 if final else n):
+                            parts += (head, OUTPUT_JSON[output_index(seed, k)], mid)
+                    else:
+                        for k in range(sent, n - 1 if final else n):
+                            parts += (head, _token_json(req, k), self._tail(chat, mid, req, k))
+                    if final:
+                        k = n - 1
+                        parts += (head, _token_json(req, k), self._final_tail(chat, req, k))
+                    body = b"".join(parts)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                t = mono_ns()
+                if sent == 0:
+                    ctx.first_sent_ns = t
+                ctx.last_sent_ns = t
+                sent = n
+            if cut is not None and sent >= cut:
+                ctx.error = "injected disconnect"
+                ctx.disconnected = True
+                engine.faults_injected["disconnect"] += 1
+                raise InjectedDisconnect(f"cut after {sent} tokens")
+            if req.status == FINISHED or ctx.disconnected:
+                return
+            await engine.wait(req)
 
     def _tail(self, chat: bool, mid: bytes, req: SimRequest, k: int) -> bytes:
         if not self.p.continuous_usage:
@@ -754,6 +810,51 @@ def _write_port_file(path: str | Path, port: int) -> None:
     os.replace(tmp, target)
 
 
+LOOPS = ("auto", "uvloop", "asyncio")
+HTTP_PARSERS = ("auto", "httptools", "h11")
+
+
+def _importable(name: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def serving_stack(loop: str = "auto", http: str = "auto") -> tuple[str, str]:
+    """The event loop and HTTP/1.1 parser that ``loop`` and ``http`` name: ``auto`` takes uvloop
+    and httptools (uvicorn's standard extras, a dependency) when importable, else asyncio and
+    h11 (uvicorn's pure-Python defaults). Naming one that is not installed is a ``ValueError``."""
+    if loop not in LOOPS:
+        raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    if http not in HTTP_PARSERS:
+        raise ValueError(f"--http must be one of {', '.join(HTTP_PARSERS)}, got {http!r}")
+    has_uvloop = _importable("uvloop")
+    has_httptools = _importable("httptools")
+    if loop == "auto":
+        loop = "uvloop" if has_uvloop else "asyncio"
+    elif loop == "uvloop" and not has_uvloop:
+        raise ValueError("--loop uvloop: uvloop is not installed (pip install 'uvicorn[standard]')")
+    if http == "auto":
+        http = "httptools" if has_httptools else "h11"
+    elif http == "httptools" and not has_httptools:
+        raise ValueError(
+            "--http httptools: httptools is not installed (pip install 'uvicorn[standard]')"
+        )
+    return loop, http
+
+
+def running_stack(config: Any) -> dict[str, str]:
+    """What a started uvicorn server actually runs on, read from the running loop's class and
+    the HTTP protocol class uvicorn loaded (``...h11_impl`` / ``...httptools_impl``)."""
+    loop_module = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    http_module = config.http_protocol_class.__module__.rpartition(".")[2]
+    return {"loop": loop_module, "http": http_module.removesuffix("_impl")}
+
+
 def run_app(
     app: Any,
     sock: socket.socket,
@@ -762,14 +863,22 @@ def run_app(
     announce: str | None = None,
     log_level: str = "warning",
     graceful_s: float = 2.0,
+    loop: str = "auto",
+    http: str = "auto",
+    on_start: Callable[[dict[str, str]], None] | None = None,
 ) -> None:
-    """Serve ``app`` on ``sock`` with uvicorn until SIGINT/SIGTERM; write ``port_file`` (the
-    bound port, atomically) and print ``announce`` once the server accepts requests."""
+    """Serve ``app`` on ``sock`` with uvicorn until SIGINT/SIGTERM, on the event loop and HTTP
+    parser :func:`serving_stack` resolves ``loop`` and ``http`` to. Once the server accepts
+    requests: ``on_start`` receives :func:`running_stack`, ``port_file`` gets the bound port
+    (atomically) and ``announce`` is printed, formatted with ``port``, ``loop`` and ``http``."""
     import uvicorn
 
+    loop_name, http_name = serving_stack(loop, http)
     install_log_filter()
     config = uvicorn.Config(
         app,
+        loop=loop_name,
+        http=http_name,
         log_level=log_level,
         access_log=False,
         lifespan="on",
@@ -784,13 +893,17 @@ def run_app(
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
+            stack = running_stack(config)
+            if on_start is not None:
+                on_start(stack)
+            log.info("serving on event loop %s, HTTP parser %s", stack["loop"], stack["http"])
             # Start-up objects live as long as the server: keep them out of every GC pass, so
             # collections stay short and do not show up as step lateness.
             gc.freeze()
             if port_file is not None:
                 _write_port_file(port_file, port)
             if announce:
-                print(announce.format(port=port), flush=True)
+                print(announce.format(port=port, **stack), flush=True)
         await task
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
