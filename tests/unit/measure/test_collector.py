@@ -43,7 +43,8 @@ def check_health(summary: dict) -> None:
     n = summary["gc_collections"]
     by_gen = summary["gc_collections_by_generation"]
     assert set(by_gen) == {"0", "1", "2"} and sum(by_gen.values()) == n
-    assert by_gen["1"] == by_gen["2"] == 0  # young passes only inside the window
+    if summary["gc_policy"] == "quiet":
+        assert by_gen["1"] == by_gen["2"] == 0  # young passes only inside the window
     if n:
         assert 0 <= summary["gc_pause_max_ms"] <= summary["gc_pause_total_ms"]
     else:
@@ -54,7 +55,7 @@ def check_health(summary: dict) -> None:
     for p in listed:
         assert set(p) == {"at_s", "pause_ms", "cpu_ms", "generation"}
         assert 1 < p["pause_ms"] <= summary["gc_pause_max_ms"] and p["cpu_ms"] >= 0
-        assert p["generation"] == 0
+        assert p["generation"] == 0 or summary["gc_policy"] == "automatic"
     assert summary["gc_after_window_ms"] >= 0 and summary["gc_freed_after_window"] >= 0
 
 
@@ -72,6 +73,8 @@ def test_every_collection_in_the_window_is_young_timed_and_reported(
     summary = run_point(constant_schedule(150, 100), load, out)
     assert {r["status"] for r in read_records(out)} == {"ok"}
     check_health(summary)
+    # httpx's own transport keeps the automatic collector (collector module): timed only.
+    assert summary["gc_policy"] == ("automatic" if transport == "httpx" else "quiet")
     # The litter was collected in the window, by young passes at the dispatcher's idle
     # moments: what is left for the collection after it is under the forcing threshold.
     bound = FORCE_THRESHOLD + 10 * LITTER_PER_TICK + 5_000

@@ -762,7 +762,7 @@ class Run:
             )
         # Everything allocated so far (pandas, the schedule, the bodies) is long-lived: frozen,
         # and no automatic collection until the load has ended (collector module).
-        self.collector.start()
+        self.collector.start(quiet=self._own_transport)
         watchers: list[asyncio.Task] = []
         try:
             self._start_clock()
