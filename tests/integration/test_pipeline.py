@@ -25,6 +25,11 @@ def small_pack() -> dict:
         # At least 9 s measured: the queue trend needs 8 scrapes (1 s apart) in the steady
         # window, else the point is inconclusive however its classes did.
         minimum_duration_seconds=9,
+        # The pipeline's wiring is under test here, not the client's precision, and Snakemake
+        # runs other points' jobs (prompts, normalize, analyze) beside a sweep on CI's 2 cores:
+        # at 10 RPS the p99 of ~100 sends is the second-latest, and on 2026-12-03 two sends
+        # 7-8 ms late there marked both 10 RPS points client-bound under the default 5 ms.
+        lateness_bound_ms=20.0,
     )
     # One short drill: the failure stage end to end (integration/test_failure.py runs all).
     data["failure"].update(
