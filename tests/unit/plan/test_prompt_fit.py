@@ -17,6 +17,7 @@ from capacity_pack.plan.prepared import (
 )
 from capacity_pack.plan.prompt_fit import PromptFitter, prepare, reference_text
 from capacity_pack.plan.prompts import FileTokenizerCounter, WhitespaceCounter, body, fit_words
+from tests.tokenize_server import tokenize_server
 
 
 def train(path, *, vocab: int, pre_tokenizer: bool = True) -> FileTokenizerCounter:
@@ -115,33 +116,12 @@ def test_padding_and_dropping_words_as_fit_words_does(small_bpe):
 
 def test_a_tokenize_endpoint_gets_the_same_prompts_with_fewer_requests(bpe):
     """vLLM's POST /tokenize served on 127.0.0.1 by a real HTTP server counting with ``bpe``."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from capacity_pack.engines.tokenize import EndpointCounter
 
     served = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's naming)
-            data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            served.append(1)
-            out = json.dumps({"count": bpe.count(data["prompt"]), "max_model_len": 99999})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out.encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with tokenize_server(bpe.count, 99999, lambda data: served.append(1)) as url:
         batch = [r for r in rows(80, seed=3) if r["input_tokens"] <= 300]
-        counter = EndpointCounter(f"http://127.0.0.1:{server.server_port}", "m")
+        counter = EndpointCounter(url, "m")
         fitter = PromptFitter(counter)
         got = [fitter.text(r) for r in batch]
         assert got == [reference_text(counter, r) for r in batch]
@@ -154,8 +134,6 @@ def test_a_tokenize_endpoint_gets_the_same_prompts_with_fewer_requests(bpe):
         served.clear()
         assert got == [reference_text(counter, r) for r in later]
         assert fast < len(served) / 2
-    finally:
-        server.shutdown()
 
 
 # --- the prepared-prompts file -----------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from capacity_pack.engines.tokenize import EndpointCounter
@@ -13,6 +11,7 @@ from capacity_pack.plan.prompts import (
     fit_words,
     shared_prefix,
 )
+from tests.tokenize_server import tokenize_server
 
 
 @pytest.fixture(scope="module")
@@ -69,31 +68,10 @@ def test_fit_words_reports_the_impossible(tokenizer_json):
 
 def test_tokenize_endpoint(tokenizer_json):
     """vLLM's POST /tokenize contract, served on 127.0.0.1 by a real HTTP server."""
-    import json
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     local = FileTokenizerCounter(tokenizer_json)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's naming)
-            data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            assert data["model"] == "m" and data["add_special_tokens"] is False
-            out = json.dumps({"count": local.count(data["prompt"]), "max_model_len": 4096})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out.encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        counter = EndpointCounter(f"http://127.0.0.1:{server.server_port}", "m")
+    seen = []
+    with tokenize_server(local.count, 4096, seen.append) as url:
+        counter = EndpointCounter(url, "m")
         text = build_prompt_for(counter, **row(input_tokens=64))
         assert local.count(text) == 64
-    finally:
-        server.shutdown()
+    assert seen and all(d["model"] == "m" and d["add_special_tokens"] is False for d in seen)
