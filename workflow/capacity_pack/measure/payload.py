@@ -101,14 +101,18 @@ class RequestBuilder:
             headers={**self.headers, "X-Request-Id": row["request_id"]},
         )
 
+    def fitter(self) -> PromptFitter:
+        """The fit for what was not prepared, made on first use (most runs never need it)."""
+        if self._fitter is None:
+            self._fitter = PromptFitter(self.s.token_counter)
+        return self._fitter
+
     def user_message(self, row: dict[str, Any]) -> str:
         """A session's later turn: its new user message, prepared or fitted here."""
         text = self._prepared.get(row["request_id"])
         if text is not None:
             return text
-        if self._fitter is None:
-            self._fitter = PromptFitter(self.s.token_counter)
-        return self._fitter.user_message(
+        return self.fitter().user_message(
             int(row["prompt_seed"]), int(row["user_tokens"]), self.s.corpus_revision
         )
 
@@ -118,9 +122,7 @@ class RequestBuilder:
             return text
         # Not prepared (an extension block, a prewarm request, a target counted by /tokenize):
         # fitted here to the target's tokenizer, or the project's words for the simulated one.
-        if self._fitter is None:
-            self._fitter = PromptFitter(self.s.token_counter)
-        return self._fitter.prompt(
+        return self.fitter().prompt(
             {
                 "input_tokens": int(row["input_tokens"]),
                 "prompt_seed": int(row["prompt_seed"]),
