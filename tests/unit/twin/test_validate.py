@@ -1,0 +1,95 @@
+"""The twin's validation: capacity error against the measured bracket, the trust verdict and
+the README table."""
+
+from __future__ import annotations
+
+import pytest
+
+from capacity_pack.twin.validate import (
+    capacity_error,
+    predicted_capacity,
+    readme_lines,
+    validate,
+)
+
+
+def state(pass_rps, fail_rps, rates=()):
+    return {
+        "bracket": {"pass_rps": pass_rps, "fail_rps": fail_rps},
+        "rates": [
+            {
+                "offered_rps": rate,
+                "variation": {
+                    "classes": {
+                        name: {"attainment": {"pooled": {"value": value}}}
+                        for name, value in att.items()
+                    }
+                },
+            }
+            for rate, att in rates
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("predicted", "pass_m", "fail_m", "error"),
+    [
+        (5.2, 5.0, 6.0, 0.0),  # inside the measured bracket
+        (6.6, 5.0, 6.0, 0.6 / 5.0),  # above its failing end, relative to the passing end
+        (4.0, 5.0, 6.0, 1.0 / 5.0),
+        (9.0, 5.0, None, 0.0),  # every tested rate passed: at least 5
+        (3.0, None, 4.0, 0.0),  # nothing passed: below 4
+        (5.0, None, 4.0, 0.25),
+        (None, 5.0, 6.0, None),
+        (5.0, None, None, None),
+    ],
+)
+def test_capacity_error_is_the_distance_to_the_measured_bracket(predicted, pass_m, fail_m, error):
+    got = capacity_error(predicted, pass_m, fail_m)
+    assert got == pytest.approx(error) if error is not None else got is None
+
+
+def test_predicted_capacity_is_the_bracket_midpoint_or_its_one_end():
+    assert predicted_capacity(5.0, 6.0) == 5.5
+    assert predicted_capacity(5.0, None) == 5.0
+    assert predicted_capacity(None, 4.0) == 4.0
+    assert predicted_capacity(None, None) is None
+
+
+def test_validate_trusts_a_twin_inside_the_tolerance_and_compares_attainment():
+    prediction = {"cache_states": {"cold": {"pass_rps": 38.0, "fail_rps": 40.0}}}
+    capacity = {
+        "open_loop": {
+            "cold": state(36.0, 38.0, [(36.0, {"a": 0.97, "b": 0.99}), (38.0, {"a": 0.93})])
+        }
+    }
+    predicted_att = {"cold": {36.0: {"a": 0.99, "b": 0.99}, 38.0: {"a": 0.96}}}
+    v = validate(prediction, capacity, 0.15, predicted_att)
+    (s,) = v["states"]
+    assert s["predicted"]["capacity_rps"] == 39.0
+    assert s["capacity_error_rel"] == pytest.approx(1.0 / 36.0)
+    assert v["trusted"] is True and "within 15%" in v["why"]
+    assert s["attainment_error_max_abs"] == pytest.approx(0.03)
+    assert s["sentence"] == "cold: the twin predicts 39 RPS ([38, 40) RPS), measured [36, 38) RPS"
+    table = "\n".join(readme_lines(v))
+    assert "| cold | 39 RPS ([38, 40) RPS) | [36, 38) RPS | 2.8% | 0.030 |" in table
+
+
+def test_validate_labels_a_twin_outside_the_tolerance_untrusted_with_why():
+    prediction = {
+        "cache_states": {
+            "cold": {"pass_rps": 60.0, "fail_rps": 64.0},
+            "warm": {"pass_rps": 40.0, "fail_rps": 42.0},
+        }
+    }
+    capacity = {"open_loop": {"cold": state(36.0, 38.0), "warm": state(40.0, 42.0)}}
+    v = validate(prediction, capacity, 0.15)
+    assert v["trusted"] is False
+    assert v["why"] == "cold: capacity error 66.7% > tolerance 15%"
+    assert "**untrusted**" in "\n".join(readme_lines(v))
+
+
+def test_validate_without_a_measured_bracket_trusts_nothing():
+    v = validate({"cache_states": {"cold": {"pass_rps": 5.0, "fail_rps": 6.0}}}, {"open_loop": {}})
+    assert v["trusted"] is False and v["states"] == []
+    assert v["why"] == "no cache state has both a predicted and a measured bracket"

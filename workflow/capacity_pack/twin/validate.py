@@ -1,0 +1,222 @@
+"""The twin's prediction against the measurement: capacity and per-class attainment errors.
+
+The twin (a profile calibrated from the pack's closed-loop points, :mod:`capacity_pack.twin.
+calibrate`) predicts the open-loop capacity of each cache state *before* the open-loop points
+are read: its prediction file is made from the calibration and the manifest alone. This module
+compares that prediction with the pack's measured ``capacity.json``.
+
+Per cache state, with the measured bracket ``[p_m, f_m)`` (the highest rate shown to pass with
+every lower tested rate passing, and the lowest tested rate above it; either may be missing) and
+the predicted bracket ``[p_t, f_t)`` found by the same rule on virtual-time runs:
+
+- predicted capacity   ``c_t = (p_t + f_t) / 2`` when both ends exist, else the one that does
+  (``p_t``: at least; ``f_t``: below);
+- capacity error       ``e = d(c_t, [p_m, f_m]) / r``: the distance from the predicted
+  capacity to the measured bracket (0 inside it; an open end extends the bracket to 0 or to
+  infinity), relative to ``r = p_m`` (else ``f_m``), the pack's own capacity claim;
+- signed error         ``(c_t - mid_m) / mid_m`` with ``mid_m`` the measured bracket's midpoint
+  (when both ends exist): which way the twin leans;
+- attainment error     per class and measured rate, predicted attainment (the virtual point's
+  point estimate) minus the measured one (pooled over the rate's deciding repeats);
+- trusted              ``e <= tolerance`` in every cache state both sides have (the pack's
+  ``twin.tolerance_rel``, 0.15 by default). An untrusted twin is reported with its error and
+  is not used for further predictions (the ``whatif`` command and drills say so).
+
+A measured state whose bracket has no end (no open-loop point) cannot validate anything and is
+listed as such, never counted as agreement.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+DEFAULT_TOLERANCE_REL = 0.15
+
+
+def predicted_capacity(pass_rps: float | None, fail_rps: float | None) -> float | None:
+    """The twin's capacity point from its bracket (see the module docstring)."""
+    if pass_rps is not None and fail_rps is not None:
+        return (pass_rps + fail_rps) / 2.0
+    return pass_rps if pass_rps is not None else fail_rps
+
+
+def capacity_error(
+    predicted: float | None, pass_m: float | None, fail_m: float | None
+) -> float | None:
+    """``d(predicted, [pass_m, fail_m]) / reference``: 0 inside the measured bracket; None when
+    either side has nothing to compare."""
+    if predicted is None or (pass_m is None and fail_m is None):
+        return None
+    lo = pass_m if pass_m is not None else 0.0
+    hi = fail_m if fail_m is not None else math.inf
+    gap = lo - predicted if predicted < lo else (predicted - hi if predicted > hi else 0.0)
+    reference = pass_m if pass_m is not None else fail_m
+    return gap / reference if reference else None
+
+
+def bracket_words(pass_rps: float | None, fail_rps: float | None) -> str:
+    """``[5, 6)``, ``>= 5`` or ``< 6`` RPS."""
+    if pass_rps is not None and fail_rps is not None:
+        return f"[{pass_rps:g}, {fail_rps:g}) RPS"
+    if pass_rps is not None:
+        return f">= {pass_rps:g} RPS"
+    if fail_rps is not None:
+        return f"< {fail_rps:g} RPS"
+    return "no bracket"
+
+
+def measured_attainment(capacity_state: dict[str, Any]) -> dict[float, dict[str, float]]:
+    """Per measured rate, each class's attainment pooled over the rate's deciding repeats
+    (``capacity.json``'s ``variation``: passing / successful requests summed over repeats)."""
+    out: dict[float, dict[str, float]] = {}
+    for row in capacity_state.get("rates", []):
+        per_class = {}
+        for name, entry in ((row.get("variation") or {}).get("classes") or {}).items():
+            pooled = (entry.get("attainment") or {}).get("pooled") or {}
+            if pooled.get("value") is not None:
+                per_class[name] = float(pooled["value"])
+        if per_class:
+            out[float(row["offered_rps"])] = per_class
+    return out
+
+
+def compare_state(
+    state: str,
+    predicted: dict[str, Any],
+    measured: dict[str, Any],
+    tolerance_rel: float,
+    predicted_attainment: dict[float, dict[str, float]] | None = None,
+) -> dict[str, Any]:
+    """One cache state's comparison. ``predicted``: the prediction file's state entry
+    (``pass_rps``, ``fail_rps``); ``measured``: ``capacity.json``'s ``open_loop[state]``;
+    ``predicted_attainment``: the twin's per-class attainment at the measured rates."""
+    b = measured.get("bracket", {})
+    pass_m, fail_m = b.get("pass_rps"), b.get("fail_rps")
+    pass_t, fail_t = predicted.get("pass_rps"), predicted.get("fail_rps")
+    c_t = predicted_capacity(pass_t, fail_t)
+    err = capacity_error(c_t, pass_m, fail_m)
+    signed = None
+    if c_t is not None and pass_m is not None and fail_m is not None:
+        mid = (pass_m + fail_m) / 2.0
+        signed = (c_t - mid) / mid
+    rows = []
+    measured_att = measured_attainment(measured)
+    for rate in sorted(measured_att):
+        pred = (predicted_attainment or {}).get(rate)
+        for name, value in sorted(measured_att[rate].items()):
+            p = pred.get(name) if pred else None
+            rows.append(
+                {
+                    "offered_rps": rate,
+                    "class": name,
+                    "measured": value,
+                    "predicted": p,
+                    "error": p - value if p is not None else None,
+                }
+            )
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    within = err is not None and err <= tolerance_rel + 1e-12
+    if err is None:
+        why = "nothing to compare: " + (
+            "the twin predicts no bracket" if c_t is None else "no measured open-loop bracket"
+        )
+    elif within:
+        why = f"capacity error {err:.1%} <= tolerance {tolerance_rel:.0%}"
+    else:
+        why = f"capacity error {err:.1%} > tolerance {tolerance_rel:.0%}"
+    return {
+        "cache_state": state,
+        "predicted": {"pass_rps": pass_t, "fail_rps": fail_t, "capacity_rps": c_t},
+        "measured": {"pass_rps": pass_m, "fail_rps": fail_m},
+        "capacity_error_rel": err,
+        "signed_error_rel": signed,
+        "within_tolerance": within if err is not None else None,
+        "why": why,
+        "sentence": (
+            f"{state}: the twin predicts {c_t:.3g} RPS "
+            f"({bracket_words(pass_t, fail_t)}), measured {bracket_words(pass_m, fail_m)}"
+            if c_t is not None
+            else f"{state}: the twin predicts no bracket; measured "
+            f"{bracket_words(pass_m, fail_m)}"
+        ),
+        "attainment": rows,
+        "attainment_error_max_abs": max(errors) if errors else None,
+    }
+
+
+def validate(
+    prediction: dict[str, Any],
+    capacity: dict[str, Any],
+    tolerance_rel: float = DEFAULT_TOLERANCE_REL,
+    predicted_attainment: dict[str, dict[float, dict[str, float]]] | None = None,
+) -> dict[str, Any]:
+    """The validation document: every cache state the prediction and the measurement share,
+    and the verdict ``trusted`` (every compared state within ``tolerance_rel``; False when no
+    state could be compared)."""
+    open_loop = capacity.get("open_loop", {})
+    states = []
+    for state, pred in sorted(prediction.get("cache_states", {}).items()):
+        if state not in open_loop:
+            continue
+        states.append(
+            compare_state(
+                state,
+                pred,
+                open_loop[state],
+                tolerance_rel,
+                (predicted_attainment or {}).get(state),
+            )
+        )
+    compared = [s for s in states if s["capacity_error_rel"] is not None]
+    trusted = bool(compared) and all(s["within_tolerance"] for s in compared)
+    if not compared:
+        why = "no cache state has both a predicted and a measured bracket"
+    elif trusted:
+        worst = max(compared, key=lambda s: s["capacity_error_rel"])
+        why = (
+            f"every cache state within {tolerance_rel:.0%} "
+            f"(largest error {worst['capacity_error_rel']:.1%}, {worst['cache_state']})"
+        )
+    else:
+        bad = [s for s in compared if not s["within_tolerance"]]
+        why = "; ".join(f"{s['cache_state']}: {s['why']}" for s in bad)
+    return {
+        "tolerance_rel": tolerance_rel,
+        "trusted": trusted,
+        "why": why,
+        "states": states,
+    }
+
+
+def readme_lines(validation: dict[str, Any] | None) -> list[str]:
+    """The pack README's section: predicted vs measured capacity, per cache state."""
+    if validation is None:
+        return []
+    label = "trusted" if validation["trusted"] else "**untrusted**"
+    out = [
+        "## The twin: predicted vs measured capacity",
+        "",
+        "The engine model, calibrated from this pack's closed-loop points, predicted each cache "
+        "state's open-loop capacity in virtual time before the open-loop points were read "
+        f"(docs/twin.md). The twin is {label}: {validation['why']}.",
+        "",
+        "| cache state | twin predicts | measured | capacity error | largest attainment error |",
+        "| --- | --- | --- | ---: | ---: |",
+    ]
+    for s in validation["states"]:
+        p, m = s["predicted"], s["measured"]
+        c = p["capacity_rps"]
+        err = s["capacity_error_rel"]
+        att = s["attainment_error_max_abs"]
+        out.append(
+            f"| {s['cache_state']} | "
+            + (f"{c:.3g} RPS ({bracket_words(p['pass_rps'], p['fail_rps'])})" if c else "none")
+            + f" | {bracket_words(m['pass_rps'], m['fail_rps'])} | "
+            + (f"{err:.1%}" if err is not None else "n/a")
+            + " | "
+            + (f"{att:.3f}" if att is not None else "n/a")
+            + " |"
+        )
+    out.append("")
+    return out
