@@ -137,8 +137,7 @@ def compare_state(
             f"{state}: the twin predicts {c_t:.3g} RPS "
             f"({bracket_words(pass_t, fail_t)}), measured {bracket_words(pass_m, fail_m)}"
             if c_t is not None
-            else f"{state}: the twin predicts no bracket; measured "
-            f"{bracket_words(pass_m, fail_m)}"
+            else f"{state}: the twin predicts no bracket; measured " + bracket_words(pass_m, fail_m)
         ),
         "attainment": rows,
         "attainment_error_max_abs": max(errors) if errors else None,
