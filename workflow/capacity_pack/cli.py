@@ -948,3 +948,91 @@ def little(rate: float, mean_seconds: float) -> None:
             "average_in_flight": _sizing_call(little_in_flight, rate, mean_seconds),
         }
     )
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--mix",
+    "mix_items",
+    multiple=True,
+    metavar="CLASS=SHARE",
+    help="A class's new share; the other classes keep their relative shares. Repeatable.",
+)
+@click.option("--replicas", type=int, default=None, help="Run the fleet with this many replicas.")
+@click.option("--max-num-seqs", type=int, default=None, help="The engine's running-sequence cap.")
+@click.option(
+    "--max-num-batched-tokens", type=int, default=None, help="The engine's token budget per step."
+)
+@click.option(
+    "--rate",
+    "rates",
+    type=float,
+    multiple=True,
+    help="Predict these open-loop rates (RPS) instead of the capacity bracket. Repeatable.",
+)
+@click.option(
+    "--cache-state",
+    "cache_states",
+    type=click.Choice(["cold", "warm"]),
+    multiple=True,
+    help="Only these cache states (default: the pack's).",
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="Engine model to predict on (profile name or YAML); default: the pack's calibrated "
+    "twin (results/<pack>/twin/profile.yaml), else a simulated target's own profile.",
+)
+@click.option(
+    "--results",
+    "results_root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="Results root holding <pack name>/twin/.",
+)
+@click.option(
+    "--allow-untrusted",
+    is_flag=True,
+    help="Predict with a twin whose validation error exceeds its tolerance (labelled so).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@_die_on_manifest_error
+def whatif(
+    config: Path,
+    mix_items: tuple[str, ...],
+    replicas: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    rates: tuple[float, ...],
+    cache_states: tuple[str, ...],
+    profile: str | None,
+    results_root: Path,
+    allow_untrusted: bool,
+    as_json: bool,
+) -> None:
+    """Ask the twin what CONFIG's pack would show with one thing changed: a prediction in
+    virtual time, printed next to the twin's validation error."""
+    from capacity_pack.plan.manifest import load_pack
+    from capacity_pack.twin.whatif import Changes, answer, answer_lines, find_twin, parse_mix
+
+    pack = load_pack(config)
+    changes = Changes(
+        mix=parse_mix(mix_items),
+        replicas=replicas,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    twin = find_twin(pack, results_root / pack.pack.name, profile)
+    if twin.trusted is False and not allow_untrusted:
+        raise _Fail(
+            f"{twin.words()}: an untrusted twin's predictions are not used; "
+            "--allow-untrusted prints them anyway, labelled"
+        )
+    doc = answer(pack, changes, twin, rates=list(rates), cache_states=list(cache_states))
+    if as_json:
+        _echo_json(doc)
+        return
+    for line in answer_lines(doc):
+        click.echo(line)

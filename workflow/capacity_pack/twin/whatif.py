@@ -21,8 +21,10 @@ change the pack cannot hold is refused with the manifest's own message):
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from capacity_pack.errors import StatedError
@@ -139,3 +141,145 @@ def changed_profile(profile: Any, changes: Changes) -> Any:
             )
         update["max_num_batched_tokens"] = changes.max_num_batched_tokens
     return profile.with_overrides(**update) if update else profile
+
+
+@dataclass(frozen=True)
+class Twin:
+    """The engine model a what-if runs on, where it came from, and its validation."""
+
+    profile: Any
+    source: str
+    validation: dict[str, Any] | None = None
+
+    @property
+    def trusted(self) -> bool | None:
+        return None if self.validation is None else bool(self.validation.get("trusted"))
+
+    def words(self) -> str:
+        v = self.validation
+        if v is None:
+            return f"twin: {self.source}; no validation against a measurement"
+        errors = [
+            f"{s['cache_state']} {s['capacity_error_rel']:.1%}"
+            for s in v.get("states", [])
+            if s.get("capacity_error_rel") is not None
+        ]
+        label = "trusted" if v.get("trusted") else "UNTRUSTED"
+        return (
+            f"twin: {self.source}; {label} (tolerance {v.get('tolerance_rel', 0):.0%}): "
+            f"{v.get('why')}; capacity error " + (", ".join(errors) if errors else "n/a")
+        )
+
+
+def find_twin(pack: Any, results: Path, profile: str | None = None) -> Twin:
+    """The twin for ``pack``: ``profile`` when given; else the pack's calibrated profile
+    (``results/twin/profile.yaml``) with its validation; else a simulated target's own engine
+    model (exact: the model the live points run). A real target without a calibration is
+    refused, saying what to run."""
+    from capacity_pack.plan.manifest import SimTarget
+    from capacity_pack.sim.profile import ProfileError, load_profile
+
+    validation_path = results / "twin" / "validation.json"
+    validation = (
+        json.loads(validation_path.read_text(encoding="utf-8"))
+        if validation_path.is_file()
+        else None
+    )
+    try:
+        if profile is not None:
+            return Twin(load_profile(profile), f"profile {profile} (given)", None)
+        calibrated = results / "twin" / "profile.yaml"
+        if calibrated.is_file():
+            return Twin(load_profile(calibrated), f"calibrated profile {calibrated}", validation)
+    except ProfileError as err:
+        raise WhatIfError(str(err)) from None
+    if isinstance(pack.target, SimTarget):
+        return Twin(
+            load_profile(pack.target.profile),
+            f"the simulated target's own engine model ({pack.target.profile}): exact, less the "
+            "client and the network",
+            None,
+        )
+    raise WhatIfError(
+        f"{results / 'twin' / 'profile.yaml'}: no calibrated twin for this real target; run the "
+        "pack's closed loop and its calibrate stage first (snakemake ... calibrate), or give "
+        "--profile"
+    )
+
+
+def answer(
+    pack: Any,
+    changes: Changes,
+    twin: Twin,
+    *,
+    rates: list[float] | None = None,
+    cache_states: list[str] | None = None,
+    max_requests: int | None = None,
+) -> dict[str, Any]:
+    """The what-if's answer: per cache state, the unchanged pack's and the changed pack's
+    predicted bracket (or, with ``rates``, each rate's predicted status and per-class
+    attainment), all predictions of ``twin``."""
+    from capacity_pack.twin.preflight import preflight
+    from capacity_pack.twin.virtual_point import DEFAULT_MAX_REQUESTS, predict_point
+
+    cap = max_requests if max_requests is not None else DEFAULT_MAX_REQUESTS
+    new_pack = changed_pack(pack, changes)
+    new_profile = changed_profile(twin.profile, changes)
+    states = cache_states or list(pack.sweep.cache_states)
+    unknown = sorted(set(states) - set(pack.sweep.cache_states))
+    if unknown:
+        raise WhatIfError(
+            f"--cache-state {unknown[0]}: the pack measures " + ", ".join(pack.sweep.cache_states)
+        )
+    out: dict[str, Any] = {
+        "pack": pack.pack.name,
+        "changes": changes.words(),
+        "twin": twin.words(),
+        "trusted": twin.trusted,
+        "cache_states": {},
+    }
+    if rates:
+        for state in states:
+            rows = []
+            for rate in rates:
+                p = predict_point(new_pack, rate, state, new_profile, max_requests=cap)
+                rows.append(
+                    {
+                        "rate_rps": rate,
+                        "status": p.status,
+                        "attainment": {c.name: c.attainment for c in p.classes},
+                        "reasons": list(p.reasons),
+                    }
+                )
+            out["cache_states"][state] = {"points": rows}
+        return out
+    before = preflight(pack, twin.profile, max_requests=cap)
+    after = preflight(new_pack, new_profile, max_requests=cap)
+    for state in states:
+        b0, b1 = before.bracket_of(state), after.bracket_of(state)
+        out["cache_states"][state] = {
+            "unchanged": b0.text() if b0 else None,
+            "changed": b1.text() if b1 else None,
+            "changed_pass_rps": b1.pass_rps if b1 else None,
+            "changed_fail_rps": b1.fail_rps if b1 else None,
+        }
+    return out
+
+
+def answer_lines(doc: dict[str, Any]) -> list[str]:
+    """The answer as the console prints it."""
+    lines = [f"{doc['pack']}: what if {doc['changes']} (a prediction in virtual time)", doc["twin"]]
+    for state, entry in doc["cache_states"].items():
+        if "points" in entry:
+            for row in entry["points"]:
+                att = ", ".join(
+                    f"{k} {v:.3f}" if v is not None else f"{k} n/a"
+                    for k, v in row["attainment"].items()
+                )
+                lines.append(f"  {state} {row['rate_rps']:g} RPS: {row['status']} ({att})")
+        else:
+            lines.append(
+                f"  {state}: predicted capacity {entry['changed']} "
+                f"(unchanged pack: {entry['unchanged']})"
+            )
+    return lines
