@@ -387,9 +387,11 @@ def write_pack(
     extra_files: list[Path] | None = None,
     failure: dict[str, Any] | None = None,
     shapes: tuple[list[str], list[str]] | None = None,
+    twin: tuple[list[str], Path] | None = None,
 ) -> list[Path]:
     """Write the pack folder; returns the files written. ``failure``: failure-test.json;
-    ``shapes``: the load shapes' README section and its files, written beside it."""
+    ``shapes``: the load shapes' README section and its files, written beside it; ``twin``: the
+    twin's README section (predicted vs measured capacity) and its validation file, copied."""
     import yaml
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,6 +450,10 @@ def write_pack(
         files += [out_dir / n for n in written if (out_dir / n).exists()]
     if shapes is not None:
         files += [out_dir / n for n in shapes[1] if (out_dir / n).exists()]
+    if twin is not None:
+        with atomic_path(out_dir / "twin-validation.json") as tmp:
+            shutil.copyfile(twin[1], tmp)
+        files.append(out_dir / "twin-validation.json")
     names = [f.name for f in files]
     section = shapes[0] if shapes else None
     readme = render_readme(
@@ -459,6 +465,7 @@ def write_pack(
         failure,
         section,
         sessions.readme_lines(reports),
+        twin[0] if twin is not None else None,
     )
     write_text_atomic(out_dir / "README.md", readme)
     files.append(out_dir / "README.md")
@@ -495,9 +502,11 @@ def render_readme(
     failure: dict[str, Any] | None = None,
     shapes: list[str] | None = None,
     session_lines: list[str] | None = None,
+    twin_lines: list[str] | None = None,
 ) -> str:
     """The pack's README.md: decision, the failure answer, replica plan, gates, evidence, the
-    load shapes' answers, sessions by turn (``session_lines``:
+    twin's predicted vs measured capacity (``twin_lines``: :mod:`capacity_pack.twin.validate`),
+    the load shapes' answers, sessions by turn (``session_lines``:
     :mod:`capacity_pack.decide.sessions`), selected point, failure test, limits and files, one
     section renderer each."""
     m = frozen["manifest"]
@@ -510,6 +519,7 @@ def render_readme(
         *manifest_lines(frozen),
         *_readme_verdict_words(m),
         *_readme_evidence(capacity),
+        *(twin_lines or []),
         *(shapes or []),
         *(session_lines or []),
         *_readme_selected(selected),

@@ -12,6 +12,7 @@ import pandas as pd
 
 from capacity_pack.decide.report import load_reports, selected_point, write_pack
 from capacity_pack.decide.shapes import readme_lines as shapes_readme
+from capacity_pack.twin.validate import readme_lines as twin_readme
 
 
 def run(
@@ -27,11 +28,12 @@ def run(
     log: logging.Logger,
     failure: str | Path | None = None,
     shapes: str | Path | None = None,
+    twin: str | Path | None = None,
 ) -> list[Path]:
     """Write the pack beside ``readme``; ``tables`` are the points' requests.csv and ``metrics``
     their server-metrics tables (the open-loop ones make the time-series plot); ``failure`` the
-    failure test's JSON (its plan drill answers the failure question at the README's top).
-    Returns the files written."""
+    failure test's JSON (its plan drill answers the failure question at the README's top);
+    ``twin`` the twin's validation (predicted vs measured capacity). Returns the files written."""
     frozen_doc = json.loads(Path(frozen).read_text())
     cap = json.loads(Path(capacity).read_text())
     replicas = json.loads(Path(plan).read_text())
@@ -56,6 +58,7 @@ def run(
         extra_files=[Path(fit)],
         failure=json.loads(Path(failure).read_text()) if failure else None,
         shapes=_shapes(shapes),
+        twin=(twin_readme(json.loads(Path(twin).read_text())), Path(twin)) if twin else None,
     )
     log.info("pack written to %s (%d files)", out_dir, len(files))
     return files
