@@ -33,14 +33,18 @@ the data, so every coordinate is of order one and one finite-difference step, ``
 moves each by about 1 %: the replay is piecewise constant at the scale of a nanosecond rounding
 and a batch boundary, so a smaller step would differentiate noise).
 
-Uncertainty: the Jacobian at the optimum (Bates & Watts): ``cov = s^2 (J^T J)^-1`` with
-``s^2 = sum r^2 / (n - k)``; standard errors are the square roots of its diagonal, 95 % intervals
-``estimate +- t(0.975, n - k) se`` (for ``F`` and ``B``, on the log scale: ``exp(ln F +- t se)``).
-A bootstrap over requests would cost a full fit per resample (hundreds of replays each); the
-linearized covariance costs one Jacobian, which the fit has already made. It assumes independent
-residuals of equal variance: a request's residual shares its batch with its neighbours', so the
-intervals are a lower bound on the uncertainty when the model misses something systematic; the
-per-point residual summaries show when it does.
+Uncertainty: from the Jacobian ``J`` of the residuals at the optimum (Bates & Watts), as White's
+heteroskedasticity-consistent sandwich (HC1):
+``cov = n / (n - k) (J^T J)^-1 J^T diag(r^2) J (J^T J)^-1``; standard errors are the square roots
+of its diagonal, 95 % intervals ``estimate +- t(0.975, n - k) se`` (for ``F`` and ``B`` on the
+log scale: ``exp(ln F +- t se)``). Not the textbook ``s^2 (J^T J)^-1``: TTFT and TPOT residuals
+differ in spread by an order of magnitude (a TTFT holds one step and the request's way in, a TPOT
+averages dozens of steps), and one pooled ``s^2`` would understate the uncertainty of the
+TTFT-borne parameters (``F``, ``d``). Not a bootstrap over requests: each resample is a full fit
+(hundreds of replays); the sandwich costs the one Jacobian the fit has already made. Both assume
+independent residuals: neighbours in a batch share their steps, and a systematic miss of the
+model (a cost it does not have) is bias, not variance; the per-point residual summaries show
+when the replay misses the measurement.
 
 Identifiability (reported, never hidden): a parameter whose relative standard error exceeds
 ``POOR_REL_SE`` (or, for ``o``, ``p`` and ``d``, whose interval reaches 0) is listed as poorly
@@ -547,8 +551,8 @@ def report(fitted: Fit, inputs: CalibrationInputs) -> tuple[dict[str, Any], str]
         "method": "nonlinear least squares (scipy.optimize.least_squares, trf) on log residuals "
         "of per-request TTFT at concurrency 1 and TPOT at every concurrency, each against the "
         "same request replayed in virtual time (closed loop, same workers and lengths); "
-        "standard errors from the Jacobian at the optimum, cov = s^2 (J^T J)^-1; 95 % "
-        "intervals with Student's t",
+        "standard errors from the Jacobian at the optimum as the HC1 sandwich, cov = n/(n-k) "
+        "(J^T J)^-1 J^T diag(r^2) J (J^T J)^-1; 95 % intervals with Student's t",
         "source": inputs.source,
         "points": [p.model_dump() for p in inputs.points],
         "parameters": {
