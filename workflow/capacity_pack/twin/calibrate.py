@@ -47,8 +47,11 @@ model (a cost it does not have) is bias, not variance; the per-point residual su
 when the replay misses the measurement.
 
 Identifiability (reported, never hidden): a parameter whose relative standard error exceeds
-``POOR_REL_SE`` (or, for ``o``, ``p`` and ``d``, whose interval reaches 0) is listed as poorly
-identified, with each pair whose correlation exceeds ``POOR_CORRELATION`` in magnitude. Typical
+``POOR_REL_SE`` (or, for ``o``, ``p`` and ``d``, whose interval reaches 0), or that is one of a
+pair correlated beyond ``COLLINEAR_CORRELATION``, is listed as poorly identified; each pair
+correlated beyond ``POOR_CORRELATION`` is listed as confounded. What the data do fix of the
+usual collinear pair is reported as a derived quantity with its own interval: the batch-1
+decode step ``W / B + o + p`` (delta method). Typical
 cases: the step overhead against weight-read time (at batch 1 both are a constant per step: ``o``
 is told from ``W / B`` only through the KV-read slope of TPOT against context), the per-sequence
 overhead against KV reads (both grow with the batch), and ``d`` against ``o`` at concurrency 1.
@@ -78,6 +81,8 @@ DIFF_STEP = 1e-2
 POOR_REL_SE = 0.25
 #: A correlation above this (in magnitude) marks a pair of parameters confounded.
 POOR_CORRELATION = 0.9
+#: ... and above this, nearly collinear: both are then listed as poorly identified.
+COLLINEAR_CORRELATION = 0.99
 #: Distinct prompt lengths at concurrency 1 must span at least this ratio (max / min) for the
 #: prefill slope to be told from the fixed per-step cost.
 MIN_PROMPT_SPREAD = 4.0
@@ -255,6 +260,8 @@ class Fit:
     points: list[dict[str, Any]]
     evaluations: int
     profile: Profile
+    #: Identified combinations of confounded parameters: name -> estimate, std_error, ci95.
+    derived: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _replay(
@@ -363,6 +370,27 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
         for j in range(i + 1, k)
         if abs(corr[i, j]) > POOR_CORRELATION
     ]
+    # Nearly collinear: the data fix only a combination of the two (see ``derived``), and the
+    # linearized intervals of each alone do not cover a small bias along that ridge.
+    for a, b, c in confounded:
+        if abs(c) > COLLINEAR_CORRELATION:
+            poor += [name for name in (a, b) if name not in poor]
+    poor = [name for name in PARAMETERS if name in poor]
+    # The batch-1 decode step W / B + o + p: what TPOT at concurrency 1 measures, identified
+    # even where B and o are not apart (delta method on the scaled coordinates).
+    w_ms = base.model.weight_bytes / est["bytes_per_s"] * 1e3
+    grad = np.array([0.0, -w_ms, 1.0, _SCALE_P_US / 1e3, 0.0])
+    step1 = w_ms + est["step_overhead_ms"] + est["per_sequence_overhead_us"] / 1e3
+    step1_se = float(math.sqrt(max(0.0, grad @ cov @ grad)))
+    derived = {
+        "decode_step_ms_at_batch_1": {
+            "estimate": step1,
+            "std_error": step1_se,
+            "ci95": [step1 - tq * step1_se, step1 + tq * step1_se],
+            "unit": "ms",
+            "meaning": "weights read once (W / B) + step overhead + one sequence's overhead",
+        }
+    }
     replayed = _replay(base, points, est, seed)
     res, tags = _residuals(points, replayed, est["request_latency_ms"])
     summaries = []
@@ -402,6 +430,7 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
         summaries,
         int(sol.nfev),
         prof,
+        derived,
     )
 
 
@@ -566,6 +595,7 @@ def report(fitted: Fit, inputs: CalibrationInputs) -> tuple[dict[str, Any], str]
         },
         "efficiency": efficiency_of(fitted, base, inputs.peaks_known),
         "nuisance": ["request_latency_ms"],
+        "derived": fitted.derived,
         "poorly_identified": fitted.poorly_identified,
         "confounded": [{"pair": [a, b], "correlation": c} for a, b, c in fitted.confounded],
         "correlation": {"parameters": list(PARAMETERS), "matrix": fitted.correlation},
