@@ -10,25 +10,19 @@ except ValueError as err:
 CALIBRATE_INPUTS_JSON = CALIBRATE_INPUTS.canonical_json() if CALIBRATE_INPUTS else ""
 
 
-def calibrate_tables():
-    """The requests tables of the calibration points, in the inputs' order."""
-    if CALIBRATE_INPUTS is None:
-        return []
-    return [
-        stage_output("normalize", "requests", point=p.point, cache=p.cache_state, repeat=p.repeat)
-        for p in CALIBRATE_INPUTS.points
-    ]
-
-
-def calibrate_targets():
-    """The calibration's outputs when the pack has a calibrate job (none otherwise)."""
-    return list(stage_outputs("calibrate").values()) if CALIBRATE_INPUTS is not None else []
+# The requests tables of the calibration points, in the inputs' order; the calibration's outputs
+# when the pack has a calibrate job (none otherwise).
+CALIBRATE_TABLES = [
+    stage_output("normalize", "requests", point=p.point, cache=p.cache_state, repeat=p.repeat)
+    for p in (CALIBRATE_INPUTS.points if CALIBRATE_INPUTS else [])
+]
+CALIBRATE_TARGETS = list(stage_outputs("calibrate").values()) if CALIBRATE_INPUTS else []
 
 
 rule calibrate:
     """The target's engine model fitted to the pack's closed loop (never the open loop)."""
     input:
-        tables=calibrate_tables(),
+        tables=CALIBRATE_TABLES,
     output:
         **stage_outputs("calibrate"),
     params:

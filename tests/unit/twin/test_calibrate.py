@@ -205,6 +205,14 @@ def llamacpp_pack(**architecture):
     return validate_pack(data, "llamacpp-smollm2.yaml")
 
 
+def test_the_llamacpp_pack_as_shipped_is_not_calibrated_and_says_why():
+    """Its two fixed prompt lengths (32 and 64 tokens) cannot separate prefill from the step."""
+    assert unplanned_reason(llamacpp_pack()) == (
+        "prompt lengths span only 32..64 tokens (fixed-length classes; need a 4x spread): "
+        "prefill FLOP/s cannot be told from the fixed per-step cost"
+    )
+
+
 def test_the_smollm2_architecture_maps_to_a_profile_sized_like_llama_server():
     prof, peaks_known, source = base_profile(llamacpp_pack())
     assert not peaks_known and "smollm2-135m.json" in source

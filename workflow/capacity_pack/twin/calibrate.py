@@ -509,6 +509,13 @@ def unplanned_reason(pack: Any) -> str | None:
         return "no closed-loop point at concurrency 1: TTFT against prompt length cannot be fitted"
     if len(levels) < 2:
         return "only one concurrency level: per-sequence cost cannot be separated"
+    fixed = [c.input_tokens for c in pack.workload]
+    if all(isinstance(n, int) for n in fixed) and max(fixed) < MIN_PROMPT_SPREAD * min(fixed):
+        return (
+            f"prompt lengths span only {min(fixed)}..{max(fixed)} tokens (fixed-length classes; "
+            f"need a {MIN_PROMPT_SPREAD:g}x spread): prefill FLOP/s cannot be told from the "
+            "fixed per-step cost"
+        )
     return architecture_missing(pack)
 
 
