@@ -3,10 +3,10 @@ Snakemake pipeline (the embedded simulator on 127.0.0.1 serving profile small-fa
 the pack's load generator) up to its closed-loop points, then the ``calibrate`` stage.
 
 The fit must recover the profile's identifiable efficiency parameters within its stated 95 %
-intervals: mfu always; mbu and the step overhead each when the fit does not find them collinear,
-and their identified combination (the batch-1 decode step) always. The per-sequence overhead
-(4 us a sequence, under 1 % of a step even at 32 sequences) is reported as poorly identified
-rather than asserted."""
+intervals: mfu always; mbu and the step overhead each when the fit does not find them collinear;
+their identified combination (the batch-1 decode step) within a stated 1 %. The per-sequence
+overhead (4 us a sequence, under 1 % of a step even at 32 sequences) is reported as poorly
+identified rather than asserted."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from capacity_pack.sim.perf import PerfModel
 from capacity_pack.sim.profile import load_profile
 from tests.conftest import run_snakemake as snakemake
 from tests.conftest import small_pack_data, write_pack
@@ -57,17 +58,19 @@ def test_calibration_recovers_the_profiles_efficiencies_within_their_intervals(c
     assert lo <= truth.mfu <= hi, eff["mfu"]
     # mbu and the step overhead: each within its interval when identified. They are told apart
     # only by the KV-read slope of TPOT against context; when the fit finds them collinear it
-    # says so, and what it does fix, the batch-1 decode step W / B + o + p, must hold the truth.
+    # says so (every live run so far).
     for name, value, got in (
         ("bytes_per_s", truth.mbu, eff["mbu"]),
         ("step_overhead_ms", truth.step_overhead_ms, params["step_overhead_ms"]),
     ):
         if name not in poor:
             assert got["ci95"][0] <= value <= got["ci95"][1], (name, value, got)
+    # What the fit does fix of the pair, the batch-1 decode step at the concurrency-1 requests'
+    # median context, within 1 %: its interval is statistical only (0.1-0.2 %), and the live
+    # server's own per-step costs on a loaded host move it by up to 0.4 % (docs/twin.md).
     step = doc["derived"]["decode_step_ms_at_batch_1"]
-    w_ms = prof.model.weight_bytes / (prof.hardware.bandwidth_tb_s * 1e12 * truth.mbu) * 1e3
-    true_step = w_ms + truth.step_overhead_ms + truth.per_sequence_overhead_us / 1e3
-    assert step["ci95"][0] <= true_step <= step["ci95"][1], (true_step, step)
+    true_step = PerfModel(prof).decode_step_s(1, round(step["context_tokens"])) * 1e3
+    assert step["estimate"] == pytest.approx(true_step, rel=0.01), (true_step, step)
     # Said, not hidden: the per-sequence cost cannot be told from KV reads at these batches.
     assert "per_sequence_overhead_us" in poor
     # The replay follows the measurement request for request.

@@ -51,7 +51,8 @@ Identifiability (reported, never hidden): a parameter whose relative standard er
 pair correlated beyond ``COLLINEAR_CORRELATION``, is listed as poorly identified; each pair
 correlated beyond ``POOR_CORRELATION`` is listed as confounded. What the data do fix of the
 usual collinear pair is reported as a derived quantity with its own interval: the batch-1
-decode step ``W / B + o + p`` (delta method). Typical
+decode step ``(W + k c) / B + o + p`` at the median context ``c`` of the concurrency-1 requests
+(delta method). Typical
 cases: the step overhead against weight-read time (at batch 1 both are a constant per step: ``o``
 is told from ``W / B`` only through the KV-read slope of TPOT against context), the per-sequence
 overhead against KV reads (both grow with the batch), and ``d`` against ``o`` at concurrency 1.
@@ -376,11 +377,15 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
         if abs(c) > COLLINEAR_CORRELATION:
             poor += [name for name in (a, b) if name not in poor]
     poor = [name for name in PARAMETERS if name in poor]
-    # The batch-1 decode step W / B + o + p: what TPOT at concurrency 1 measures, identified
-    # even where B and o are not apart (delta method on the scaled coordinates).
-    w_ms = base.model.weight_bytes / est["bytes_per_s"] * 1e3
-    grad = np.array([0.0, -w_ms, 1.0, _SCALE_P_US / 1e3, 0.0])
-    step1 = w_ms + est["step_overhead_ms"] + est["per_sequence_overhead_us"] / 1e3
+    # The batch-1 decode step at the median context c of the concurrency-1 requests,
+    # (W + k c) / B + o + p: what TPOT at concurrency 1 measures, identified even where B and o
+    # are not apart (delta method on the scaled coordinates).
+    ones = [m for p in points if p.concurrency == 1 for m in p.measured.values()]
+    ctx = float(np.median([m[2] + m[3] / 2 for m in ones]))
+    read_ms = (base.model.weight_bytes + base.model.kv_bytes_per_token * ctx) / est["bytes_per_s"]
+    read_ms *= 1e3
+    grad = np.array([0.0, -read_ms, 1.0, _SCALE_P_US / 1e3, 0.0])
+    step1 = read_ms + est["step_overhead_ms"] + est["per_sequence_overhead_us"] / 1e3
     step1_se = float(math.sqrt(max(0.0, grad @ cov @ grad)))
     derived = {
         "decode_step_ms_at_batch_1": {
@@ -388,7 +393,10 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
             "std_error": step1_se,
             "ci95": [step1 - tq * step1_se, step1 + tq * step1_se],
             "unit": "ms",
-            "meaning": "weights read once (W / B) + step overhead + one sequence's overhead",
+            "context_tokens": ctx,
+            "meaning": "one decode step alone at the median context of the concurrency-1 "
+            "requests: weights and KV read once ((W + k c) / B) + step overhead + one "
+            "sequence's overhead",
         }
     }
     replayed = _replay(base, points, est, seed)
