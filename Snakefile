@@ -84,6 +84,7 @@ include: "rules/analyze.smk"
 include: "rules/search.smk"
 include: "rules/capacity.smk"
 include: "rules/shapes.smk"
+include: "rules/twin.smk"
 include: "rules/failure.smk"
 include: "rules/track.smk"
 include: "rules/autopsy.smk"
@@ -95,6 +96,8 @@ rule all:
     default_target: True
     input:
         all_targets(),
+        # The calibrated twin (rules/twin.smk): none when the pack cannot be calibrated.
+        CALIBRATE_TARGETS,
         AUTOPSY_MD,
         # After the autopsy (it reads the autopsy): not in all_targets(), which the autopsy waits on.
         stage_output("html", "index"),

@@ -325,6 +325,28 @@ class Placement(_Model):
         return self
 
 
+class ModelArchitecture(_Model):
+    """The served model's shape for its engine model (``capacity_pack.twin.architecture``)."""
+
+    config: str = Field(
+        min_length=1,
+        description="Path of a Hugging Face config.json-style file (num_hidden_layers, "
+        "hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
+        "tie_word_embeddings), relative to the working directory or the project root.",
+    )
+    bytes_per_param: float = Field(gt=0, description="Weight bytes per parameter (bf16: 2).")
+    kv_bytes_per_element: float = Field(default=2.0, gt=0, description="KV-cache element bytes.")
+
+
+class HardwarePeaks(_Model):
+    """Peak figures of one accelerator (or host) of a replica, where they are known."""
+
+    name: str = Field(default="declared", min_length=1, description="Accelerator name.")
+    memory_gib: float = Field(gt=0, description="Memory per GPU in GiB.")
+    bandwidth_tb_s: float | None = Field(default=None, gt=0, description="Peak TB/s per GPU.")
+    dense_tflops: float | None = Field(default=None, gt=0, description="Peak TFLOP/s per GPU.")
+
+
 class Model(_Model):
     id: str = Field(min_length=1, description="Model identifier.")
     revision: str = Field(description="Immutable model revision (checkpoint hash or tag).")
@@ -332,6 +354,10 @@ class Model(_Model):
     precision: str = Field(min_length=1, description="Weight precision, e.g. bf16, fp8.")
     served_name: str | None = Field(
         default=None, description="Model name sent in requests; defaults to id."
+    )
+    architecture: ModelArchitecture | None = Field(
+        default=None,
+        description="The model's shape, for calibrating its engine model (a real target).",
     )
 
 
@@ -360,6 +386,11 @@ class Engine(_Model):
         "accelerator; the plan counts GPUs) or 'cpu' (a CPU server such as llama.cpp's "
         "llama-server; the plan counts hosts, placement.gpus and plan.gpus_per_replica then "
         "count hosts).",
+    )
+    hardware: HardwarePeaks | None = Field(
+        default=None,
+        description="Peaks of one accelerator of a replica, for the calibrated engine model "
+        "(unknown: the fit's achieved rates stand as nominal peaks).",
     )
 
 

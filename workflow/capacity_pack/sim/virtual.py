@@ -9,12 +9,17 @@ loop. Per request it reports, from the engine's point of view:
 - TPOT = (last token - first token) / (output tokens - 1)  (0 for one-token outputs);
 - E2E = last token - arrival.
 
+A closed loop (:func:`simulate_closed_loop`) has no arrival schedule: each of N workers sends
+its own sequence back to back, the next request ``client_gap`` after the previous one's last
+token, so arrivals depend on the modelled step times (the replay a calibration fits against).
+
 Used to calibrate profiles and to test that throughput saturates and TTFT climbs as the offered
 load passes capacity, in milliseconds of CPU per simulated minute.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -247,3 +252,104 @@ def slo_boundary(
         else:
             high_rps = mid
     return low_rps, high_rps
+
+
+@dataclass(frozen=True)
+class ClosedLoopRequest:
+    """One request of a closed-loop worker's sequence: its prompt (a length, or explicit token
+    IDs) and output length."""
+
+    prompt: int | tuple[int, ...]
+    output_tokens: int
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class ClosedLoopResult(VirtualResult):
+    """A :class:`VirtualResult` of a closed-loop run, with the worker that sent it and its
+    place in that worker's sequence."""
+
+    worker: int
+    order: int
+
+
+def simulate_closed_loop(
+    profile: Profile,
+    workers: list[list[ClosedLoopRequest]],
+    *,
+    client_gap_s: float = 0.0,
+    seed: int = 0,
+) -> VirtualRun:
+    """Run a closed loop on a fresh engine of ``profile``: worker ``w`` sends ``workers[w]`` in
+    order, the first at time 0 and each next one ``client_gap_s`` after the previous one's last
+    token (a failed request frees its worker at the step that failed it).
+
+    Arrivals follow the same rule as :func:`simulate` (those due during a step join at its
+    end), so a measured closed loop replays request for request: the same lengths in the same
+    worker order. Results are :class:`ClosedLoopResult` in completion order;
+    ``VirtualRun.failed`` counts requests that could never fit."""
+    rng = random.Random(seed)
+    sched = Scheduler(profile)
+    gap_ns = round(client_gap_s * NS)
+    # (arrival_ns, worker, order): the next request of each worker, earliest first.
+    due: list[tuple[int, int, int]] = [(0, w, 0) for w, seq in enumerate(workers) if seq]
+    heapq.heapify(due)
+    owner: dict[int, tuple[int, int]] = {}
+    run = VirtualRun()
+    t_ns = 0
+
+    def release(worker: int, order: int, at_ns: int) -> None:
+        if order + 1 < len(workers[worker]):
+            heapq.heappush(due, (at_ns + gap_ns, worker, order + 1))
+
+    while due or sched.has_work():
+        if not sched.has_work():
+            t_ns = max(t_ns, due[0][0])
+        while due and due[0][0] <= t_ns:
+            arrival, w, k = heapq.heappop(due)
+            v = workers[w][k]
+            ids = (
+                [rng.getrandbits(32) for _ in range(v.prompt)]
+                if isinstance(v.prompt, int)
+                else list(v.prompt)
+            )
+            req = SimRequest(f"w{w}.{k}", ids, v.output_tokens, arrival_ns=arrival)
+            owner[id(req)] = (w, k)
+            sched.add(req)
+        step = sched.schedule(t_ns)
+        run.failed += len(step.failed)
+        for req in step.failed:
+            release(*owner.pop(id(req)), t_ns)
+        if not step.reqs:
+            continue
+        t_ns += round(step.duration_s * NS)
+        run.steps += 1
+        run.busy_s += step.duration_s
+        _, finished = sched.complete(step, t_ns)
+        for req in finished:
+            w, k = owner.pop(id(req))
+            v = workers[w][k]
+            first = req.first_token_ns or t_ns
+            last = req.last_token_ns or first
+            n = req.num_output
+            run.results.append(
+                ClosedLoopResult(
+                    label=v.label,
+                    arrival_s=req.arrival_ns / NS,
+                    queue_s=((req.scheduled_ns or first) - req.arrival_ns) / NS,
+                    ttft_s=(first - req.arrival_ns) / NS,
+                    tpot_s=(last - first) / NS / (n - 1) if n > 1 else 0.0,
+                    e2e_s=(last - req.arrival_ns) / NS,
+                    prompt_tokens=req.num_prompt,
+                    output_tokens=n,
+                    cached_tokens=req.num_cached_tokens,
+                    preemptions=req.num_preemptions,
+                    finish_reason=req.finish_reason or "",
+                    worker=w,
+                    order=k,
+                )
+            )
+            release(w, k, last)
+    run.end_s = t_ns / NS
+    run.preemptions = sched.num_preemptions
+    return run

@@ -175,6 +175,14 @@ _STAGES = [
         doc="Capacity per cache state, the closed-loop operating point, the replica plan.",
     ),
     Stage(
+        "calibrate",
+        entry="capacity_pack.stages.calibrate:run",
+        inputs="capacity_pack.twin.calibrate:CalibrationInputs",
+        folder="twin",
+        outputs={"calibration": "calibration.json", "profile": "profile.yaml"},
+        doc="The target's engine model fitted to the declared cold closed-loop points.",
+    ),
+    Stage(
         "shapes",
         entry="capacity_pack.stages.shapes:run",
         inputs="capacity_pack.decide.shapes:ShapesInputs",

@@ -1,0 +1,95 @@
+"""The calibrated twin against the live simulated engine: a small pack measured through the real
+Snakemake pipeline (the embedded simulator on 127.0.0.1 serving profile small-fast, driven by
+the pack's load generator) up to its closed-loop points, then the ``calibrate`` stage.
+
+The fit must recover the profile's identifiable efficiency parameters within its stated 95 %
+intervals: mfu always; mbu and the step overhead each when the fit does not find them collinear;
+their identified combination (the batch-1 decode step) within a stated 1 %. The per-sequence
+overhead (4 us a sequence, under 1 % of a step even at 32 sequences) is reported as poorly
+identified rather than asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capacity_pack.sim.perf import PerfModel
+from capacity_pack.sim.profile import load_profile
+from tests.conftest import run_snakemake as snakemake
+from tests.conftest import small_pack_data, write_pack
+
+pytestmark = pytest.mark.slow
+
+
+def calibration_pack() -> dict:
+    # Concurrency 1 (TTFT against prompts of 60..3000 tokens, the default pack's lognormal
+    # classes), 8 and 32 (TPOT against batch and context), cold cache only.
+    data = small_pack_data(
+        "calibrate-test",
+        requests=60,
+        min_samples=10,
+        sweep={"open_loop_rps": [20], "closed_loop_concurrency": [1, 8, 32]},
+    )
+    data["sweep"].update(
+        cache_states=["cold"], closed_loop_min_requests=24, closed_loop_requests_per_worker=2
+    )
+    data["failure"] = None
+    return data
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("calibrate")
+    write_pack(workdir, calibration_pack())
+    snakemake(workdir, "results/calibrate-test/twin/calibration.json")
+    return workdir / "results" / "calibrate-test"
+
+
+def test_calibration_recovers_the_profiles_efficiencies_within_their_intervals(calibrated):
+    doc = json.loads((calibrated / "twin" / "calibration.json").read_text())
+    prof = load_profile("small-fast")
+    truth = prof.efficiency
+    eff, params = doc["efficiency"], doc["parameters"]
+    poor = set(doc["poorly_identified"])
+    # Prefill FLOP/s (TTFT against prompt length at concurrency 1): always identified.
+    assert "flops_per_s" not in poor
+    lo, hi = eff["mfu"]["ci95"]
+    assert lo <= truth.mfu <= hi, eff["mfu"]
+    # mbu and the step overhead: each within its interval when identified. They are told apart
+    # only by the KV-read slope of TPOT against context; when the fit finds them collinear it
+    # says so (every live run so far).
+    for name, value, got in (
+        ("bytes_per_s", truth.mbu, eff["mbu"]),
+        ("step_overhead_ms", truth.step_overhead_ms, params["step_overhead_ms"]),
+    ):
+        if name not in poor:
+            assert got["ci95"][0] <= value <= got["ci95"][1], (name, value, got)
+    # What the fit does fix of the pair, the batch-1 decode step at the concurrency-1 requests'
+    # median context, within 1 %: its interval is statistical only (0.1-0.2 %), and the live
+    # server's own per-step costs on a loaded host move it by up to 0.4 % (docs/twin.md).
+    step = doc["derived"]["decode_step_ms_at_batch_1"]
+    true_step = PerfModel(prof).decode_step_s(1, round(step["context_tokens"])) * 1e3
+    assert step["estimate"] == pytest.approx(true_step, rel=0.01), (true_step, step)
+    # Said, not hidden: the per-sequence cost cannot be told from KV reads at these batches.
+    assert "per_sequence_overhead_us" in poor
+    # The replay follows the measurement request for request.
+    by_point = {r["point"]: r for r in doc["residuals"]}
+    assert set(by_point) == {f"closed-c{c}/cold/rep0" for c in (1, 8, 32)}
+    assert by_point["closed-c1/cold/rep0"]["ttft_median_rel_error"] < 0.1
+    for r in by_point.values():
+        assert r["tpot_median_rel_error"] < 0.05, r
+
+
+def test_the_calibrated_profile_loads_and_no_open_loop_point_was_measured(calibrated):
+    prof = load_profile(calibrated / "twin" / "profile.yaml")
+    doc = json.loads((calibrated / "twin" / "calibration.json").read_text())
+    assert prof.name == "small-fast-calibrated"
+    assert prof.efficiency.mfu == pytest.approx(doc["efficiency"]["mfu"]["estimate"])
+    assert prof.engine == load_profile("small-fast").engine
+    # The calibration saw only the closed loop: no open-loop point ran for it.
+    assert sorted(p.name for p in (calibrated / "raw").iterdir()) == [
+        "closed-c1", "closed-c32", "closed-c8",
+    ]  # fmt: skip
+    assert (calibrated / "logs" / "calibrate.log").exists()
+    assert (calibrated / "benchmarks" / "calibrate.tsv").exists()
