@@ -78,6 +78,7 @@ workflow.global_resources.setdefault(TARGET_RESOURCE, 1)
 include: "rules/freeze.smk"
 include: "rules/schedule.smk"
 include: "rules/prompts.smk"
+include: "rules/preflight.smk"
 include: "rules/sweep.smk"
 include: "rules/normalize.smk"
 include: "rules/analyze.smk"
@@ -95,6 +96,7 @@ rule all:
     default_target: True
     input:
         all_targets(),
+        PREFLIGHT_TARGETS,
         AUTOPSY_MD,
         # After the autopsy (it reads the autopsy): not in all_targets(), which the autopsy waits on.
         stage_output("html", "index"),

@@ -11,17 +11,23 @@ it); a warm point first sends its prewarm rows (one per shared prefix,
 :func:`capacity_pack.plan.schedule.prewarm_rows`) at t = 0 and starts its clock when the last
 of them has ended, as the live sweep does.
 
+**Extension.** A point whose measured block leaves it undecided (``marginal`` or
+``inconclusive``) is extended live until its verdict is certain or
+``client.maximum_duration_seconds`` is reached; in virtual time it is run again with every
+extension block that fits that duration (the schedule's own, from the same seeded stream) and
+judged over them all, as the analysis judges measured and extension rows together.
+
 **What is left out.** The client's dispatch lateness and the network (about 1 ms a request
-on loopback), extension blocks and the in-run early stop (the measured block is judged as
-planned), and the host's competition for CPUs (a live step can run late, a virtual one never
+on loopback), the in-run early stop (a live point may stop at an earlier look than the last
+block), and the host's competition for CPUs (a live step can run late, a virtual one never
 does).
 
 **The cap.** A point of 22,000 requests at a low rate lasts hours of virtual time and minutes
 of CPU. ``max_requests`` simulates only the first N measured rows of the schedule (with every
 warm-up row before them); the result says so (``simulated_requests`` of
 ``scheduled_requests``). The sample-size gate is then taken at the cap's share of it:
-``ceil(min_successful_samples_per_class x s)``, s the least share of a class's planned
-requests that the first N hold, so a capped point is judged on
+``ceil(min_successful_samples_per_class x s)``, s the least share of a class's measured
+block that the first N hold, so a capped point is judged on
 what the cap holds rather than read as under-sampled; its confidence bounds stay those of the
 N simulated requests (wider than the full point's: a capped prediction reads ``marginal``
 where the full point may pass).
@@ -53,7 +59,13 @@ import pandas as pd
 from capacity_pack.decide.capacity import rate_status
 from capacity_pack.evidence.analysis import AnalysisSpec, analyze_point
 from capacity_pack.plan.manifest import Pack, SimTarget
-from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, prewarm_rows
+from capacity_pack.plan.schedule import (
+    Point,
+    ScheduleInputs,
+    build_schedule,
+    extension_block_size,
+    prewarm_rows,
+)
 from capacity_pack.twin.requests import NS, fleet_requests
 
 #: Seconds between two samples of the queue-depth series the trend test reads.
@@ -144,13 +156,20 @@ def capped_schedule(schedule: pd.DataFrame, max_requests: int | None) -> pd.Data
 
 
 def cap_share(full: pd.DataFrame, capped: pd.DataFrame) -> float:
-    """The least share of a class's planned measured requests that the capped schedule holds."""
+    """The least share of a class's planned measured block that the capped schedule holds."""
 
     def counts(frame: pd.DataFrame) -> pd.Series:
-        return frame.loc[frame["phase"] != "warmup", "class"].value_counts()
+        return frame.loc[frame["phase"] == "measure", "class"].value_counts()
 
     planned, kept = counts(full), counts(capped)
     return float((kept.reindex(planned.index, fill_value=0) / planned).min())
+
+
+def extension_blocks_for(pack: Pack, inputs: ScheduleInputs, rate_rps: float, measured: int) -> int:
+    """The extension blocks that fill ``client.maximum_duration_seconds`` at ``rate_rps`` after
+    a measured block of ``measured`` requests (the schedule cuts the last at that duration)."""
+    room = rate_rps * pack.client.maximum_duration_seconds - measured
+    return max(0, math.ceil(room / extension_block_size(inputs)))
 
 
 def predict_point(
@@ -162,11 +181,11 @@ def predict_point(
     max_requests: int | None = DEFAULT_MAX_REQUESTS,
     replicas: int | None = None,
     repeat: int = 0,
+    extend: bool = True,
 ) -> PointPrediction:
     """Run the pack's open-loop point at ``rate_rps`` and ``cache_state`` in virtual time on
-    ``profile`` (a :class:`capacity_pack.sim.profile.Profile`) and judge it."""
-    from capacity_pack.sim.fleet import Fleet
-
+    ``profile`` (a :class:`capacity_pack.sim.profile.Profile`) and judge it; with ``extend``,
+    a point its measured block leaves undecided is run again with its extension blocks."""
     cpu0 = time.process_time()
     if pack.client.arrival_pattern == "trace" or any(c.session is not None for c in pack.workload):
         raise VirtualPointError(
@@ -176,7 +195,54 @@ def predict_point(
     point = Point(mode="open", rate_rps=rate_rps, cache_state=cache_state, repeat=repeat)
     inputs = ScheduleInputs.for_point(pack, point)
     full = build_schedule(inputs, point)
-    scheduled = int((full["phase"] != "warmup").sum())
+    scheduled = int((full["phase"] == "measure").sum())
+    judged = _judge(pack, inputs, point, full, profile, max_requests, replicas)
+    blocks = extension_blocks_for(pack, inputs, rate_rps, scheduled)
+    room = max_requests is None or judged[1] < max_requests
+    if extend and rate_status([judged[0]]) not in ("pass", "fail") and blocks and room:
+        longer = build_schedule(inputs, point, extension_blocks=blocks)
+        judged = _judge(pack, inputs, point, longer, profile, max_requests, replicas)
+    report, simulated, gate_n, virtual_s = judged
+    classes = tuple(
+        ClassPrediction(
+            name=c.name,
+            attainment=(e := report["classes"][c.name])["attainment"],
+            attainment_ci=tuple(e["attainment_ci"]) if e.get("attainment_ci") else None,
+            successful=int(e["successful_count"]),
+            attempted=int(e["attempted"]),
+            error_rate=e["error_rate"],
+        )
+        for c in pack.workload
+    )
+    return PointPrediction(
+        rate_rps=float(rate_rps),
+        cache_state=cache_state,
+        status=rate_status([report]),
+        reasons=tuple(report["verdict_reasons"]),
+        classes=classes,
+        queue_trend=report["queue_trend"],
+        error_rate=report["error_rate"],
+        simulated_requests=simulated,
+        scheduled_requests=scheduled,
+        min_samples_used=gate_n,
+        virtual_s=virtual_s,
+        cpu_s=time.process_time() - cpu0,
+    )
+
+
+def _judge(
+    pack: Pack,
+    inputs: ScheduleInputs,
+    point: Point,
+    full: pd.DataFrame,
+    profile: Any,
+    max_requests: int | None,
+    replicas: int | None,
+) -> tuple[dict[str, Any], int, int, float]:
+    """(the analyzer's report, measured requests simulated, the sample gate used, virtual
+    seconds) of ``full`` capped at ``max_requests``."""
+    from capacity_pack.sim.fleet import Fleet
+
     schedule = capped_schedule(full, max_requests)
     seed = pack.client.request_schedule_seed
     settings = fleet_settings(pack, replicas)
@@ -193,15 +259,11 @@ def predict_point(
     simulated = int((schedule["phase"] != "warmup").sum())
     spec = AnalysisSpec.of(pack)
     gate_n = pack.acceptance.min_successful_samples_per_class
-    if simulated < scheduled:
-        gate_n = math.ceil(gate_n * cap_share(full, schedule))
-        spec = spec.model_copy(
-            update={
-                "acceptance": spec.acceptance.model_copy(
-                    update={"min_successful_samples_per_class": gate_n}
-                )
-            }
-        )
+    share = cap_share(full, schedule)
+    if share < 1:
+        gate_n = math.ceil(gate_n * share)
+        acceptance = spec.acceptance.model_copy(update={"min_successful_samples_per_class": gate_n})
+        spec = spec.model_copy(update={"acceptance": acceptance})
     report = analyze_point(
         table,
         pd.DataFrame({"request_id": pd.Series(dtype=str), "tokens": [], "gap_ms": []}),
@@ -210,32 +272,8 @@ def predict_point(
         spec.classes(),
         spec.gates(),
     )
-    classes = tuple(
-        ClassPrediction(
-            name=c.name,
-            attainment=(e := report["classes"][c.name])["attainment"],
-            attainment_ci=tuple(e["attainment_ci"]) if e.get("attainment_ci") else None,
-            successful=int(e["successful_count"]),
-            attempted=int(e["attempted"]),
-            error_rate=e["error_rate"],
-        )
-        for c in pack.workload
-    )
     ends = [r.end_ns for r in run.results if r.end_ns]
-    return PointPrediction(
-        rate_rps=float(rate_rps),
-        cache_state=cache_state,
-        status=rate_status([report]),
-        reasons=tuple(report["verdict_reasons"]),
-        classes=classes,
-        queue_trend=report["queue_trend"],
-        error_rate=report["error_rate"],
-        simulated_requests=simulated,
-        scheduled_requests=scheduled,
-        min_samples_used=gate_n,
-        virtual_s=max(ends, default=0) / NS,
-        cpu_s=time.process_time() - cpu0,
-    )
+    return report, simulated, gate_n, max(ends, default=0) / NS
 
 
 def requests_table(schedule: pd.DataFrame, results: list[Any], shift_s: float) -> pd.DataFrame:
