@@ -187,3 +187,53 @@ def test_the_tutorial_packs_predicted_bracket_lies_inside_its_sweep():
     rates = planned_rates(pack)
     for b in doc.brackets:
         assert b.inside(rates[0], rates[-1]), (b.cache_state, b.text(), rates)
+
+
+def predicted_search(**search) -> dict:
+    data = small(rates=())
+    data["sweep"]["open_loop_rps"] = []
+    data["sweep"]["search"] = {"initial": "predicted", "resolution_rel": 0.2, **search}
+    return data
+
+
+def test_a_predicted_search_starts_from_the_predicted_bracket():
+    from capacity_pack.decide.search import SearchInputs, decide_round, plan_rounds, predicted_rates
+
+    doc = {
+        "brackets": [
+            {"cache_state": "cold", "pass_rps": 40.0, "fail_rps": 42.0},
+            {"cache_state": "warm", "pass_rps": None, "fail_rps": 0.3},
+        ]
+    }
+    assert predicted_rates(doc, "cold") == [40.0, 41.0, 42.0]
+    assert predicted_rates(doc, "warm") == [0.15, 0.3]
+    assert predicted_rates({"brackets": []}, "cold") == []
+    pack = validate_pack(predicted_search(), "p")
+    inputs = SearchInputs.of(pack)
+    assert inputs.predicted and inputs.initial_rps is None
+    assert '"predicted":true' in inputs.canonical_json()
+    # Round 1 measures no open-loop rate; its decision hands round 2 the predicted rates.
+    plans = plan_rounds([], inputs, 4, "cold")
+    assert [p for p in plans[0]["points"] if p.mode == "open"] == []
+    round1 = decide_round([], inputs, "cold", 1, predicted_rps=predicted_rates(doc, "cold"))
+    step = round1["open"]["search"]
+    assert step["rates"] == [40.0, 41.0, 42.0] and step["direction"] == "predicted"
+    assert round1["first_round_rps"] == [40.0, 41.0, 42.0]
+    plans = plan_rounds([round1], inputs, 4, "cold")
+    assert sorted(p.rate_rps for p in plans[1]["points"] if p.mode == "open") == [40, 41, 42]
+    # Without 'predicted' the round's params are what they were before it existed.
+    plain = SearchInputs.of(validate_pack(predicted_search(initial=[10, 20]), "p"))
+    assert "predicted" not in plain.canonical_json()
+
+
+def test_a_predicted_search_needs_a_simulated_target_and_no_declared_rates():
+    from capacity_pack.plan.manifest import ManifestError
+
+    data = predicted_search()
+    data["target"] = {"kind": "openai", "base_url": "http://127.0.0.1:9", "cache_reset": "none"}
+    with pytest.raises(ManifestError, match="needs an engine model: target.kind sim"):
+        validate_pack(data, "p")
+    data = predicted_search()
+    data["sweep"]["open_loop_rps"] = [10]
+    with pytest.raises(ManifestError, match="both name round 1's rates"):
+        validate_pack(data, "p")
