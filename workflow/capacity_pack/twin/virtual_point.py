@@ -39,9 +39,10 @@ judged by :func:`capacity_pack.evidence.analysis.analyze_point` with the pack's 
 gates: minimum samples, each class's attainment confidence sequence against
 ``class_slo_attainment_min``, the error rate and the queue trend. The server queue-depth
 series the trend test reads is the count of requests sent and not yet streaming (sent <= t <
-first token, or < end for a request that never streamed) every ``QUEUE_SAMPLE_S`` seconds: the
-engines' waiting queue plus the prompts in prefill (the fleet's ``/metrics`` scrapes, most of a
-virtual drill's CPU, are not taken). The status is
+first token, or < end for a request that never streamed) every
+``client.metrics_interval_seconds`` (widened to at most :data:`MAX_QUEUE_SAMPLES` samples over
+a long point): the engines' waiting queue plus the prompts in prefill (the fleet's
+``/metrics`` scrapes, most of a virtual drill's CPU, are not taken). The status is
 :func:`capacity_pack.decide.capacity.rate_status` of that one report: ``pass``, ``fail``,
 ``marginal`` or ``inconclusive``.
 """
@@ -68,8 +69,9 @@ from capacity_pack.plan.schedule import (
 )
 from capacity_pack.twin.requests import NS, fleet_requests
 
-#: Seconds between two samples of the queue-depth series the trend test reads.
-QUEUE_SAMPLE_S = 1.0
+#: At most this many samples of the queue-depth series: the trend test (Mann-Kendall and the
+#: Theil-Sen slope) builds n x n pairwise matrices, 32 MB at 2,000 samples.
+MAX_QUEUE_SAMPLES = 2000
 #: The default cap on simulated measured requests (a lint's prediction costs seconds of CPU).
 DEFAULT_MAX_REQUESTS = 1000
 
@@ -267,7 +269,7 @@ def _judge(
     report = analyze_point(
         table,
         pd.DataFrame({"request_id": pd.Series(dtype=str), "tokens": [], "gap_ms": []}),
-        queue_series(table),
+        queue_series(table, pack.client.metrics_interval_seconds),
         {},
         spec.classes(),
         spec.gates(),
@@ -316,14 +318,16 @@ def requests_table(schedule: pd.DataFrame, results: list[Any], shift_s: float) -
     )
 
 
-def queue_series(table: pd.DataFrame) -> pd.DataFrame:
+def queue_series(table: pd.DataFrame, interval_s: float = 1.0) -> pd.DataFrame:
     """The server queue-depth series of the trend test: requests sent and not yet streaming,
-    every :data:`QUEUE_SAMPLE_S` seconds (module docstring)."""
+    every ``interval_s`` seconds (the client's metrics interval), widened so that the series
+    holds at most :data:`MAX_QUEUE_SAMPLES` samples (module docstring)."""
     sent = np.sort(table["sent_offset_ns"].to_numpy(np.int64))
     started = table["first_token_offset_ns"].to_numpy(np.int64)
     started = np.sort(np.where(started >= 0, started, table["end_ns"].to_numpy(np.int64)))
-    step = round(QUEUE_SAMPLE_S * NS)
-    t = np.arange(0, int(started.max(initial=0)) + step, step, dtype=np.int64)
+    span = int(started.max(initial=0))
+    step = max(round(interval_s * NS), -(-span // (MAX_QUEUE_SAMPLES - 1)), 1)
+    t = np.arange(0, span + step, step, dtype=np.int64)
     depth = np.searchsorted(sent, t, side="right") - np.searchsorted(started, t, side="right")
     return pd.DataFrame(
         {"source": "server", "metric": "queue_depth", "t_offset_ns": t, "value": depth}
