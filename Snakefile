@@ -78,6 +78,7 @@ workflow.global_resources.setdefault(TARGET_RESOURCE, 1)
 include: "rules/freeze.smk"
 include: "rules/schedule.smk"
 include: "rules/prompts.smk"
+include: "rules/preflight.smk"
 include: "rules/sweep.smk"
 include: "rules/normalize.smk"
 include: "rules/analyze.smk"
@@ -98,6 +99,7 @@ rule all:
         all_targets(),
         # The calibrated twin (rules/twin.smk): none when the pack cannot be calibrated.
         CALIBRATE_TARGETS,
+        PREFLIGHT_TARGETS,
         AUTOPSY_MD,
         # After the autopsy (it reads the autopsy): not in all_targets(), which the autopsy waits on.
         stage_output("html", "index"),

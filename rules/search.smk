@@ -16,6 +16,8 @@ checkpoint search_round:
     input:
         reports=search_round_reports,
         rounds=earlier_round_files,
+        # initial: predicted starts from the preflight prediction's bracket (rules/preflight.smk).
+        preflight=PREFLIGHT_TARGETS[0] if SEARCH_INPUTS and SEARCH_INPUTS.predicted else [],
     output:
         **stage_outputs("search_round"),
     params:

@@ -11,4 +11,5 @@ with job_logging(snakemake.log[0]) as log:
         reports=list(snakemake.input.reports),
         round_file=snakemake.output.round,
         log=log,
+        preflight=snakemake.input.get("preflight") or None,
     )

@@ -316,9 +316,29 @@ def test_pipeline_writes_frozen_manifest_and_schedules(ran):
     assert keys == sorted(
         f"{pt}/{c}/rep0" for pt in ("open-r10", "open-r20", "closed-c1") for c in ("cold", "warm")
     )
-    for job in ("freeze", "schedule/open-r10/cold/rep0"):
+    for job in ("freeze", "preflight", "schedule/open-r10/cold/rep0"):
         assert (results / "logs" / f"{job}.log").exists()
         assert (results / "benchmarks" / f"{job}.tsv").exists()
+
+
+def test_pipeline_predicts_the_planned_points_before_measuring_them(ran):
+    """The preflight job: every planned open-loop point's predicted verdict and the predicted
+    bracket per cache state, on the simulated target's own profile, before the sweeps."""
+    results = ran / "results" / "pipeline-test"
+    doc = json.loads((results / "preflight" / "preflight.json").read_text())
+    assert doc["format"] == "capacity-pack/preflight/v1" and doc["unavailable"] is None
+    assert doc["profile"] == "small-fast" and len(doc["profile_sha256"]) == 64
+    assert doc["max_requests"] == 1000
+    points = {(p["rate_rps"], p["cache_state"]): p for p in doc["points"]}
+    assert set(points) == {(r, c) for r in (10.0, 20.0) for c in ("cold", "warm")}
+    for p in points.values():
+        assert p["status"] in {"pass", "fail", "marginal", "inconclusive"}
+        assert {c["name"] for c in p["classes"]} == {
+            "interactive", "long_context", "generation_heavy"
+        }  # fmt: skip
+    assert [b["cache_state"] for b in doc["brackets"]] == ["cold", "warm"]
+    for b in doc["brackets"]:
+        assert b["text"] and (b["pass_rps"] is not None or b["fail_rps"] is not None)
 
 
 def test_mlflow_holds_one_named_run_per_point_and_the_decision_on_the_parent(ran):
@@ -464,7 +484,9 @@ def replan(ran, mutate) -> list[str]:
 
 def test_changed_acceptance_reanalyzes_but_never_remeasures(ran):
     jobs = replan(ran, lambda d: d["acceptance"].__setitem__("error_rate_max", 0.5))
-    assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS)])
+    assert jobs == sorted(
+        ["freeze", "preflight", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS)]
+    )
 
 
 @pytest.mark.parametrize(
@@ -476,7 +498,7 @@ def test_changed_attainment_gate_remeasures_only_the_open_loop_points(ran, field
     jobs = replan(ran, lambda d: d["acceptance"].__setitem__(field, value))
     open_points = [p for p in POINTS if p.startswith("open-")]
     assert jobs == sorted(
-        ["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS),
+        ["freeze", "preflight", *TRACKS, *FAILURE, *jobs_for(["analyze"], POINTS),
          *jobs_for(["normalize", "sweep"], open_points)]
     )  # fmt: skip
 
@@ -485,7 +507,7 @@ def test_added_rate_adds_only_that_rates_jobs(ran):
     jobs = replan(ran, lambda d: d["sweep"].__setitem__("open_loop_rps", [10, 20, 30]))
     new = ["open-r30/cold/rep0", "open-r30/warm/rep0"]
     stages = ["analyze", "normalize", "prompts", "schedule", "sweep"]
-    assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(stages, new)])
+    assert jobs == sorted(["freeze", "preflight", *TRACKS, *FAILURE, *jobs_for(stages, new)])
 
 
 def test_changed_gate_remeasures_but_keeps_schedules(ran):
@@ -494,14 +516,20 @@ def test_changed_gate_remeasures_but_keeps_schedules(ran):
         ran, lambda d: d["acceptance"].__setitem__("min_successful_samples_per_class", 11)
     )
     assert jobs == sorted(
-        ["freeze", *TRACKS, *FAILURE, *jobs_for(["analyze", "normalize", "sweep"], POINTS)]
+        [
+            "freeze",
+            "preflight",
+            *TRACKS,
+            *FAILURE,
+            *jobs_for(["analyze", "normalize", "sweep"], POINTS),
+        ]
     )
 
 
 def test_changed_seed_reruns_every_schedule(ran):
     jobs = replan(ran, lambda d: d["client"].__setitem__("request_schedule_seed", 7))
     stages = ["analyze", "normalize", "prompts", "schedule", "sweep"]
-    assert jobs == sorted(["freeze", *TRACKS, *FAILURE, *jobs_for(stages, POINTS)])
+    assert jobs == sorted(["freeze", "preflight", *TRACKS, *FAILURE, *jobs_for(stages, POINTS)])
 
 
 def test_new_manifest_gets_its_own_parent_with_every_child(ran):

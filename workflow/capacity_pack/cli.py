@@ -208,12 +208,21 @@ def freeze(config: Path, output: Path) -> None:
 @main.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@click.option(
+    "--no-predict",
+    is_flag=True,
+    help="Skip the preflight prediction (the planned rates run in virtual time).",
+)
 @_die_on_manifest_error
-def lint(config: Path, as_json: bool) -> None:
+def lint(config: Path, as_json: bool, no_predict: bool) -> None:
     """Report benchmark anti-patterns in CONFIG (a pack or a plain benchmark description).
 
     A pack is first validated as `freeze` validates it: what freeze refuses, lint reports.
-    Exit status 1 when any finding is reported or the pack is invalid.
+    Exit status 1 when any finding is reported or the pack is invalid. A pack's planned
+    open-loop rates are then predicted in virtual time (capacity_pack.twin.preflight): a
+    prediction that no planned rate passes, or that every one does, prints a `warning:` line
+    naming the predicted bracket and leaves the exit status alone (a prediction is not an
+    anti-pattern); --no-predict skips it.
     """
     import json
 
@@ -240,6 +249,11 @@ def lint(config: Path, as_json: bool) -> None:
     if not as_json:
         for note in notes:
             click.echo(f"{config}: note: {note}")
+        if pack is not None and not no_predict:
+            from capacity_pack.twin.preflight import lint_warnings
+
+            for line in lint_warnings(pack):
+                click.echo(f"{config}: {line}")
     if findings:
         sys.exit(1)
 

@@ -37,7 +37,8 @@ def test_tutorial_reproduces_the_seed_manifest():
         "long_context": 4_400,
         "generation_heavy": 2_200,
     }
-    assert pack.sweep.open_loop_rps == [16, 20, 24, 28]
+    # Around the engine model's predicted boundary, not the illustrative 16-28 RPS.
+    assert pack.sweep.open_loop_rps == [0.2, 0.3, 0.4, 0.5]
     assert pack.acceptance.min_successful_samples_per_class == 2000
     assert pack.pack.size == "full"
 

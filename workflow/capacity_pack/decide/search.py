@@ -30,7 +30,11 @@ tested rate lies strictly inside the bracket. The next rate of the search:
 
 With ``initial: auto`` round 1 measures only the closed loop and round 2's rates are 0.5, 0.75
 and 1 x its saturation request throughput (the highest ``request_throughput_rps`` among the
-closed-loop points of the cache state), each to 2 significant digits.
+closed-loop points of the cache state), each to 2 significant digits. With ``initial:
+predicted`` (a simulated target) round 1 likewise measures only the closed loop (if any), and
+round 2's rates are the cache state's predicted bracket from the preflight prediction
+(:mod:`capacity_pack.twin.preflight`, ``preflight/preflight.json``): its two ends and the tidy
+rate near its midpoint, given to :func:`decide_round` by the round's stage.
 
 **Repeats where they decide.** Search points run repeat 0. When the search has converged (or has
 run ``max_rounds`` search rounds), a *confirmation* round measures repeats 1..R-1
@@ -121,7 +125,13 @@ class SearchInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    initial_rps: list[float] | None = Field(description="Round 1's rates; None: 'auto'.")
+    initial_rps: list[float] | None = Field(
+        description="Round 1's rates; None: 'auto' or 'predicted'."
+    )
+    predicted: bool = Field(
+        default=False,
+        description="'predicted': the first open-loop rates are the preflight prediction's.",
+    )
     resolution_rps: float | None
     resolution_rel: float | None
     min_rps: float | None
@@ -140,6 +150,7 @@ class SearchInputs(BaseModel):
             raise ValueError("the pack has no sweep.search")
         return cls(
             initial_rps=sweep.search_initial_rps,
+            predicted=search.initial == "predicted",
             resolution_rps=search.resolution_rps,
             resolution_rel=search.resolution_rel,
             min_rps=search.min_rps,
@@ -153,7 +164,11 @@ class SearchInputs(BaseModel):
         )
 
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json"))
+        # Without 'predicted' the params are as they were before it existed: no search round
+        # of an existing pack reruns for it.
+        return canonical_json(
+            self.model_dump(mode="json", exclude=None if self.predicted else {"predicted"})
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,6 +402,26 @@ def auto_rates(levels: Sequence[dict[str, Any]]) -> tuple[list[float], str]:
     return rates, f"{fractions} x the closed-loop saturation throughput {best:.4g} RPS"
 
 
+def predicted_rates(preflight: dict[str, Any], cache_state: str) -> list[float]:
+    """``initial: predicted``: round 1's rates from a preflight file
+    (:mod:`capacity_pack.twin.preflight`): the cache state's predicted bracket's ends and the
+    tidy rate near its midpoint (:func:`tidy_between`); with one end only, that end and half
+    (below a failing end) or twice (above a passing one) it; none without a bracket."""
+    entry = next(
+        (b for b in preflight.get("brackets") or [] if b["cache_state"] == cache_state), {}
+    )
+    low, high = entry.get("pass_rps"), entry.get("fail_rps")
+    if low is not None and high is not None:
+        rates = [low, tidy_between(low, high), high]
+    elif high is not None:
+        rates = [max(MIN_OPEN_LOOP_RPS, tidy(high / 2)), high]
+    elif low is not None:
+        rates = [low, tidy(low * 2)]
+    else:
+        rates = []
+    return sorted({float(r) for r in rates if r is not None})
+
+
 def confirmation(
     rows: Sequence[dict[str, Any]],
     key: str,
@@ -466,6 +501,7 @@ def decide_round(
     cache_state: str,
     round_index: int,
     measured: Sequence[str] = (),
+    predicted_rps: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Round ``round_index``'s file from the reports of rounds 1..k of ``cache_state`` (and the
     declared closed-loop points): per loop the tested table, the bracket, the search step and
@@ -475,7 +511,12 @@ def decide_round(
     rates = rate_rows(mine)
     levels = level_rows(mine, inputs.attainment_min)
     first, why_first = inputs.initial_rps, "sweep.search.initial (or sweep.open_loop_rps)"
-    if first is None:
+    if first is None and inputs.predicted:
+        first = sorted(predicted_rps or [])
+        why_first = "the ends and midpoint of the preflight prediction's bracket"
+        if not first:
+            why_first = "the preflight prediction gave no bracket to start from"
+    elif first is None:
         # The declared levels' repeat 0 only: the same rates in every round, however far the
         # closed-loop search has gone since.
         declared = [
@@ -488,9 +529,10 @@ def decide_round(
         first, why_first = auto_rates(level_rows(declared, inputs.attainment_min))
     open_doc: dict[str, Any] = {"tested": rates, "bracket": None, "confirm": []}
     if not rates:
-        direction = "auto" if first and inputs.initial_rps is None else "none"
-        open_doc["search"] = {"rates": first if direction == "auto" else [], "direction": direction,
-                              "why": why_first}  # fmt: skip
+        derived = "predicted" if inputs.predicted else "auto"
+        direction = derived if first and inputs.initial_rps is None else "none"
+        open_doc["search"] = {"rates": first if direction == derived else [],
+                              "direction": direction, "why": why_first}  # fmt: skip
     else:
         step, direction, why = rate_step(rates, inputs, first or [r["offered_rps"] for r in rates])
         low, high = bracket(rates, "offered_rps")

@@ -10,11 +10,10 @@ router's ``/metrics`` samples at every scrape, ``events.json``, ``drill.json``),
 analysis (:mod:`capacity_pack.drills.analyze`), alert rules and pictures read it, and every file
 says it is virtual (``drill.json``: ``execution``, ``clock``).
 
-Prompts: each request's token ids are its shared prefix (the schedule's ``prefix_id``, the same
-ids for every request that shares it, as the live prompt builder shares text) followed by ids
-of its own, seeded by its ``prompt_seed``; so the prefix cache hits in virtual time where it
-hits live. The clock's origin is the fleet's start; the virtual realtime anchor is
-``VIRTUAL_EPOCH_NS`` plus the same offset (no drift to check).
+Prompts: :func:`capacity_pack.twin.requests.fleet_requests` (shared prefixes, then ids of each
+request's own), so the prefix cache hits in virtual time where it hits live. The clock's
+origin is the fleet's start; the virtual realtime anchor is ``VIRTUAL_EPOCH_NS`` plus the same
+offset (no drift to check).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import pandas as pd
 
 from capacity_pack.drills.plan import NS, DrillError, DrillInputs, DrillPlan, drill_schedule
 from capacity_pack.plan.manifest import SimTarget
+from capacity_pack.twin.requests import fleet_requests
 
 # Virtual stamps: monotonic and realtime origins of a virtual run (arbitrary, fixed, so that the
 # same drill writes the same files).
@@ -37,34 +37,6 @@ CLOCK = (
     "virtual: the engine model's simulated clock (capacity_pack.sim.fleet), seconds from the "
     "fleet's start; no network, no client lateness"
 )
-
-
-def fleet_requests(schedule: pd.DataFrame, seed: int) -> list[Any]:
-    """The schedule's requests with token ids: shared prefixes, then ids of their own."""
-    from capacity_pack.sim.fleet import FleetRequest
-
-    heads: dict[tuple[int, int], tuple[int, ...]] = {}
-    out = []
-    for row in schedule.to_dict("records"):
-        n = int(row["input_tokens"])
-        pid, plen = int(row["prefix_id"]), min(int(row["prefix_tokens"]), max(0, n - 1))
-        head: tuple[int, ...] = ()
-        if pid >= 0 and plen > 0:
-            key = (pid, plen)
-            if key not in heads:
-                g = np.random.default_rng([seed, 0x9EAD, pid])
-                heads[key] = tuple(int(x) for x in g.integers(1, 2**31, plen))
-            head = heads[key]
-        own = np.random.default_rng([seed, int(row["prompt_seed"]) & 0xFFFFFFFF, int(row["seq"])])
-        ids = head + tuple(int(x) for x in own.integers(1, 2**31, n - len(head)))
-        out.append(
-            FleetRequest(
-                due_s=int(row["scheduled_offset_ns"]) / NS,
-                prompt_ids=ids,
-                max_tokens=int(row["output_tokens"]),
-            )
-        )
-    return out
 
 
 def scrape_frames(scrapes: list[Any], rt0: int) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -913,10 +913,13 @@ class RateSearch(_Model):
     each later round bisects the bracket [highest passing rate, lowest failing rate above it]
     until it is within the resolution, or ``max_rounds`` search rounds ran."""
 
-    initial: list[Annotated[float, Field(ge=MIN_OPEN_LOOP_RPS)]] | Literal["auto"] | None = Field(
+    initial: (
+        list[Annotated[float, Field(ge=MIN_OPEN_LOOP_RPS)]] | Literal["auto", "predicted"] | None
+    ) = Field(
         default=None,
         description="Round 1's rates; 'auto': 0.5, 0.75 and 1 x the closed-loop saturation "
-        "request throughput; omitted: sweep.open_loop_rps.",
+        "request throughput; 'predicted': the ends and midpoint of the preflight prediction's "
+        "bracket (a simulated target); omitted: sweep.open_loop_rps.",
     )
     resolution_rps: float | None = Field(
         default=None, gt=0, description="Stop when the bracket is at most this wide (RPS)."
@@ -1027,14 +1030,16 @@ class Sweep(_Model):
         return self
 
     def _check_search(self, search: RateSearch) -> None:
-        if isinstance(search.initial, list) and self.open_loop_rps:
+        if (isinstance(search.initial, list) or search.initial == "predicted") and (
+            self.open_loop_rps
+        ):
             raise ValueError(
                 "search.initial and open_loop_rps both name round 1's rates: give one of them"
             )
         if search.initial is None and not self.open_loop_rps:
             raise ValueError(
                 "search: round 1 is sweep.open_loop_rps, which is empty; give it, or "
-                "search.initial (rates or 'auto')"
+                "search.initial (rates, 'auto' or 'predicted')"
             )
         if search.initial == "auto" and not self.closed_loop_concurrency:
             raise ValueError(
@@ -1068,7 +1073,7 @@ class Sweep(_Model):
     @property
     def search_initial_rps(self) -> list[float] | None:
         """Round 1's rates of the search (None: derived at run time, 'auto'; or no search)."""
-        if self.search is None or self.search.initial == "auto":
+        if self.search is None or self.search.initial in ("auto", "predicted"):
             return None
         return list(self.search.initial or self.open_loop_rps)
 
@@ -1454,6 +1459,18 @@ class Pack(_Model):
         if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
             return value
         raise ValueError(f"expected a date as YYYY-MM-DD, not {type(value).__name__}")
+
+    @model_validator(mode="after")
+    def _predicted_search(self) -> Pack:
+        """Only a simulated target is predicted before it is measured (its own profile)."""
+        search = self.sweep.search
+        if search is not None and search.initial == "predicted" and self.target.kind != "sim":
+            raise ValueError(
+                "sweep.search.initial 'predicted' starts from the preflight prediction, which "
+                "needs an engine model: target.kind sim (a real target has none before it is "
+                "measured); give round 1's rates or 'auto'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _trace_replay(self) -> Pack:

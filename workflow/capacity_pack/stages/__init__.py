@@ -112,6 +112,14 @@ _STAGES = [
         doc="Every scheduled request's exact prompt, prepared before the target is reserved.",
     ),
     Stage(
+        "preflight",
+        entry="capacity_pack.stages.preflight:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="preflight",
+        outputs={"preflight": "preflight.json"},
+        doc="A simulated target's planned points and bracket predicted in virtual time.",
+    ),
+    Stage(
         "sweep",
         entry="capacity_pack.stages.sweep:run",
         inputs="capacity_pack.measure.inputs:SweepInputs",

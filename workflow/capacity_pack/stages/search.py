@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.decide.search import SearchInputs, decide_round, summarize
+from capacity_pack.decide.search import SearchInputs, decide_round, predicted_rates, summarize
 from capacity_pack.io import write_json_atomic
 
 
@@ -27,12 +27,17 @@ def run_round(
     reports: Sequence[str | Path],
     round_file: str | Path,
     log: logging.Logger,
+    preflight: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Write round ``round_index``'s file of ``cache_state`` from ``reports``; return it."""
+    """Write round ``round_index``'s file of ``cache_state`` from ``reports``; return it.
+    ``preflight``: the preflight file a search with ``initial: predicted`` starts from."""
     if isinstance(inputs, str):
         inputs = SearchInputs.model_validate_json(inputs)
     docs = [json.loads(Path(p).read_text()) for p in reports]
-    doc = decide_round(docs, inputs, cache_state, int(round_index))
+    predicted = None
+    if preflight is not None:
+        predicted = predicted_rates(json.loads(Path(preflight).read_text()), cache_state)
+    doc = decide_round(docs, inputs, cache_state, int(round_index), predicted_rps=predicted)
     write_json_atomic(round_file, doc)
     for loop, unit in (("open", "rates"), ("closed", "levels")):
         step = doc[loop].get("search")

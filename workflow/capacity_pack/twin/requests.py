@@ -1,0 +1,51 @@
+"""A schedule's requests as the engine model's fleet takes them: token ids with shared prefixes.
+
+Each request's token ids are its shared prefix (the schedule's ``prefix_id``: the same ids for
+every request that shares it, as the live prompt builder shares text) followed by ids of its
+own, seeded by its ``prompt_seed`` and ``seq``; so the prefix cache hits in virtual time where
+it hits live, and a cold point (``prefix_id`` -1 on every row) shares nothing across requests.
+A request is due at its ``scheduled_offset_ns`` plus ``shift_s`` (the client sends on time:
+no lateness, no network).
+
+Used by the virtual failure drill (:mod:`capacity_pack.drills.virtual`) and the virtual points
+of the preflight prediction (:mod:`capacity_pack.twin.virtual_point`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+NS = 1_000_000_000
+
+
+def fleet_requests(schedule: pd.DataFrame, seed: int, shift_s: float = 0.0) -> list[Any]:
+    """The schedule's requests with token ids: shared prefixes, then ids of their own."""
+    from capacity_pack.sim.fleet import FleetRequest
+
+    heads: dict[tuple[int, int], tuple[int, ...]] = {}
+    out = []
+    for row in schedule.to_dict("records"):
+        n = int(row["input_tokens"])
+        pid, plen = int(row["prefix_id"]), min(int(row["prefix_tokens"]), max(0, n - 1))
+        head: tuple[int, ...] = ()
+        if pid >= 0 and plen > 0:
+            key = (pid, plen)
+            if key not in heads:
+                g = np.random.default_rng([seed, 0x9EAD, pid])
+                heads[key] = tuple(g.integers(1, 2**31, plen).tolist())
+            head = heads[key]
+        own = np.random.default_rng(
+            [seed, int(row["prompt_seed"]) & 0xFFFFFFFF, int(row["seq"]) & 0xFFFFFFFF]
+        )
+        ids = head + tuple(own.integers(1, 2**31, n - len(head)).tolist())
+        out.append(
+            FleetRequest(
+                due_s=int(row["scheduled_offset_ns"]) / NS + shift_s,
+                prompt_ids=ids,
+                max_tokens=int(row["output_tokens"]),
+            )
+        )
+    return out
