@@ -35,6 +35,8 @@ rule report:
         failure=[stage_output("failure_test", "json")] if DRILLS else [],
         # Each load shape's answer and plot (pack/shapes.json, shape-<name>.png).
         shapes=shapes_targets(),
+        # The twin's predicted vs measured capacity, when the pack calibrates one.
+        twin=TWIN_TARGETS,
     output:
         # In `snakemake --report` through pack/index.html (rules/html.smk), which holds it.
         readme=stage_output("report", "readme"),

@@ -29,6 +29,10 @@ rule calibrate:
         # The base profile (shape, peaks, limits) and the points fitted.
         inputs=lambda w: CALIBRATE_INPUTS_JSON,
         code=stage_code_hash("calibrate"),
+    resources:
+        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
+        # host (a late client makes a point client-bound), so it holds the target's unit too.
+        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -37,3 +41,61 @@ rule calibrate:
         f"{RESULTS}/benchmarks/calibrate.tsv"
     script:
         "../scripts/calibrate.py"
+
+
+# Prediction, then validation (capacity_pack.twin.validate): the calibrated twin predicts each
+# cache state's open-loop capacity from the calibration and the manifest alone (no open-loop
+# file is among twin_predict's inputs), then twin_validate compares it with capacity.json.
+TWIN_TARGETS = (
+    [stage_output("twin_validate", "validation")]
+    if CALIBRATE_INPUTS and PACK.sweep.has_open_loop
+    else []
+)
+
+
+rule twin_predict:
+    """The calibrated twin's open-loop capacity, predicted before the open loop is read."""
+    input:
+        **stage_outputs("calibrate"),
+    output:
+        **stage_outputs("twin_predict"),
+    params:
+        pack=lambda w: PREFLIGHT_INPUTS_JSON,
+        code=stage_code_hash("twin_predict"),
+    resources:
+        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
+        # host (a late client makes a point client-bound), so it holds the target's unit too.
+        **{TARGET_RESOURCE: 1},
+    conda:
+        "../workflow/envs/capacity-pack.yaml"
+    log:
+        f"{RESULTS}/logs/twin_predict.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/twin_predict.tsv"
+    script:
+        "../scripts/twin_predict.py"
+
+
+rule twin_validate:
+    """The twin's predicted capacity against the measured one; trusted within the tolerance."""
+    input:
+        profile=stage_output("calibrate", "profile"),
+        **stage_outputs("twin_predict"),
+        capacity=stage_output("capacity", "capacity"),
+    output:
+        **stage_outputs("twin_validate"),
+    params:
+        pack=lambda w: PREFLIGHT_INPUTS_JSON,
+        code=stage_code_hash("twin_validate"),
+    resources:
+        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
+        # host (a late client makes a point client-bound), so it holds the target's unit too.
+        **{TARGET_RESOURCE: 1},
+    conda:
+        "../workflow/envs/capacity-pack.yaml"
+    log:
+        f"{RESULTS}/logs/twin_validate.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/twin_validate.tsv"
+    script:
+        "../scripts/twin_validate.py"

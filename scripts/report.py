@@ -19,4 +19,6 @@ with job_logging(snakemake.log[0]) as log:
         failure=i.failure[0] if len(i.failure) else None,
         # The load shapes' answers when the pack has experiments (an empty input otherwise).
         shapes=i.shapes[0] if len(i.shapes) else None,
+        # The twin's validation when the pack calibrates one (an empty input otherwise).
+        twin=i.twin[0] if len(i.twin) else None,
     )

@@ -191,6 +191,22 @@ _STAGES = [
         doc="The target's engine model fitted to the declared cold closed-loop points.",
     ),
     Stage(
+        "twin_predict",
+        entry="capacity_pack.stages.twin_predict:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="twin",
+        outputs={"prediction": "prediction.json"},
+        doc="The calibrated twin's open-loop capacity, predicted before the open loop is read.",
+    ),
+    Stage(
+        "twin_validate",
+        entry="capacity_pack.stages.twin_validate:run",
+        inputs="capacity_pack.plan.manifest:Pack",
+        folder="twin",
+        outputs={"validation": "validation.json"},
+        doc="The twin's predicted capacity against the measured one, trusted within a tolerance.",
+    ),
+    Stage(
         "shapes",
         entry="capacity_pack.stages.shapes:run",
         inputs="capacity_pack.decide.shapes:ShapesInputs",
