@@ -85,6 +85,24 @@ def test_the_same_prompts_as_the_reference_fit_under_a_bpe_tokenizer(request, wh
         assert counter.count(text) == row.get("user_tokens", row["input_tokens"])
 
 
+def test_short_cold_prompts_stay_unique_when_the_ticket_does_not_fit(bpe):
+    # 16 tokens: fewer than the ticket word alone takes under a BPE, so each prompt begins with
+    # its head's seeded words instead of padding that every request would share.
+    batch = [
+        dict(
+            input_tokens=16, prompt_seed=seed, prefix_id=-1, prefix_tokens=0, prefix_revision="",
+            cold_unique_prefix_tokens=8, prefix_blocks="", block_tokens=16,
+        )  # fmt: skip
+        for seed in (random.Random(3 + i).randrange(2**63) for i in range(12))
+    ]
+    got = prepare(batch, bpe, verify_every=1)
+    assert got == [reference_text(bpe, r) for r in batch]
+    assert all(bpe.count(t) == 16 for t in got)
+    assert len(set(got)) == len(got)
+    first = {t.split()[0] for t in got}
+    assert len(first) >= 6, got  # not one shared opening word
+
+
 @pytest.mark.parametrize("counter", [None, WhitespaceCounter()])
 def test_the_same_prompts_as_the_reference_under_the_project_tokenizer(counter):
     batch = rows(200, seed=5)

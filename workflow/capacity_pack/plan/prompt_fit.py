@@ -50,8 +50,8 @@ from capacity_pack.plan.prompts import (
     body,
     build_prompt,
     build_prompt_for,
+    cold_words,
     shared_prefix,
-    unique_head,
 )
 from capacity_pack.plan.sessions import user_message
 
@@ -300,7 +300,9 @@ class PromptFitter:
         if int(row["prefix_id"]) >= 0:
             k = int(row["prefix_tokens"])
             return self._warm((row["prefix_revision"], int(row["prefix_id"]), k), supply, n, counts)
-        unique = unique_head(seed, min(row["cold_unique_prefix_tokens"], n))
+        unique = cold_words(
+            seed, int(row["cold_unique_prefix_tokens"]), n, lambda w: counts.word(w, True)
+        )
         return self._fit(unique + supply, n)
 
     def _warm(

@@ -112,6 +112,20 @@ def unique_head(prompt_seed: int, n_tokens: int) -> list[str]:
     return [f"Ticket-{prompt_seed:016x}:", *tail]
 
 
+def cold_words(prompt_seed: int, unique_tokens: int, n_tokens: int, first_count: Any) -> list[str]:
+    """A cold prompt's leading words under a real tokenizer: the unique head, or, when its
+    first word (the ticket, one whitespace token but often 15-25 tokens of a BPE) alone exceeds
+    the prompt's ``n_tokens``, the head's other (seeded) words. Fitted with the ticket that does
+    not fit, a short prompt would be padding alone, the same text for every request, which a
+    token-granular prefix cache (llama.cpp's slots) reuses whole: 15 of 16 tokens of each
+    "cold" 16-token prompt were cached on 2026-12-03. ``first_count(word)``: the word's token
+    count as a text's first word."""
+    head = unique_head(prompt_seed, min(unique_tokens, n_tokens))
+    if head and first_count(head[0]) > n_tokens:
+        return head[1:]
+    return head
+
+
 @functools.lru_cache(maxsize=8192)
 def hash_block(corpus_revision: str, hash_id: int, block_tokens: int) -> tuple[str, ...]:
     """The words of a block-hash trace's block ``hash_id``: the same in every request."""
@@ -288,5 +302,5 @@ def build_prompt_for(counter: TokenCounter | None, **row: Any) -> str:
         if counter.count(text) == n:
             return text
         return fit_words((head + "\n" + tail).split(" ") + supply, n, counter)
-    unique = unique_head(seed, min(row["cold_unique_prefix_tokens"], n))
+    unique = cold_words(seed, int(row["cold_unique_prefix_tokens"]), n, counter.count)
     return fit_words(unique + supply, n, counter)
