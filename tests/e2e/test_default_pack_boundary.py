@@ -1,9 +1,8 @@
 """The default pack's capacity search, checked against the engine model's own SLO boundary.
 
 The pipeline searches the default pack's workload (its classes, cutoffs, gates, client and
-search settings; one repeat, no load-shape experiment, no drill; the closed loop's declared
-levels only, which the twin is calibrated from) against the simulated engine, over HTTP, cold
-and warm. The truth
+search settings; one repeat, no load-shape experiment, no drill, no closed loop: the open-loop
+bracket is what is checked) against the simulated engine, over HTTP, cold and warm. The truth
 it should find is the model's own boundary, computed without any server or client by
 :func:`capacity_pack.sim.virtual.attainment_at` on the same workload (long seeded runs in
 virtual time; a class's length distribution as a seeded pool of its draws; warm: with the
@@ -26,11 +25,6 @@ Consistency, per cache state:
   (:func:`capacity_pack.binomial.sequential_outcome`), plus the model's noise. A point near
   the boundary is undecided (or futile), not passed, so the bracket may sit below the model's
   boundary by the width of that undecided band, never above it.
-
-The calibrated twin (docs/twin.md): the engine model fitted to the pack's cold closed-loop
-points recovers the profile's mfu within its stated interval and the batch-1 decode step within
-1 %, and its capacity, predicted before the open loop is read, lies within the search's
-resolution of the measured bracket in each cache state (so the pack trusts it).
 """
 
 from __future__ import annotations
@@ -44,7 +38,6 @@ import pytest
 from capacity_pack.binomial import sequential_outcome
 from capacity_pack.plan.manifest import sample_lengths, validate_pack
 from capacity_pack.plan.schedule import Point
-from capacity_pack.sim.perf import PerfModel
 from capacity_pack.sim.profile import load_profile
 from capacity_pack.sim.virtual import SharedPrefixes, VirtualClass, attainment_at
 from tests.conftest import pack_data, run_snakemake, write_pack
@@ -64,6 +57,7 @@ def search_pack() -> dict:
     data["experiments"] = []
     data.pop("failure")
     data["sweep"]["repeats"] = 1
+    data["sweep"]["closed_loop_concurrency"] = []
     data["sweep"]["search"].pop("concurrency", None)
     return data
 
@@ -82,7 +76,6 @@ def searched(tmp_path_factory):
     data = search_pack()
     write_pack(workdir, data)
     targets = [f"results/{NAME}/search/{s}/search.json" for s in data["sweep"]["cache_states"]]
-    targets.append(f"results/{NAME}/twin/validation.json")
     run_snakemake(workdir, *targets)
     docs = {
         s: json.loads((workdir / "results" / NAME / "search" / s / "search.json").read_text())
@@ -178,29 +171,3 @@ def test_the_default_packs_bracket_agrees_with_the_models_boundary(searched, sta
     }
     at_fail = attainment(fail)
     assert any(at_fail[c] < provable[c] + NOISE for c in at_fail), {**seen, "provable": provable}
-
-
-def test_the_calibrated_twin_predicts_the_measured_bracket(searched):
-    pack, docs, results = searched
-    profile = load_profile(pack.target.profile)
-    calibration = json.loads((results / "twin" / "calibration.json").read_text())
-    # The efficiency parameters the closed loop identifies, back within their stated uncertainty.
-    low, high = calibration["efficiency"]["mfu"]["ci95"]
-    assert low <= profile.efficiency.mfu <= high, calibration["efficiency"]
-    step = calibration["derived"]["decode_step_ms_at_batch_1"]
-    true_step = PerfModel(profile).decode_step_s(1, round(step["context_tokens"])) * 1e3
-    assert step["estimate"] == pytest.approx(true_step, rel=0.01), (true_step, step)
-    validation = json.loads((results / "twin" / "validation.json").read_text())
-    resolution = pack.sweep.search.resolution_rps
-    assert {s["cache_state"] for s in validation["states"]} == set(pack.sweep.cache_states)
-    for s in validation["states"]:
-        measured = docs[s["cache_state"]]["open"]["bracket"]
-        assert (s["measured"]["pass_rps"], s["measured"]["fail_rps"]) == (
-            measured["pass_rps"],
-            measured["fail_rps"],
-        )
-        # Within the search's resolution of the measured bracket.
-        assert s["capacity_error_rel"] * measured["pass_rps"] <= resolution + 1e-9, s
-    assert validation["trusted"], validation["why"]
-    readme = (results / "pack" / "README.md").read_text() if (results / "pack").is_dir() else ""
-    assert readme == "" or "## The twin: predicted vs measured capacity" in readme
