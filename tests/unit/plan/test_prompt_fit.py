@@ -90,8 +90,14 @@ def test_short_cold_prompts_stay_unique_when_the_ticket_does_not_fit(bpe):
     # its head's seeded words instead of padding that every request would share.
     batch = [
         dict(
-            input_tokens=16, prompt_seed=seed, prefix_id=-1, prefix_tokens=0, prefix_revision="",
-            cold_unique_prefix_tokens=8, prefix_blocks="", block_tokens=16,
+            input_tokens=16,
+            prompt_seed=seed,
+            prefix_id=-1,
+            prefix_tokens=0,
+            prefix_revision="",
+            cold_unique_prefix_tokens=8,
+            prefix_blocks="",
+            block_tokens=16,
         )  # fmt: skip
         for seed in (random.Random(3 + i).randrange(2**63) for i in range(12))
     ]
