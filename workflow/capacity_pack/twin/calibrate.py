@@ -91,6 +91,8 @@ DIFF_STEP = 1e-2
 #: it counts linearly, not squared, so a host's hiccup (a TTFT tens of ms late) cannot pull the
 #: fit.
 HUBER_K = 1.345
+#: The fitted F and B stay within e^LOG_RANGE of their starting values.
+LOG_RANGE = 12.0
 #: Median absolute deviation to a normal standard deviation.
 MAD_TO_SD = 1.4826
 #: Smallest robust scale of a residual kind (log units): a replay can match a measurement exactly.
@@ -359,10 +361,14 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
         )[0]
 
     x0 = np.array([0.0, 0.0, 0.5, 0.1, 0.5])
-    lower = np.array([-np.inf, -np.inf, 0.0, 0.0, 0.0])
+    # F and B within a factor e^12 (about 160,000) of their starting values: where the memory
+    # term never binds (a CPU engine's decode is compute- and overhead-bound) B runs off to
+    # that bound instead of overflowing, and the fit lists it as poorly identified.
+    lower = np.array([-LOG_RANGE, -LOG_RANGE, 0.0, 0.0, 0.0])
+    upper = np.array([LOG_RANGE, LOG_RANGE, np.inf, np.inf, np.inf])
     common = {"method": "trf", "diff_step": DIFF_STEP, "x_scale": 1.0, "max_nfev": 200}
     # Stage 1: ordinary least squares, for a start and the residuals' robust scale.
-    sol0 = least_squares(residuals, x0, bounds=(lower, np.inf), **common)
+    sol0 = least_squares(residuals, x0, bounds=(lower, upper), **common)
     kinds = np.array([kind == "ttft" for kind in _residual_kinds(points)])
     sigma = np.empty(len(kinds))
     for mask in (kinds, ~kinds):
@@ -376,7 +382,7 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
 
     # Stage 2: Huber's M-estimate on the residuals standardized per kind.
     sol = least_squares(
-        standardized, sol0.x, bounds=(lower, np.inf), loss="huber", f_scale=HUBER_K, **common
+        standardized, sol0.x, bounds=(lower, upper), loss="huber", f_scale=HUBER_K, **common
     )
     x = sol.x
     z = standardized(x)
@@ -410,7 +416,10 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     poor = []
     for i, name in enumerate(PARAMETERS):
         rel = se[name] / abs(est[name]) if est[name] else math.inf
-        if rel > POOR_REL_SE or (i >= 2 and intervals[name][0] <= 0):
+        # At its bound, or moving no replayed time at all (a memory term that never binds):
+        # its zero standard error says nothing.
+        idle = (i < 2 and abs(x[i]) >= LOG_RANGE - 1e-6) or not np.any(jac[:, i])
+        if idle or rel > POOR_REL_SE or (i >= 2 and intervals[name][0] <= 0):
             poor.append(name)
     confounded = [
         (PARAMETERS[i], PARAMETERS[j], float(corr[i, j]))
