@@ -195,27 +195,10 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     md = (results / "pack" / "failure-test.md").read_text()
     assert "replica_kill" in md and "cancellation" in md
 
-    # The calibrated twin: the engine model fitted to the closed loop (concurrency 1 and 4,
-    # cold), its open-loop capacity predicted before the open loop was read, then compared with
-    # the measured bracket. Either outcome is an answer the pack states: trusted within the
-    # tolerance, or untrusted with its error (docs/performance.md has the measured figures).
-    calibration = json.loads((results / "twin" / "calibration.json").read_text())
-    assert {p["point"] for p in calibration["points"]} == {"closed-c1", "closed-c4"}
-    assert calibration["parameters"]["flops_per_s"]["estimate"] > 0
-    validation = json.loads((results / "twin" / "validation.json").read_text())
-    states = {s["cache_state"]: s for s in validation["states"]}
-    assert set(states) == {"cold", "warm"}, validation
-    for state, s in states.items():
-        assert s["capacity_error_rel"] is not None, s
-        measured = capacity[state]["bracket"]
-        assert (s["measured"]["pass_rps"], s["measured"]["fail_rps"]) == (
-            measured["pass_rps"],
-            measured["fail_rps"],
-        )
-        assert s["within_tolerance"] == (s["capacity_error_rel"] <= validation["tolerance_rel"])
-    assert validation["trusted"] == all(s["within_tolerance"] for s in states.values())
-    assert "## The twin: predicted vs measured capacity" in readme
-    assert ("The twin is trusted" if validation["trusted"] else "**untrusted**") in readme
+    # No calibrated twin: the fixed 32- and 64-token prompts do not spread 4x, so the pack
+    # plans no calibrate job (docs/twin.md "When it cannot run"); its README has no twin table.
+    assert not (results / "twin").exists()
+    assert "## The twin: predicted vs measured capacity" not in readme
 
     # Words follow the target: a CPU server, not a simulated or accelerated one.
     for name in ("README.md", "autopsy.md", "plan.json", "fit-probe.json", "failure-test.md"):
