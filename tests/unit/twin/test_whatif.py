@@ -67,3 +67,33 @@ def test_changed_profile_replaces_the_engine_limits_validated():
     assert changed_profile(profile, Changes()) is profile
     with pytest.raises(WhatIfError, match="--max-num-seqs 0: expected at least 1"):
         changed_profile(profile, Changes(max_num_seqs=0))
+
+
+def test_the_whatif_command_predicts_on_the_simulated_targets_own_model(tmp_path):
+    from click.testing import CliRunner
+
+    from capacity_pack.cli import main
+
+    config = ROOT / "config" / "config.yaml"
+    args = ["whatif", str(config), "--rate", "20", "--cache-state", "cold"]
+    res = CliRunner().invoke(main, [*args, "--max-num-seqs", "64", "--results", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "rehearsal-sim: what if max_num_seqs 64 (a prediction in virtual time)"
+    assert "the simulated target's own engine model (small-fast): exact" in lines[1]
+    assert lines[2].startswith("  cold 20 RPS: pass (interactive ")
+
+
+def test_the_whatif_command_refuses_a_real_target_without_a_twin(tmp_path):
+    from click.testing import CliRunner
+
+    from capacity_pack.cli import main
+
+    config = ROOT / "config" / "packs" / "llamacpp-smollm2.yaml"
+    res = CliRunner().invoke(main, ["whatif", str(config), "--results", str(tmp_path)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [
+        f"Error: {tmp_path}/llamacpp-smollm2/twin/profile.yaml: no calibrated twin for this real "
+        "target; run the pack's closed loop and its calibrate stage first (snakemake ... "
+        "calibrate), or give --profile"
+    ]
