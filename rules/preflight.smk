@@ -21,10 +21,6 @@ rule preflight:
     params:
         pack=lambda w: PREFLIGHT_INPUTS_JSON,
         code=stage_code_hash("preflight"),
-    resources:
-        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
-        # host (a late client makes a point client-bound), so it holds the target's unit too.
-        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:

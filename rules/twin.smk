@@ -29,10 +29,6 @@ rule calibrate:
         # The base profile (shape, peaks, limits) and the points fitted.
         inputs=lambda w: CALIBRATE_INPUTS_JSON,
         code=stage_code_hash("calibrate"),
-    resources:
-        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
-        # host (a late client makes a point client-bound), so it holds the target's unit too.
-        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -62,10 +58,6 @@ rule twin_predict:
     params:
         pack=lambda w: PREFLIGHT_INPUTS_JSON,
         code=stage_code_hash("twin_predict"),
-    resources:
-        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
-        # host (a late client makes a point client-bound), so it holds the target's unit too.
-        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
@@ -87,10 +79,6 @@ rule twin_validate:
     params:
         pack=lambda w: PREFLIGHT_INPUTS_JSON,
         code=stage_code_hash("twin_validate"),
-    resources:
-        # Seconds of CPU in virtual time: never beside a measurement, whose client shares the
-        # host (a late client makes a point client-bound), so it holds the target's unit too.
-        **{TARGET_RESOURCE: 1},
     conda:
         "../workflow/envs/capacity-pack.yaml"
     log:
