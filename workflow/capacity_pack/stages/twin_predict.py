@@ -45,11 +45,6 @@ def run(
         "made_from": "the calibrated profile and the manifest; no open-loop measurement",
         "cache_states": {},
     }
-    if not calibrated.get("ok", True):
-        doc["unavailable"] = calibrated.get("why") or "the calibration did not fit"
-        write_json_atomic(prediction, doc)
-        log.warning("twin_predict: no prediction: %s", doc["unavailable"])
-        return doc
     result = preflight(validated, load_profile(profile))
     doc["cpu_s"] = result.cpu_s
     doc["method"] = result.method
