@@ -459,6 +459,39 @@ def test_timed_write_goes_out_at_its_due_time_and_a_withdrawn_one_not_at_all():
     run(main())
 
 
+def test_a_timed_write_due_within_microseconds_is_never_written_early():
+    """A send too close to its due time to hand over is written by the loop, not before due."""
+
+    async def respond(request, writer):
+        writer.write(HEAD + chunked(sse(completion(" a"), "[DONE]")))
+
+    async def main():
+        dispatcher = Dispatcher(asyncio.get_running_loop())
+        dispatcher.start()
+        try:
+            async with Script(respond) as s, client(scheduler=dispatcher) as c:
+                await c.get(s.url)
+                # Lead times spanning the threshold plus the send path's own cost, so some
+                # reach the check inside it whatever this machine's speed.
+                for lead_ns in range(0, 300_000, 2_000):
+                    stamps = []
+
+                    def gate(now_ns, stamps=stamps):
+                        stamps.append(now_ns)
+                        return True
+
+                    req = c.build_request("POST", s.url, content=b"{}")
+                    due = time.perf_counter_ns() + lead_ns
+                    req.extensions.update({SEND_AT: due, SENT_HOOK: gate})
+                    r = await c.send(req)
+                    assert r.status_code == 200 and len(stamps) == 1
+                    assert stamps[0] >= due
+        finally:
+            dispatcher.stop()
+
+    run(main())
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="kernel receive stamps are Linux-only")
 def test_read_stamp_is_when_the_bytes_arrived_not_when_the_loop_read_them():
     listener = socket.create_server(("127.0.0.1", 0))

@@ -35,7 +35,8 @@ SEND_AT = "capacity_pack.send_at_ns"
 # last yielded.
 BODY_EXTENSION = "capacity_pack.body"
 
-_TIMED_WRITE_MIN_NS = 20_000  # closer to due than this, the loop writes at once itself
+# Closer to due than this, the loop waits out the rest itself instead of handing the write over.
+_TIMED_WRITE_MIN_NS = 20_000
 
 
 class PlainHTTPTransport(httpx.AsyncBaseTransport):
@@ -99,9 +100,13 @@ class PlainHTTPTransport(httpx.AsyncBaseTransport):
             send_at = request.extensions.get(SEND_AT)
             if send_at is not None and self.scheduler is not None:
                 conn.pending = TimedWrite(conn, data, gate)
-                if send_at - time.perf_counter_ns() <= _TIMED_WRITE_MIN_NS or (
-                    not self.scheduler.write_at(send_at, conn.pending)
-                ):
+                if send_at - time.perf_counter_ns() <= _TIMED_WRITE_MIN_NS:
+                    # Too close to hand over: wait out the last microseconds here, since a
+                    # send is never written before its due instant.
+                    while time.perf_counter_ns() < send_at:
+                        pass
+                    conn.pending.fire(in_loop=True)
+                elif not self.scheduler.write_at(send_at, conn.pending):
                     conn.pending.fire(in_loop=True)  # already due: no hand-over
             else:
                 if gate is not None and not gate(time.perf_counter_ns()):
