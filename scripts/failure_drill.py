@@ -8,6 +8,9 @@ with job_logging(snakemake.log[0]) as log:
         inputs=snakemake.params.inputs,
         capacity=snakemake.input.capacity,
         plan=snakemake.input.plan,
+        # The plan drill of a real target that the pack calibrates (rules/failure.smk).
+        twin_profile=snakemake.input.get("twin_profile"),
+        twin_validation=snakemake.input.get("twin_validation"),
         reports=list(snakemake.input.reports),
         drill=snakemake.output.drill,
         log=log,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from capacity_pack.decide.capacity import build_plan
 from capacity_pack.drills.plan import DrillInputs
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from capacity_pack.stages import entry
-from tests.conftest import pack_data, with_fixed_lengths
+from tests.conftest import pack_data, run_snakemake, small_pack_data, with_fixed_lengths, write_pack
 
 LOG = logging.getLogger("test")
 
@@ -201,3 +203,61 @@ def test_no_plan_no_plan_drill_and_the_choice_of_live_or_virtual():
         {"required_replicas": 4},
     )
     assert forced.execution == "live" and forced.execution_reason == "configured: mode live"
+
+
+def drill_ancestors(workdir: Path, pack: str, drills: list[str]) -> dict[str, set[str]]:
+    """The rules each drill's job depends on, transitively, in the workflow's own DAG (a dry
+    run: ``snakemake --dag dot``)."""
+    targets = [f"results/{pack}/failure/{d}/drill.json" for d in drills]
+    dot = run_snakemake(workdir, "--dag", "dot", *targets).stdout
+    label = {
+        n: text.replace("\\n", " ")
+        for n, text in re.findall(r'^\s*(\d+)\[label = "([^"]*)"', dot, re.M)
+    }
+    parents: dict[str, set[str]] = {}
+    for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dot, re.M):
+        parents.setdefault(b, set()).add(a)
+    out = {}
+    for d in drills:
+        (node,) = [n for n, text in label.items() if text == f"failure_drill drill: {d}"]
+        seen, todo = set(), [node]
+        while todo:
+            for p in parents.get(todo.pop(), ()):
+                if p not in seen:
+                    seen.add(p)
+                    todo.append(p)
+        out[d] = {label[n].split()[0] for n in seen}
+    return out
+
+
+def test_only_a_real_targets_plan_drill_waits_for_the_validated_twin(tmp_path):
+    """A real target whose pack calibrates (a managed server, the model's shape declared): its
+    plan drill depends on twin_validate (and so on calibrate), its mechanism drills do not; a
+    simulated target's plan drill, which has its own engine model, waits for no twin."""
+    data = small_pack_data(
+        "drill-dag", requests=60, min_samples=10,
+        sweep={"open_loop_rps": [20], "closed_loop_concurrency": [1, 8]},
+    )  # fmt: skip
+    write_pack(tmp_path, data)
+    sim = drill_ancestors(tmp_path, "drill-dag", [PLAN_DRILL])
+    assert "capacity" in sim[PLAN_DRILL] and "twin_validate" not in sim[PLAN_DRILL]
+    data["model"]["id"] = "sim-small"
+    data["model"]["architecture"] = {
+        "config": "config/architectures/smollm2-135m.json",
+        "bytes_per_param": 2,
+    }
+    data["target"] = {
+        "kind": "openai",
+        "base_url": "http://127.0.0.1:9",
+        "cache_reset": "none",
+        "managed": {
+            "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
+                        "small-fast", "--model-name", "sim-small", "--host", "{host}",
+                        "--port", "{port}"],
+        },
+    }  # fmt: skip
+    write_pack(tmp_path, data)
+    real = drill_ancestors(tmp_path, "drill-dag", [PLAN_DRILL, "replica_kill"])
+    assert {"twin_validate", "twin_predict", "calibrate", "capacity"} <= real[PLAN_DRILL]
+    assert "capacity" in real["replica_kill"]
+    assert not {"twin_validate", "twin_predict", "calibrate"} & real["replica_kill"]

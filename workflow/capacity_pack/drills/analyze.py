@@ -561,6 +561,10 @@ def n_plus_one(
         )
         + f", {report['requests_rejected']} requests rejected, {report['requests_lost']} lost"
     )
+    predicted = plan.twin is not None and report["execution"] == "virtual"
+    if predicted:
+        # A real target's plan, too large to run live: the calibrated twin's prediction.
+        sentence += f" ({plan.twin['label']})"
     return {
         "verdict": verdict,
         "sentence": sentence,
@@ -587,6 +591,9 @@ def n_plus_one(
         "peak_rps": plan.rate_rps,
         "planned": planned,
         "execution": report["execution"],
+        # A real target's virtual plan drill: the calibrated twin's label (None: measured, or
+        # a simulated target's exact engine model).
+        "prediction": plan.twin["label"] if predicted else None,
     }
 
 

@@ -47,7 +47,11 @@ The plan drill (``plan_replica_kill``, settings ``failure.plan_drill``): the rep
 on the recommended fleet, ``plan.json``'s ``required_replicas`` at ``plan.peak_rps`` (the
 admission limit as above), run live or, for a simulated target whose plan does not fit this
 host's live limits, in virtual time (:mod:`capacity_pack.drills.virtual`); its N+1 verdict is
-:func:`capacity_pack.drills.analyze.n_plus_one`. The other drills are mechanism tests.
+:func:`capacity_pack.drills.analyze.n_plus_one`. A real target's plan that does not fit live is
+predicted in virtual time on the pack's calibrated twin when its validation trusts it
+(:class:`capacity_pack.twin.trust.ValidatedTwin`; labelled a prediction, with the twin's
+capacity error and tolerance), and skipped, saying why, with an untrusted twin or none. The
+other drills are mechanism tests.
 
 Timeline (seconds after the rate profile starts, i.e. after the warm-up): injection at
 ``inject_at_s`` (default ``baseline_s``); reversible faults (``kv_pressure``, ``cancellation``,
@@ -80,6 +84,7 @@ from capacity_pack.plan.manifest import (
     SimTarget,
 )
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule
+from capacity_pack.twin.trust import ValidatedTwin, absent_reason
 
 NS = 1_000_000_000
 # The alert that names each drill's mechanism, and what else it may legitimately set off.
@@ -127,6 +132,11 @@ class DrillInputs(BaseModel):
     plan_drill: PlanDrill | None = Field(
         default=None, description="The plan drill's settings (its live limits bound every drill)."
     )
+    twin_absent: str | None = Field(
+        default=None,
+        description="plan scope, real target: why the pack has no validated twin to predict a "
+        "plan too large to run live (None: it has one, or the target is simulated).",
+    )
 
     @classmethod
     def for_drill(cls, pack: Pack, name: str) -> DrillInputs:
@@ -157,6 +167,7 @@ class DrillInputs(BaseModel):
             }
         )
         plan_scope = name == PLAN_DRILL
+        real = isinstance(pack.target, OpenAITarget)
         return cls(
             failure=measured,
             drill=drill,
@@ -166,10 +177,13 @@ class DrillInputs(BaseModel):
             peak_rps=pack.plan.peak_rps if plan_scope else None,
             # Its live limits bound every live drill of a simulated target.
             plan_drill=pack.failure.plan_drill,
+            twin_absent=absent_reason(pack) if plan_scope and real else None,
         )
 
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json"))
+        # Left out when None: a drill without it keeps the params it had before it existed.
+        exclude = {"twin_absent"} if self.twin_absent is None else set()
+        return canonical_json(self.model_dump(mode="json", exclude=exclude))
 
 
 class DrillPlan(BaseModel):
@@ -199,6 +213,11 @@ class DrillPlan(BaseModel):
     execution_reason: str = Field(default="", description="Why this execution.")
     planned: dict[str, Any] | None = Field(
         default=None, description="plan scope: the plan's numbers (plan.json) the drill checks."
+    )
+    twin: dict[str, Any] | None = Field(
+        default=None,
+        description="plan scope, real target: the calibrated twin consulted (profile path, "
+        "trusted, capacity error, tolerance, label); virtual execution runs on its profile.",
     )
 
 
@@ -249,9 +268,11 @@ def plan_drill(
     capacity: dict[str, Any] | None = None,
     reports: dict[str, dict[str, Any]] | None = None,
     plan_doc: dict[str, Any] | None = None,
+    twin: ValidatedTwin | None = None,
 ) -> DrillPlan:
     """The drill's rate, admission limit and timeline from the capacity decision (and, for the
-    plan drill, from ``plan_doc``: the plan's ``plan.json``)."""
+    plan drill, from ``plan_doc``: the plan's ``plan.json``, and, for a real target, ``twin``:
+    the pack's calibrated twin and its validation, when it has one)."""
     f, d = inputs.failure, inputs.drill
     reports = reports or {}
     target = inputs.sweep.target
@@ -323,23 +344,30 @@ def plan_drill(
         )
     runnable, why = True, None
     execution, execution_reason = "live", "processes on this host"
-    if managed and d.commands is None and d.kind == "kv_pressure":
+    twin_used: dict[str, Any] | None = None
+    live = True
+    if inputs.scope == "plan":
+        assert planned is not None
+        runnable, why, execution, execution_reason, twin_used = _plan_execution(
+            inputs, n, rate, planned, twin
+        )
+        # In virtual time nothing on the target is touched, and a plan drill that cannot run
+        # says its own reason: only a live one needs a way to inject.
+        live = runnable and execution == "live"
+    if live and managed and d.commands is None and d.kind == "kv_pressure":
         runnable = False
         why = (
             f"drill {d.name!r} (kv_pressure) needs failure.drills[].commands for a managed "
             "target: the router can kill, add and slow replicas, but only the engine can "
             "shrink its KV cache"
         )
-    elif real and not managed and d.commands is None and d.kind != "cancellation":
+    elif live and real and not managed and d.commands is None and d.kind != "cancellation":
         runnable = False
         where = "failure.plan_drill.commands" if inputs.scope == "plan" else "failure.drills[]"
         why = (
             f"drill {d.name!r} ({d.kind}) needs {where}.commands for a real "
             "target (an argv that injects the fault, e.g. a kubectl line); none configured"
         )
-    if inputs.scope == "plan" and runnable:
-        assert planned is not None
-        runnable, why, execution, execution_reason = _plan_execution(inputs, n, rate, planned)
     return DrillPlan(
         drill=d,
         replicas=n,
@@ -357,6 +385,7 @@ def plan_drill(
         execution=execution,
         execution_reason=execution_reason,
         planned=planned,
+        twin=twin_used,
     )
 
 
@@ -380,13 +409,17 @@ def _planned(plan_doc: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _plan_execution(
-    inputs: DrillInputs, n: int, rate: float, planned: dict[str, Any]
-) -> tuple[bool, str | None, str, str]:
-    """(runnable, why not, live or virtual, why) for the plan drill."""
+    inputs: DrillInputs,
+    n: int,
+    rate: float,
+    planned: dict[str, Any],
+    twin: ValidatedTwin | None = None,
+) -> tuple[bool, str | None, str, str, dict[str, Any] | None]:
+    """(runnable, why not, live or virtual, why, the twin consulted) for the plan drill."""
     settings = inputs.plan_drill or PlanDrill()
     if planned.get("required_replicas") is None:
         why = planned.get("reason") or "the plan has no replica count"
-        return False, f"no plan to drill: {why}", "live", ""
+        return False, f"no plan to drill: {why}", "live", "", None
     sim = isinstance(inputs.sweep.target, SimTarget)
     fits = n <= settings.live_max_replicas and rate <= settings.live_max_rps
     size = (
@@ -396,16 +429,27 @@ def _plan_execution(
     )
     if settings.mode == "live" or (settings.mode == "auto" and fits):
         how = "configured: mode live" if settings.mode == "live" else f"auto: {size}"
-        return True, None, "live", how
+        return True, None, "live", how, None
+    how = "configured: mode virtual" if settings.mode == "virtual" else f"auto: {size}"
     if sim:
-        how = "configured: mode virtual" if settings.mode == "virtual" else f"auto: {size}"
-        return True, None, "virtual", how
+        return True, None, "virtual", how, None
+    # A real target: virtual time on the calibrated twin, when its validation trusts it.
+    if twin is not None and twin.trusted:
+        return True, None, "virtual", f"{how}; {twin.label()}", twin.summary()
+    if twin is not None:
+        why = (
+            f"{how}, and the calibrated twin that could predict it is untrusted: "
+            f"{twin.error_words()}"
+        )
+        return False, why, "live", "", twin.summary()
+    none = "no calibrated twin" + (f": {inputs.twin_absent}" if inputs.twin_absent else "")
     why = (
-        f"the plan drill of a real target runs live only, and {size}"
+        f"the plan drill of a real target runs live only, and {size}; {none}"
         if settings.mode == "auto"
-        else "virtual time needs the engine model of the target, which only a simulated target has"
+        else "virtual time needs the engine model of the target: a simulated target's own, or "
+        f"a real target's calibrated twin, and there is {none}"
     )
-    return False, why, "live", ""
+    return False, why, "live", "", None
 
 
 def drill_point(plan: DrillPlan) -> Point:

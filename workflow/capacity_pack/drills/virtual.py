@@ -14,6 +14,13 @@ Prompts: :func:`capacity_pack.twin.requests.fleet_requests` (shared prefixes, th
 request's own), so the prefix cache hits in virtual time where it hits live. The clock's
 origin is the fleet's start; the virtual realtime anchor is ``VIRTUAL_EPOCH_NS`` plus the same
 offset (no drift to check).
+
+The engine model: a simulated target's own profile, with its router's policy; for a real
+target, the pack's calibrated twin (``plan.twin``'s profile, fitted to the pack's closed loop,
+:mod:`capacity_pack.twin.calibrate`), behind the policy of the project's router, which a managed
+target's fleet runs with (:data:`REAL_TARGET_POLICY`). A real target's drill is a prediction:
+``drill.json`` says so (``prediction``: the twin's label, with its validation error and
+tolerance), in words that name the calibrated twin's engine model, not a simulator.
 """
 
 from __future__ import annotations
@@ -37,6 +44,13 @@ CLOCK = (
     "virtual: the engine model's simulated clock (capacity_pack.sim.fleet), seconds from the "
     "fleet's start; no network, no client lateness"
 )
+TWIN_CLOCK = (
+    "virtual: the calibrated twin's engine model clock (capacity_pack.sim.fleet), seconds from "
+    "the fleet's start; no network, no client lateness"
+)
+# The project's router's policy when given none (`capacity-pack sim cluster --router`): a managed
+# target's drill fleet runs behind it (tests/unit/drills/test_plan_twin.py checks they agree).
+REAL_TARGET_POLICY = "least_outstanding"
 
 
 def scrape_frames(scrapes: list[Any], rt0: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -71,8 +85,12 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
     from capacity_pack.sim.profile import load_profile
 
     target = inputs.sweep.target
-    if not isinstance(target, SimTarget):
-        raise DrillError("a virtual drill needs the engine model: a simulated target")
+    twin = plan.twin if not isinstance(target, SimTarget) else None
+    if not isinstance(target, SimTarget) and not (twin and twin.get("trusted")):
+        raise DrillError(
+            "a virtual drill needs the target's engine model: a simulated target's own, or a "
+            "real target's trusted calibrated twin"
+        )
     if plan.drill.kind != "replica_kill":
         raise DrillError(f"virtual time runs replica_kill drills only, not {plan.drill.kind}")
     out = Path(out_dir)
@@ -84,9 +102,23 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
     client = inputs.sweep.client
     model = inputs.sweep.model.served_name or inputs.sweep.model.id
     inject_s = start_ns / NS + plan.inject_at_s
+    if twin is not None:
+        profile, policy = load_profile(twin["profile"]), REAL_TARGET_POLICY
+        started_by = (
+            f"virtual time: {plan.replicas} copies of the calibrated twin's engine model "
+            f"({twin['profile']}) behind the project's router policy ({policy}); "
+            f"{twin['label']}"
+        )
+    else:
+        assert isinstance(target, SimTarget)
+        profile, policy = load_profile(target.profile), target.router
+        started_by = (
+            f"virtual time: {plan.replicas} engine models of profile {target.profile!r} behind "
+            "the router's policy (capacity_pack.sim.fleet)"
+        )
     settings = FleetSettings(
         replicas=plan.replicas,
-        policy=target.router,
+        policy=policy,
         admission_max_outstanding=plan.admission_max_outstanding or 0,
         retries=1,
         health_interval_s=f.health_interval_s,
@@ -98,7 +130,7 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
         kills=((plan.drill.replica, inject_s),),
     )
     requests = fleet_requests(schedule, seed)
-    run = Fleet(load_profile(target.profile), settings, seed=seed).run(requests)
+    run = Fleet(profile, settings, seed=seed).run(requests)
     t0, rt0 = VIRTUAL_T0_NS, VIRTUAL_EPOCH_NS
     lines = []
     for row, res in zip(schedule.to_dict("records"), run.results, strict=True):
@@ -161,12 +193,11 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
         },
         "base_url": "(virtual)",
         "target_kind": target.kind,
-        "replicas_started_by": (
-            f"virtual time: {plan.replicas} engine models of profile {target.profile!r} behind "
-            "the router's policy (capacity_pack.sim.fleet)"
-        ),
+        "replicas_started_by": started_by,
         "scheduled_requests": int(len(schedule)),
-        "clock": CLOCK,
+        "clock": TWIN_CLOCK if twin is not None else CLOCK,
     }
+    if twin is not None:
+        facts["prediction"] = twin["label"]
     write_outputs(out, facts, events, samples, scrape_index, schedule)
     return facts

@@ -1,0 +1,93 @@
+"""The validated twin as a consumer reads it: whether the pack has one, whether it is trusted, and
+the words every answer it gives is labelled with.
+
+A pack has a validated twin when it plans both the ``calibrate`` job (its closed loop can be
+fitted: :func:`capacity_pack.twin.calibrate.unplanned_reason`) and the ``twin_validate`` job
+(it has an open loop to compare the twin's prediction with). The twin is trusted when
+``validation.json`` says so (:func:`capacity_pack.twin.validate.validate`: every compared
+cache state's capacity error within the tolerance). Its error, as quoted beside a prediction,
+is the largest capacity error over the compared cache states (the one that decides the trust),
+named with its cache state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def absent_reason(pack: Any) -> str | None:
+    """Why ``pack`` (a validated ``plan.manifest.Pack``) has no validated twin (``None``: it
+    plans ``calibrate`` and ``twin_validate``)."""
+    from capacity_pack.twin.calibrate import unplanned_reason
+
+    why = unplanned_reason(pack)
+    if why is not None:
+        return f"the pack cannot be calibrated ({why})"
+    if not pack.sweep.has_open_loop:
+        return "the pack has no open loop to validate a calibrated twin against"
+    return None
+
+
+@dataclass(frozen=True)
+class ValidatedTwin:
+    """A calibrated profile (its path) and its validation document (``validation.json``)."""
+
+    profile: str
+    validation: dict[str, Any]
+
+    @classmethod
+    def from_files(cls, profile: str | Path, validation: str | Path) -> ValidatedTwin:
+        doc = json.loads(Path(validation).read_text(encoding="utf-8"))
+        return cls(str(profile), doc)
+
+    @property
+    def trusted(self) -> bool:
+        return bool(self.validation.get("trusted"))
+
+    @property
+    def tolerance_rel(self) -> float:
+        return float(self.validation.get("tolerance_rel") or 0.0)
+
+    @property
+    def worst(self) -> dict[str, Any] | None:
+        """The compared cache state with the largest capacity error (None: none compared)."""
+        compared = [
+            s for s in self.validation.get("states", []) if s.get("capacity_error_rel") is not None
+        ]
+        return max(compared, key=lambda s: s["capacity_error_rel"]) if compared else None
+
+    def error_words(self) -> str:
+        """``its open-loop capacity prediction was 2.8 % from the measured bracket (cold),
+        tolerance 15 %``, or why nothing was compared."""
+        w = self.worst
+        tol = f"tolerance {self.tolerance_rel:.0%}"
+        if w is None:
+            why = self.validation.get("why")
+            return f"its prediction was compared with no measured bracket ({why}; {tol})"
+        return (
+            f"its open-loop capacity prediction was {w['capacity_error_rel']:.1%} from the "
+            f"measured bracket ({w['cache_state']}), {tol}"
+        )
+
+    def label(self) -> str:
+        """The words a prediction of this twin carries."""
+        return (
+            "predicted by the calibrated twin (the engine model fitted to this pack's closed "
+            f"loop; {self.error_words()})"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """What a drill file records of the twin it ran on."""
+        w = self.worst
+        return {
+            "profile": self.profile,
+            "trusted": self.trusted,
+            "tolerance_rel": self.tolerance_rel,
+            "capacity_error_rel": w["capacity_error_rel"] if w else None,
+            "cache_state": w["cache_state"] if w else None,
+            "why": self.validation.get("why"),
+            "label": self.label(),
+        }
