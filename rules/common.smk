@@ -192,6 +192,20 @@ def drill_inputs_json(wildcards):
     return drill_plan_lib.DrillInputs.for_drill(PACK, wildcards.drill).canonical_json()
 
 
+def plan_drill_twin(wildcards):
+    """The plan drill of a real target whose pack plans a validated twin (TWIN_TARGETS,
+    rules/twin.smk): the calibrated profile and its validation, on which a plan too large to run
+    live is predicted (capacity_pack.drills.plan). Every other drill, and a simulated target's
+    plan drill, waits for no twin (an input function: TWIN_TARGETS is set after this file)."""
+    plan = wildcards.drill == drill_plan_lib.PLAN_DRILL
+    if not plan or PACK.target.kind == "sim" or not TWIN_TARGETS:
+        return {}
+    return {
+        "twin_profile": stage_output("calibrate", "profile"),
+        "twin_validation": stage_output("twin_validate", "validation"),
+    }
+
+
 def drill_report_targets():
     return [stage_output("failure_analyze", "report", drill=d) for d in DRILLS]
 

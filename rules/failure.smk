@@ -1,6 +1,3 @@
-from capacity_pack.plan.manifest import PLAN_DRILL
-
-
 rule dashboard:
     """Prometheus alert rules and a Grafana dashboard from the engine's metric names."""
     output:
@@ -17,19 +14,6 @@ rule dashboard:
         f"{RESULTS}/benchmarks/dashboard.tsv"
     script:
         "../scripts/dashboard.py"
-
-
-def plan_drill_twin(wildcards):
-    """The plan drill of a real target whose pack plans a validated twin (rules/twin.smk): the
-    calibrated profile and its validation, on which a plan too large to run live is predicted
-    (capacity_pack.drills.plan). Every other drill, and a simulated target's plan drill, waits
-    for no twin."""
-    if wildcards.drill != PLAN_DRILL or PACK.target.kind == "sim" or not TWIN_TARGETS:
-        return {}
-    return {
-        "twin_profile": stage_output("calibrate", "profile"),
-        "twin_validation": stage_output("twin_validate", "validation"),
-    }
 
 
 rule failure_drill:

@@ -41,8 +41,10 @@ def capacity_doc(per_replica: float) -> dict:
     return {"primary_cache_state": "cold", "open_loop": {"cold": sel}, "closed_loop": {}}
 
 
-def plan_drill(pack, out: Path, per_replica: float = 30.0) -> dict:
-    """The capacity stage's plan for ``pack``, then the plan drill run and analysed."""
+def plan_drill(pack, out: Path, per_replica: float = 30.0, **twin: Path) -> dict:
+    """The capacity stage's plan for ``pack``, then the plan drill run and analysed (``twin``:
+    ``twin_profile`` and ``twin_validation``, the files the rule gives a real target's plan
+    drill)."""
     out.mkdir(parents=True, exist_ok=True)
     cap = capacity_doc(per_replica)
     (out / "capacity.json").write_text(json.dumps(cap))
@@ -55,6 +57,7 @@ def plan_drill(pack, out: Path, per_replica: float = 30.0) -> dict:
         reports=[],
         drill=drill,
         log=LOG,
+        **twin,
     )
     entry("dashboard")(inputs=pack, rules=out / "rules.yaml", log=LOG)
     from capacity_pack.drills.analyze import DrillAnalysisSpec
@@ -205,6 +208,90 @@ def test_no_plan_no_plan_drill_and_the_choice_of_live_or_virtual():
     assert forced.execution == "live" and forced.execution_reason == "configured: mode live"
 
 
+def real_calibrated(data: dict) -> dict:
+    """``data`` (a pack as plain data, edited in place and returned) against a real target the
+    pack can calibrate: a managed OpenAI-compatible server (the project's own engine started as
+    a plain process behind the project's router), the model's shape declared."""
+    data["model"]["id"] = "sim-small"
+    data["model"]["architecture"] = {
+        "config": "config/architectures/smollm2-135m.json",
+        "bytes_per_param": 2,
+    }
+    data["target"] = {
+        "kind": "openai",
+        "base_url": "http://127.0.0.1:9",
+        "cache_reset": "none",
+        "managed": {
+            "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
+                        "small-fast", "--model-name", "sim-small", "--host", "{host}",
+                        "--port", "{port}"],
+        },
+    }  # fmt: skip
+    return data
+
+
+def test_a_real_targets_plan_too_large_to_run_live_is_predicted_by_its_trusted_twin(tmp_path):
+    """Through the stages: the plan drill of a real target, 4 replicas at 60 RPS, beyond the
+    live limit, with the pack's calibrated twin (its profile file and a validation that trusts
+    it): run in virtual time on the calibrated profile, and labelled a prediction with the
+    twin's validation error in drill.json, the N+1 sentence, failure-test.md and its picture,
+    in words that never call the real target simulated."""
+    import yaml
+    from PIL import Image
+
+    from capacity_pack.sim.profile import load_profile
+    from capacity_pack.twin.validate import validate
+
+    data = with_fixed_lengths(real_calibrated(pack_data()))
+    data["plan"].update(peak_rps=60, redundancy_replicas=1)
+    data["failure"].update(admission_max_outstanding=51)
+    pack = validate_pack(data, "test pack")
+    # The calibrated profile (as the calibrate stage writes one) and a validation trusting it:
+    # the twin predicted [30, 32) RPS where [30, 32) was measured, error 0.
+    profile = load_profile("small-fast").model_dump(mode="json")
+    profile["name"] = "small-fast-calibrated"
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    bracket = {"pass_rps": 30.0, "fail_rps": 32.0}
+    measured = {"open_loop": {"cold": {"bracket": bracket, "rates": []}}}
+    doc = {"format": "capacity-pack/twin-validation/v1", "pack": "t"}
+    doc.update(validate({"cache_states": {"cold": bracket}}, measured))
+    (tmp_path / "validation.json").write_text(json.dumps(doc))
+    report = plan_drill(
+        pack,
+        tmp_path / "drill",
+        twin_profile=tmp_path / "profile.yaml",
+        twin_validation=tmp_path / "validation.json",
+    )
+    assert report["execution"] == "virtual" and report["replicas"] == 4
+    label = "predicted by the calibrated twin"
+    assert label in report["execution_reason"]
+    assert "0.0% from the measured bracket (cold), tolerance 15%" in report["execution_reason"]
+    n = report["n_plus_one"]
+    assert n["sentence"].startswith("Losing 1 of 4 replicas at the 60 RPS peak")
+    assert label in n["sentence"] and n["prediction"].startswith(label)
+    facts = json.loads((tmp_path / "drill" / PLAN_DRILL / "drill.json").read_text())
+    assert facts["prediction"].startswith(label) and facts["target_kind"] == "openai"
+    assert facts["plan"]["twin"]["profile"] == str(tmp_path / "profile.yaml")
+    md, js = tmp_path / "failure-test.md", tmp_path / "failure-test.json"
+    entry("failure_test")(
+        pack=json.dumps({"name": "t", "title": "t"}),
+        reports=[tmp_path / "drill" / PLAN_DRILL / "drill-report.json"],
+        markdown=md,
+        json_path=js,
+        log=LOG,
+        timelines=[(tmp_path / "drill" / PLAN_DRILL / "timeline.png", tmp_path / "t.png")],
+    )
+    text = md.read_text()
+    answer = json.loads(js.read_text())["plan_drill"]
+    words = Image.open(tmp_path / "t.png").info["Description"]
+    assert label in text and label in words
+    assert label in answer["sentence"] and label in answer["execution_reason"]
+    for word in ("simulat", "accelerator", "GPU"):
+        assert word not in text, (word, text[max(0, text.find(word) - 120) :][:240])
+        assert word not in json.dumps(answer), word
+        assert word not in words, word
+
+
 def drill_ancestors(workdir: Path, pack: str, drills: list[str]) -> dict[str, set[str]]:
     """The rules each drill's job depends on, transitively, in the workflow's own DAG (a dry
     run: ``snakemake --dag dot``)."""
@@ -241,22 +328,7 @@ def test_only_a_real_targets_plan_drill_waits_for_the_validated_twin(tmp_path):
     write_pack(tmp_path, data)
     sim = drill_ancestors(tmp_path, "drill-dag", [PLAN_DRILL])
     assert "capacity" in sim[PLAN_DRILL] and "twin_validate" not in sim[PLAN_DRILL]
-    data["model"]["id"] = "sim-small"
-    data["model"]["architecture"] = {
-        "config": "config/architectures/smollm2-135m.json",
-        "bytes_per_param": 2,
-    }
-    data["target"] = {
-        "kind": "openai",
-        "base_url": "http://127.0.0.1:9",
-        "cache_reset": "none",
-        "managed": {
-            "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
-                        "small-fast", "--model-name", "sim-small", "--host", "{host}",
-                        "--port", "{port}"],
-        },
-    }  # fmt: skip
-    write_pack(tmp_path, data)
+    write_pack(tmp_path, real_calibrated(data))
     real = drill_ancestors(tmp_path, "drill-dag", [PLAN_DRILL, "replica_kill"])
     assert {"twin_validate", "twin_predict", "calibrate", "capacity"} <= real[PLAN_DRILL]
     assert "capacity" in real["replica_kill"]

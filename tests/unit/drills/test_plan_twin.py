@@ -189,3 +189,15 @@ def test_a_virtual_plan_drill_of_a_real_target_runs_on_the_calibrated_profile(pr
     text = (out / "drill.json").read_text()
     for word in ("simulat", "accelerator", "GPU"):
         assert word not in text, word
+
+
+def test_a_twin_compared_with_nothing_is_untrusted_and_says_so(profile):
+    # No measured bracket in the cache state the twin predicted: nothing was compared.
+    prediction = {"cache_states": {"warm": {"pass_rps": 38, "fail_rps": 40}}}
+    blind = ValidatedTwin(str(profile), validate(prediction, capacity(36, 38)))
+    assert not blind.trusted and blind.worst is None
+    inputs = DrillInputs.for_drill(real_pack(), PLAN_DRILL)
+    plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN, blind)
+    assert not plan.runnable
+    assert "its prediction was compared with no measured bracket" in plan.skip_reason
+    assert "no cache state has both a predicted and a measured bracket" in plan.skip_reason

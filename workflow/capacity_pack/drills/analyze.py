@@ -564,7 +564,7 @@ def n_plus_one(
     predicted = plan.twin is not None and report["execution"] == "virtual"
     if predicted:
         # A real target's plan, too large to run live: the calibrated twin's prediction.
-        sentence += f" ({plan.twin['label']})"
+        sentence += f"; {plan.twin['label']}"
     return {
         "verdict": verdict,
         "sentence": sentence,

@@ -9,6 +9,8 @@
 - :mod:`capacity_pack.twin.validate`: the calibrated twin's prediction against the measured
   capacity, and whether it is trusted;
 - :mod:`capacity_pack.twin.whatif`: the pack with one thing changed, asked of the twin.
+- :mod:`capacity_pack.twin.trust`: whether a pack has a validated twin, whether it is trusted,
+  and the label of its predictions (the plan drill of a real target runs on it).
 
 The twin sits above the decision layer (it reuses the search's rates and the capacity rule) and
 below the drills, which run their plans on it.

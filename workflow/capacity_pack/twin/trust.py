@@ -75,8 +75,8 @@ class ValidatedTwin:
     def label(self) -> str:
         """The words a prediction of this twin carries."""
         return (
-            "predicted by the calibrated twin (the engine model fitted to this pack's closed "
-            f"loop; {self.error_words()})"
+            "predicted by the calibrated twin, the engine model fitted to this pack's closed "
+            f"loop: {self.error_words()}"
         )
 
     def summary(self) -> dict[str, Any]:
