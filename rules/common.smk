@@ -19,6 +19,7 @@ from capacity_pack.evidence import analysis as analysis_lib
 from capacity_pack.measure import cluster as cluster_lib
 from capacity_pack.drills import analyze as drill_analyze_lib
 from capacity_pack.drills import plan as drill_plan_lib
+from capacity_pack.twin import calibrate as twin_calibrate_lib
 from capacity_pack.plan import schedule as schedule_lib
 from capacity_pack.plan import prepared as prepared_lib
 from capacity_pack.measure import inputs as sweep_inputs_lib
@@ -188,8 +189,13 @@ PACK_INFO_JSON = canonical_json({**PACK.pack.model_dump(mode="json"), "label": P
 DASHBOARD_INPUTS_JSON = MANIFEST_JSON
 
 
+# Why the pack has no validated twin (None: it has one): a real target's plan drill says it.
+TWIN_ABSENT = twin_calibrate_lib.twin_absent_reason(PACK)
+
+
 def drill_inputs_json(wildcards):
-    return drill_plan_lib.DrillInputs.for_drill(PACK, wildcards.drill).canonical_json()
+    inputs = drill_plan_lib.DrillInputs.for_drill(PACK, wildcards.drill, TWIN_ABSENT)
+    return inputs.canonical_json()
 
 
 def plan_drill_twin(wildcards):

@@ -21,7 +21,8 @@ from capacity_pack.drills.plan import DrillInputs, plan_drill
 from capacity_pack.drills.virtual import REAL_TARGET_POLICY, run_virtual_drill
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from capacity_pack.sim.profile import load_profile
-from capacity_pack.twin.trust import ValidatedTwin, absent_reason
+from capacity_pack.twin.calibrate import twin_absent_reason
+from capacity_pack.twin.trust import ValidatedTwin
 from capacity_pack.twin.validate import validate
 from tests.conftest import pack_data
 
@@ -82,7 +83,7 @@ def profile(tmp_path) -> Path:
 
 def test_a_trusted_twin_predicts_a_plan_too_large_to_run_live(profile):
     pack = real_pack()
-    inputs = DrillInputs.for_drill(pack, PLAN_DRILL)
+    inputs = drill_inputs(pack)
     assert inputs.twin_absent is None
     # Predicted [38, 40), measured [36, 38): 1 RPS from the bracket, 1 / 36 = 2.8 %.
     trusted = twin(profile, (38, 40), (36, 38))
@@ -119,8 +120,13 @@ def test_an_untrusted_twin_is_not_used_and_the_drill_says_its_error(profile):
     assert plan.twin is not None and not plan.twin["trusted"]
 
 
+def drill_inputs(pack, name: str = PLAN_DRILL) -> DrillInputs:
+    """What the rule gives a drill job: its inputs, with why the pack has no twin."""
+    return DrillInputs.for_drill(pack, name, twin_absent_reason(pack))
+
+
 def test_without_a_twin_the_drill_is_skipped_saying_why_there_is_none():
-    inputs = DrillInputs.for_drill(real_pack(architecture=False), PLAN_DRILL)
+    inputs = drill_inputs(real_pack(architecture=False))
     assert inputs.twin_absent is not None
     assert inputs.twin_absent.startswith("the pack cannot be calibrated (a real target without")
     plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN)
@@ -128,7 +134,7 @@ def test_without_a_twin_the_drill_is_skipped_saying_why_there_is_none():
     assert plan.skip_reason.startswith("the plan drill of a real target runs live only, and 4")
     assert "no calibrated twin: the pack cannot be calibrated" in plan.skip_reason
     forced = plan_drill(
-        DrillInputs.for_drill(real_pack(architecture=False, mode="virtual"), PLAN_DRILL),
+        drill_inputs(real_pack(architecture=False, mode="virtual")),
         capacity(36, 38),
         {},
         BIG_PLAN,
@@ -136,7 +142,7 @@ def test_without_a_twin_the_drill_is_skipped_saying_why_there_is_none():
     assert not forced.runnable and "a real target's calibrated twin" in forced.skip_reason
     # Only the plan drill of a real target carries the reason: the other drills' params (and a
     # simulated target's plan drill's) are what they were.
-    mechanism = DrillInputs.for_drill(real_pack(architecture=False), "replica_kill")
+    mechanism = drill_inputs(real_pack(architecture=False), "replica_kill")
     assert mechanism.twin_absent is None and "twin_absent" not in mechanism.canonical_json()
 
 
@@ -154,7 +160,10 @@ def test_the_twin_is_absent_for_a_pack_without_an_open_loop():
     data["experiments"] = []
     data["failure"] = None
     pack = validate_pack(data, "test pack")
-    assert absent_reason(pack) == "the pack has no open loop to validate a calibrated twin against"
+    assert (
+        twin_absent_reason(pack)
+        == "the pack has no open loop to validate a calibrated twin against"
+    )
 
 
 def test_the_real_target_policy_is_the_project_routers_default():

@@ -84,7 +84,7 @@ from capacity_pack.plan.manifest import (
     SimTarget,
 )
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule
-from capacity_pack.twin.trust import ValidatedTwin, absent_reason
+from capacity_pack.twin.trust import ValidatedTwin
 
 NS = 1_000_000_000
 # The alert that names each drill's mechanism, and what else it may legitimately set off.
@@ -139,7 +139,10 @@ class DrillInputs(BaseModel):
     )
 
     @classmethod
-    def for_drill(cls, pack: Pack, name: str) -> DrillInputs:
+    def for_drill(cls, pack: Pack, name: str, twin_absent: str | None = None) -> DrillInputs:
+        """The inputs of drill ``name`` of ``pack``; ``twin_absent``: why the pack has no
+        validated twin (:func:`capacity_pack.twin.calibrate.twin_absent_reason`), kept for a
+        real target's plan drill, whose skip reason states it."""
         if pack.failure is None:
             raise DrillError("the pack has no `failure` section")
         drills = {d.name: d for d in pack.failure.all_drills}
@@ -177,7 +180,7 @@ class DrillInputs(BaseModel):
             peak_rps=pack.plan.peak_rps if plan_scope else None,
             # Its live limits bound every live drill of a simulated target.
             plan_drill=pack.failure.plan_drill,
-            twin_absent=absent_reason(pack) if plan_scope and real else None,
+            twin_absent=twin_absent if plan_scope and real else None,
         )
 
     def canonical_json(self) -> str:

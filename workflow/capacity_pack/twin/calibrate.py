@@ -596,6 +596,17 @@ def unplanned_reason(pack: Any) -> str | None:
     return architecture_missing(pack)
 
 
+def twin_absent_reason(pack: Any) -> str | None:
+    """Why ``pack`` has no validated twin, i.e. plans no ``calibrate`` and ``twin_validate`` jobs
+    (``None``: it plans both)."""
+    why = unplanned_reason(pack)
+    if why is not None:
+        return f"the pack cannot be calibrated ({why})"
+    if not pack.sweep.has_open_loop:
+        return "the pack has no open loop to validate a calibrated twin against"
+    return None
+
+
 def efficiency_of(fitted: Fit, base: Profile, peaks_known: bool) -> dict[str, Any] | None:
     """mfu and mbu with their standard errors and intervals against ``base``'s peaks, or
     ``None`` when the peaks are not known (or the fit exceeds them)."""

@@ -1,9 +1,10 @@
-"""The validated twin as a consumer reads it: whether the pack has one, whether it is trusted, and
-the words every answer it gives is labelled with.
+"""The validated twin as a consumer reads it: whether it is trusted, and the words every answer it
+gives is labelled with.
 
-A pack has a validated twin when it plans both the ``calibrate`` job (its closed loop can be
-fitted: :func:`capacity_pack.twin.calibrate.unplanned_reason`) and the ``twin_validate`` job
-(it has an open loop to compare the twin's prediction with). The twin is trusted when
+A pack has a validated twin when it plans both the ``calibrate`` job and the ``twin_validate``
+job (:func:`capacity_pack.twin.calibrate.twin_absent_reason` says why not; kept there, out of
+this module, so that a drill job's code, which reads this one, does not hold the fit's). The
+twin is trusted when
 ``validation.json`` says so (:func:`capacity_pack.twin.validate.validate`: every compared
 cache state's capacity error within the tolerance). Its error, as quoted beside a prediction,
 is the largest capacity error over the compared cache states (the one that decides the trust),
@@ -16,19 +17,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-
-def absent_reason(pack: Any) -> str | None:
-    """Why ``pack`` (a validated ``plan.manifest.Pack``) has no validated twin (``None``: it
-    plans ``calibrate`` and ``twin_validate``)."""
-    from capacity_pack.twin.calibrate import unplanned_reason
-
-    why = unplanned_reason(pack)
-    if why is not None:
-        return f"the pack cannot be calibrated ({why})"
-    if not pack.sweep.has_open_loop:
-        return "the pack has no open loop to validate a calibrated twin against"
-    return None
 
 
 @dataclass(frozen=True)
