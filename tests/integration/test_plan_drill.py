@@ -20,6 +20,7 @@ from capacity_pack.decide.capacity import build_plan
 from capacity_pack.drills.plan import DrillInputs
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from capacity_pack.stages import entry
+from capacity_pack.twin.calibrate import twin_absent_reason
 from tests.conftest import pack_data, run_snakemake, small_pack_data, with_fixed_lengths, write_pack
 
 LOG = logging.getLogger("test")
@@ -51,7 +52,8 @@ def plan_drill(pack, out: Path, per_replica: float = 30.0, **twin: Path) -> dict
     (out / "plan.json").write_text(json.dumps(build_plan(cap, [], pack)))
     drill = out / PLAN_DRILL / "drill.json"
     entry("failure_drill")(
-        inputs=DrillInputs.for_drill(pack, PLAN_DRILL).canonical_json(),
+        # As the rule gives them: with why the pack has no validated twin, where it has none.
+        inputs=DrillInputs.for_drill(pack, PLAN_DRILL, twin_absent_reason(pack)).canonical_json(),
         capacity=out / "capacity.json",
         plan=out / "plan.json",
         reports=[],
@@ -142,7 +144,12 @@ def test_a_real_target_that_does_not_fit_live_is_skipped_saying_why(tmp_path):
     }
     pack = validate_pack(data, "test pack")
     report = plan_drill(pack, tmp_path)
-    assert report["skipped"].startswith("the plan drill of a real target runs live only")
+    assert report["skipped"].startswith("the plan drill of a real target runs live, or in virtual")
+    assert report["skipped"].endswith(
+        "and there is no calibrated twin: the pack cannot be "
+        "calibrated (a real target without model.architecture (a config.json-style file of the "
+        "model's shape): the engine model has no shape to calibrate)"
+    )
     assert "4 replicas at 60 RPS" in report["skipped"]
 
 

@@ -131,15 +131,21 @@ def test_without_a_twin_the_drill_is_skipped_saying_why_there_is_none():
     assert inputs.twin_absent.startswith("the pack cannot be calibrated (a real target without")
     plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN)
     assert not plan.runnable
-    assert plan.skip_reason.startswith("the plan drill of a real target runs live only, and 4")
-    assert "no calibrated twin: the pack cannot be calibrated" in plan.skip_reason
+    assert plan.skip_reason.startswith(
+        "the plan drill of a real target runs live, or in virtual time on its calibrated twin: "
+        "4 replicas at 60 RPS"
+    )
+    assert "and there is no calibrated twin: the pack cannot be calibrated" in plan.skip_reason
     forced = plan_drill(
         drill_inputs(real_pack(architecture=False, mode="virtual")),
         capacity(36, 38),
         {},
         BIG_PLAN,
     )
-    assert not forced.runnable and "a real target's calibrated twin" in forced.skip_reason
+    assert not forced.runnable and forced.skip_reason.startswith(
+        "configured: mode virtual, which for a real target runs on its calibrated twin, and there "
+        "is no calibrated twin: the pack cannot be calibrated"
+    )
     # Only the plan drill of a real target carries the reason: the other drills' params (and a
     # simulated target's plan drill's) are what they were.
     mechanism = drill_inputs(real_pack(architecture=False), "replica_kill")

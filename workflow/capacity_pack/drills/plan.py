@@ -445,12 +445,13 @@ def _plan_execution(
             f"{twin.error_words()}"
         )
         return False, why, "live", "", twin.summary()
-    none = "no calibrated twin" + (f": {inputs.twin_absent}" if inputs.twin_absent else "")
+    none = "there is no calibrated twin" + (f": {inputs.twin_absent}" if inputs.twin_absent else "")
     why = (
-        f"the plan drill of a real target runs live only, and {size}; {none}"
+        "the plan drill of a real target runs live, or in virtual time on its calibrated twin: "
+        f"{size}, and {none}"
         if settings.mode == "auto"
-        else "virtual time needs the engine model of the target: a simulated target's own, or "
-        f"a real target's calibrated twin, and there is {none}"
+        else f"configured: mode virtual, which for a real target runs on its calibrated twin, "
+        f"and {none}"
     )
     return False, why, "live", "", None
 
