@@ -17,12 +17,35 @@ def tokenize_server(
     count: Callable[[str], int],
     max_model_len: int,
     on_request: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    drop_reused_every: int | None = None,
+    connections: list[int] | None = None,
 ) -> Iterator[str]:
-    """The server's base URL while the block runs; ``on_request`` sees each request's body."""
+    """The server's base URL while the block runs; ``on_request`` sees each request's body.
+
+    ``drop_reused_every=k``: HTTP/1.1 keep-alive, and every k-th request on one connection is
+    read and then dropped unanswered (as llama-server drops some reused connections);
+    ``connections`` gets, per connection, how many requests it carried."""
 
     class Handler(BaseHTTPRequestHandler):
+        if drop_reused_every is not None:
+            protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            super().setup()
+            self.served = 0
+
+        def finish(self):
+            super().finish()
+            if connections is not None:
+                connections.append(self.served)
+
         def do_POST(self):  # noqa: N802 (http.server's naming)
             data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.served += 1
+            if drop_reused_every is not None and self.served % drop_reused_every == 0:
+                self.close_connection = True
+                return
             if on_request is not None:
                 on_request(data)
             out = json.dumps({"count": count(data["prompt"]), "max_model_len": max_model_len})

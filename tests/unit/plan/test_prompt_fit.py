@@ -160,6 +160,30 @@ def test_a_tokenize_endpoint_gets_the_same_prompts_with_fewer_requests(bpe):
         assert fast < len(served) / 2
 
 
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_counts_from_eight_threads_survive_a_server_that_drops_reused_connections(keep_alive):
+    """Eight threads count at once (as a prompt fit does) against a server that drops every
+    third request on a reused connection unanswered: every count comes back right (a dropped
+    call is made again on a new connection); without keep-alive each call has its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from capacity_pack.engines.tokenize import EndpointCounter
+
+    words = WhitespaceCounter()
+    texts = [" ".join(["word"] * (1 + i % 37)) for i in range(240)]
+    carried: list[int] = []
+    with tokenize_server(words.count, 99999, drop_reused_every=3, connections=carried) as url:
+        counter = EndpointCounter(url, "m", keep_alive=keep_alive)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            got = list(pool.map(counter.count, texts))
+        counter.close()
+    assert got == [words.count(t) for t in texts]
+    if keep_alive:
+        assert max(carried) == 3  # reused, and dropped on the third
+    else:
+        assert set(carried) == {1}
+
+
 # --- the prepared-prompts file -----------------------------------------------------------------
 
 

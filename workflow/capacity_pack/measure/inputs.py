@@ -216,6 +216,10 @@ def token_counter(inputs: SweepInputs, base_url: str):
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         verify = verify_setting(target.tls_verify, target.ca_bundle)
         return EndpointCounter(
-            base_url, inputs.model.served_name or inputs.model.id, headers, verify=verify
+            base_url,
+            inputs.model.served_name or inputs.model.id,
+            headers,
+            verify=verify,
+            keep_alive=target.keep_alive,
         )
     return None
