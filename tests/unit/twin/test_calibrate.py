@@ -17,6 +17,7 @@ from capacity_pack.sim.profile import load_profile
 from capacity_pack.sim.virtual import ClosedLoopRequest, simulate_closed_loop
 from capacity_pack.twin.architecture import ArchitectureError, base_profile
 from capacity_pack.twin.calibrate import (
+    PARAMETERS,
     CalibrationError,
     CalibrationInputs,
     MeasuredPoint,
@@ -205,12 +206,63 @@ def llamacpp_pack(**architecture):
     return validate_pack(data, "llamacpp-smollm2.yaml")
 
 
-def test_the_llamacpp_pack_as_shipped_is_not_calibrated_and_says_why():
-    """Its two fixed prompt lengths (32 and 64 tokens) cannot separate prefill from the step."""
-    assert unplanned_reason(llamacpp_pack()) == (
+def test_fixed_prompt_lengths_within_4x_are_not_calibrated_and_say_why():
+    """Two fixed prompt lengths (32 and 64 tokens) cannot separate prefill from the step; the
+    shipped llama.cpp pack's lognormal lengths can be calibrated."""
+    assert unplanned_reason(llamacpp_pack()) is None
+    data = yaml.safe_load((ROOT / "config/packs/llamacpp-smollm2.yaml").read_text())
+    for klass, tokens in zip(data["workload"], (32, 64), strict=True):
+        klass["input_tokens"] = tokens
+    assert unplanned_reason(validate_pack(data, "fixed.yaml")) == (
         "prompt lengths span only 32..64 tokens (fixed-length classes; need a 4x spread): "
         "prefill FLOP/s cannot be told from the fixed per-step cost"
     )
+
+
+def test_a_rate_the_data_cannot_see_is_at_its_bound_with_no_correlations():
+    """A CPU engine's decode is per-sequence work (llama.cpp's fit: about 9 ms per sequence and
+    step) and no step waits on the weight read: B runs to its bound, is listed poorly
+    identified, and has no correlations (the rounding in its near-zero variance once gave
+    correlations of 5 in a live fit)."""
+    base, _, _ = base_profile(llamacpp_pack())
+    truth = profile_at(base, flops_per_s=51e9, bytes_per_s=1e15, step_overhead_ms=0.5,
+                       per_sequence_overhead_us=9400.0)  # fmt: skip
+    rng = random.Random(7)
+
+    def table(concurrency: int, per_worker: int) -> pd.DataFrame:
+        workers = [
+            [ClosedLoopRequest(rng.choice([25, 40, 60, 100, 155]), 8) for _ in range(per_worker)]
+            for _ in range(concurrency)
+        ]
+        run = simulate_closed_loop(truth, workers, client_gap_s=0.0003, seed=rng.randrange(99))
+        rows = [
+            {
+                "phase": "warmup" if r.order == 0 else "measure",
+                "status": "ok",
+                "input_tokens": r.prompt_tokens,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "ttft_ms": (r.ttft_s * 1e3 + LATENCY_MS) * math.exp(rng.gauss(0, 0.03)),
+                "tpot_ms": r.tpot_s * 1e3 * math.exp(rng.gauss(0, 0.03)),
+                "sent_ns": round(r.arrival_s * 1e9),
+                "end_ns": round((r.arrival_s + r.e2e_s) * 1e9),
+                "worker": r.worker,
+                "order": r.order,
+            }
+            for r in run.results
+        ]
+        return pd.DataFrame(rows).sort_values(["sent_ns", "worker"]).reset_index(drop=True)
+
+    fitted = fit(base, [load_point(table(c, n), f"closed-c{c}", c) for c, n in ((1, 13), (4, 5))])
+    assert fitted.estimates["flops_per_s"] == pytest.approx(51e9, rel=0.1)
+    assert fitted.estimates["per_sequence_overhead_us"] == pytest.approx(9400, rel=0.15)
+    i = PARAMETERS.index("bytes_per_s")
+    assert "bytes_per_s" in fitted.poorly_identified
+    assert all(v is None for v in fitted.correlation[i])
+    assert all(row[i] is None for row in fitted.correlation)
+    assert all("bytes_per_s" not in pair[:2] for pair in fitted.confounded)
+    for row in fitted.correlation:
+        assert all(v is None or -1.0 <= v <= 1.0 for v in row)
 
 
 def test_the_smollm2_architecture_maps_to_a_profile_sized_like_llama_server():

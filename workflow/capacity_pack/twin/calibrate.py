@@ -272,7 +272,7 @@ class Fit:
     estimates: dict[str, float]
     std_errors: dict[str, float]
     intervals: dict[str, tuple[float, float]]
-    correlation: list[list[float]]
+    correlation: list[list[float | None]]
     residual_sd: float
     n_residuals: int
     poorly_identified: list[str]
@@ -411,21 +411,22 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     }
     for name in PARAMETERS[2:]:
         intervals[name] = (est[name] - tq * se[name], est[name] + tq * se[name])
+    # At its bound, or moving no replayed time at all (a memory term that never binds): its
+    # near-zero variance says nothing, and rounding in that variance would make its
+    # correlations meaningless (even beyond +-1), so they are not reported.
+    idle = [(i < 2 and abs(x[i]) >= LOG_RANGE - 1e-6) or not np.any(jac[:, i]) for i in range(k)]
     d = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
-    corr = cov / np.outer(d, d)
+    corr = np.clip(cov / np.outer(d, d), -1.0, 1.0)
     poor = []
     for i, name in enumerate(PARAMETERS):
         rel = se[name] / abs(est[name]) if est[name] else math.inf
-        # At its bound, or moving no replayed time at all (a memory term that never binds):
-        # its zero standard error says nothing.
-        idle = (i < 2 and abs(x[i]) >= LOG_RANGE - 1e-6) or not np.any(jac[:, i])
-        if idle or rel > POOR_REL_SE or (i >= 2 and intervals[name][0] <= 0):
+        if idle[i] or rel > POOR_REL_SE or (i >= 2 and intervals[name][0] <= 0):
             poor.append(name)
     confounded = [
         (PARAMETERS[i], PARAMETERS[j], float(corr[i, j]))
         for i in range(k)
         for j in range(i + 1, k)
-        if abs(corr[i, j]) > POOR_CORRELATION
+        if not (idle[i] or idle[j]) and abs(corr[i, j]) > POOR_CORRELATION
     ]
     # Nearly collinear: the data fix only a combination of the two (see ``derived``), and the
     # linearized intervals of each alone do not cover a small bias along that ridge.
@@ -486,7 +487,7 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
         est,
         se,
         intervals,
-        corr.tolist(),
+        [[None if idle[i] or idle[j] else float(corr[i, j]) for j in range(k)] for i in range(k)],
         math.sqrt(s2),
         n,
         poor,
