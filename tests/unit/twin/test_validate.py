@@ -89,6 +89,32 @@ def test_validate_labels_a_twin_outside_the_tolerance_untrusted_with_why():
     assert "**untrusted**" in "\n".join(readme_lines(v))
 
 
+def test_an_untrusted_twin_names_the_calibrations_largest_misfit():
+    """Why the twin is off, from its own calibration: the closed-loop metric it replays worst
+    (the llama.cpp pack's, 2026-12-03: TPOT at concurrency 4, median error 31 %)."""
+    residuals = [
+        {"point": "closed-c1/cold/rep0", "concurrency": 1,
+         "ttft_median_rel_error": 0.061, "tpot_median_rel_error": 0.116},
+        {"point": "closed-c4/cold/rep0", "concurrency": 4, "tpot_median_rel_error": 0.315},
+    ]  # fmt: skip
+    prediction = {
+        "cache_states": {"cold": {"pass_rps": 0.8, "fail_rps": 1.0}},
+        "calibration": {"residuals": residuals},
+    }
+    capacity = {"open_loop": {"cold": state(1.1, 1.5)}}
+    v = validate(prediction, capacity, 0.15)
+    assert v["trusted"] is False
+    assert v["why"] == (
+        "cold: capacity error 18.2% > tolerance 15%; the calibrated model's largest misfit to "
+        "the closed loop is TPOT at concurrency 4 (median error 32%)"
+    )
+    assert v["largest_misfit"]["point"] == "closed-c4/cold/rep0"
+    # A trusted twin's why is its error alone.
+    inside = {"cold": {"pass_rps": 1.1, "fail_rps": 1.5}}
+    trusted = validate({**prediction, "cache_states": inside}, capacity)
+    assert trusted["trusted"] and "misfit" not in trusted["why"]
+
+
 def test_validate_without_a_measured_bracket_trusts_nothing():
     v = validate({"cache_states": {"cold": {"pass_rps": 5.0, "fail_rps": 6.0}}}, {"open_loop": {}})
     assert v["trusted"] is False and v["states"] == []

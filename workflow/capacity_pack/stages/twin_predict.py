@@ -40,7 +40,9 @@ def run(
         "profile": str(profile),
         "profile_sha256": file_sha256(profile),
         "calibration": {
-            k: calibrated.get(k) for k in ("parameters", "method", "points") if k in calibrated
+            k: calibrated.get(k)
+            for k in ("parameters", "method", "points", "residuals")
+            if k in calibrated
         },
         "made_from": "the calibrated profile and the manifest; no open-loop measurement",
         "cache_states": {},

@@ -20,7 +20,10 @@ the predicted bracket ``[p_t, f_t)`` found by the same rule on virtual-time runs
   point estimate) minus the measured one (pooled over the rate's deciding repeats);
 - trusted              ``e <= tolerance`` in every cache state both sides have (the pack's
   ``twin.tolerance_rel``, 0.15 by default). An untrusted twin is reported with its error and
-  is not used for further predictions (the ``whatif`` command and drills say so).
+  is not used for further predictions (the ``whatif`` command and drills say so);
+- largest misfit       where the twin is untrusted, the calibration's own clue to why: the
+  closed-loop point and metric (TTFT or TPOT) the calibrated model replays worst, by the
+  median of ``|replayed / measured - 1|`` over the point's fitted requests.
 
 A measured state whose bracket has no end (no open-loop point) cannot validate anything and is
 listed as such, never counted as agreement.
@@ -144,6 +147,32 @@ def compare_state(
     }
 
 
+def largest_misfit(residuals: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The calibration's worst replayed closed-loop metric (``calibration.json``'s per-point
+    residual summaries): point, concurrency, metric and median relative error; None without
+    summaries."""
+    worst = None
+    for row in residuals or []:
+        for metric in ("ttft", "tpot"):
+            err = row.get(f"{metric}_median_rel_error")
+            if err is not None and (worst is None or err > worst["median_rel_error"]):
+                worst = {
+                    "point": row.get("point"),
+                    "concurrency": row.get("concurrency"),
+                    "metric": metric,
+                    "median_rel_error": float(err),
+                }
+    return worst
+
+
+def misfit_words(misfit: dict[str, Any]) -> str:
+    return (
+        f"the calibrated model's largest misfit to the closed loop is "
+        f"{misfit['metric'].upper()} at concurrency {misfit['concurrency']} "
+        f"(median error {misfit['median_rel_error']:.0%})"
+    )
+
+
 def validate(
     prediction: dict[str, Any],
     capacity: dict[str, Any],
@@ -180,10 +209,14 @@ def validate(
     else:
         bad = [s for s in compared if not s["within_tolerance"]]
         why = "; ".join(f"{s['cache_state']}: {s['why']}" for s in bad)
+    misfit = largest_misfit((prediction.get("calibration") or {}).get("residuals"))
+    if not trusted and misfit is not None:
+        why += f"; {misfit_words(misfit)}"
     return {
         "tolerance_rel": tolerance_rel,
         "trusted": trusted,
         "why": why,
+        "largest_misfit": misfit,
         "states": states,
     }
 
