@@ -79,6 +79,29 @@ def small_pack_data(
     return data
 
 
+def real_calibratable(data: dict[str, Any], *, architecture: bool = True) -> dict[str, Any]:
+    """``data`` (a pack as plain data, edited in place and returned) against a real target: a
+    managed OpenAI-compatible server (the project's own engine started as a plain process), with
+    the model's shape declared (``architecture``) so that the pack can calibrate a twin."""
+    data["model"]["id"] = "sim-small"
+    if architecture:
+        data["model"]["architecture"] = {
+            "config": "config/architectures/smollm2-135m.json",
+            "bytes_per_param": 2,
+        }
+    data["target"] = {
+        "kind": "openai",
+        "base_url": "http://127.0.0.1:9",
+        "cache_reset": "none",
+        "managed": {
+            "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
+                        "small-fast", "--model-name", "sim-small", "--host", "{host}",
+                        "--port", "{port}"],
+        },
+    }  # fmt: skip
+    return data
+
+
 def write_pack(workdir: Path, data: dict[str, Any]) -> Path:
     path = workdir / "pack.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

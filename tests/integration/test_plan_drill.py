@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,14 @@ from capacity_pack.drills.plan import DrillInputs
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from capacity_pack.stages import entry
 from capacity_pack.twin.calibrate import twin_absent_reason
-from tests.conftest import pack_data, run_snakemake, small_pack_data, with_fixed_lengths, write_pack
+from tests.conftest import (
+    pack_data,
+    real_calibratable,
+    run_snakemake,
+    small_pack_data,
+    with_fixed_lengths,
+    write_pack,
+)
 
 LOG = logging.getLogger("test")
 
@@ -215,28 +221,6 @@ def test_no_plan_no_plan_drill_and_the_choice_of_live_or_virtual():
     assert forced.execution == "live" and forced.execution_reason == "configured: mode live"
 
 
-def real_calibrated(data: dict) -> dict:
-    """``data`` (a pack as plain data, edited in place and returned) against a real target the
-    pack can calibrate: a managed OpenAI-compatible server (the project's own engine started as
-    a plain process behind the project's router), the model's shape declared."""
-    data["model"]["id"] = "sim-small"
-    data["model"]["architecture"] = {
-        "config": "config/architectures/smollm2-135m.json",
-        "bytes_per_param": 2,
-    }
-    data["target"] = {
-        "kind": "openai",
-        "base_url": "http://127.0.0.1:9",
-        "cache_reset": "none",
-        "managed": {
-            "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
-                        "small-fast", "--model-name", "sim-small", "--host", "{host}",
-                        "--port", "{port}"],
-        },
-    }  # fmt: skip
-    return data
-
-
 def test_a_real_targets_plan_too_large_to_run_live_is_predicted_by_its_trusted_twin(tmp_path):
     """Through the stages: the plan drill of a real target, 4 replicas at 60 RPS, beyond the
     live limit, with the pack's calibrated twin (its profile file and a validation that trusts
@@ -249,7 +233,7 @@ def test_a_real_targets_plan_too_large_to_run_live_is_predicted_by_its_trusted_t
     from capacity_pack.sim.profile import load_profile
     from capacity_pack.twin.validate import validate
 
-    data = with_fixed_lengths(real_calibrated(pack_data()))
+    data = with_fixed_lengths(real_calibratable(pack_data()))
     data["plan"].update(peak_rps=60, redundancy_replicas=1)
     data["failure"].update(admission_max_outstanding=51)
     pack = validate_pack(data, "test pack")
@@ -335,7 +319,7 @@ def test_only_a_real_targets_plan_drill_waits_for_the_validated_twin(tmp_path):
     write_pack(tmp_path, data)
     sim = drill_ancestors(tmp_path, "drill-dag", [PLAN_DRILL])
     assert "capacity" in sim[PLAN_DRILL] and "twin_validate" not in sim[PLAN_DRILL]
-    write_pack(tmp_path, real_calibrated(data))
+    write_pack(tmp_path, real_calibratable(data))
     real = drill_ancestors(tmp_path, "drill-dag", [PLAN_DRILL, "replica_kill"])
     assert {"twin_validate", "twin_predict", "calibrate", "capacity"} <= real[PLAN_DRILL]
     assert "capacity" in real["replica_kill"]

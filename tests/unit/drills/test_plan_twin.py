@@ -11,7 +11,6 @@ a prediction and a measured capacity.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from capacity_pack.sim.profile import load_profile
 from capacity_pack.twin.calibrate import twin_absent_reason
 from capacity_pack.twin.trust import ValidatedTwin
 from capacity_pack.twin.validate import validate
-from tests.conftest import pack_data
+from tests.conftest import pack_data, real_calibratable
 
 # The plan: 4 replicas (3 for the load at 0.75 + 1 redundancy) at the default pack's 60 RPS
 # peak, beyond its live limit of 2 replicas and 40 RPS.
@@ -33,23 +32,7 @@ SMALL_PLAN = {"required_replicas": 2, "replicas_for_load": 2, "redundancy_replic
 
 
 def real_pack(*, architecture: bool = True, peak: float = 60, **plan_drill_settings):
-    data = pack_data()
-    data["model"]["id"] = "sim-small"
-    if architecture:
-        data["model"]["architecture"] = {
-            "config": "config/architectures/smollm2-135m.json",
-            "bytes_per_param": 2,
-        }
-    data["target"] = {
-        "kind": "openai",
-        "base_url": "http://127.0.0.1:9",
-        "cache_reset": "none",
-        "managed": {
-            "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
-                        "small-fast", "--model-name", "sim-small", "--host", "{host}",
-                        "--port", "{port}"],
-        },
-    }  # fmt: skip
+    data = real_calibratable(pack_data(), architecture=architecture)
     data["plan"]["peak_rps"] = peak
     data["failure"]["plan_drill"].update(plan_drill_settings)
     return validate_pack(data, "test pack")
