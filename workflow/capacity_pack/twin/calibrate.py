@@ -680,7 +680,9 @@ def report(fitted: Fit, inputs: CalibrationInputs) -> tuple[dict[str, Any], str]
         "same request replayed in virtual time (closed loop, same workers and lengths); "
         "standard errors from the Jacobian at the optimum as Huber's sandwich, cov = n/(n-k) "
         "A^-1 B A^-1, A = J^T diag(psi') J, B = J^T diag(psi^2) J; 95 % intervals with "
-        "Student's t",
+        "Student's t. The intervals are statistical only (independent residuals): a live "
+        "server's own work that the engine model lacks adds systematic error (on the "
+        "simulator, up to 3 % in the prefill rate; docs/twin.md)",
         "source": inputs.source,
         "points": [p.model_dump() for p in inputs.points],
         "parameters": {
