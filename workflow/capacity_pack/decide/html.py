@@ -238,11 +238,12 @@ METRICS: dict[str, tuple[str, str]] = {
         "Output tokens of successful requests / T (tokens per second).",
     ),
     "n_plus_one": (
-        "N+1 verdict (PASS / FAIL)",
+        "N+1 verdict (PASS / FAIL / UNDECIDED)",
         "The plan drill's answer: PASS when the recommended fleet holds the planned peak "
         "before the failure, the survivors carry the peak with every class's SLO counted over "
         "all attempts, only the failed replica's in-flight requests are lost, and the fleet "
-        "recovers; FAIL names the check that did not hold.",
+        "recovers; FAIL names the check that did not hold; UNDECIDED: none failed, but a "
+        "class had no request before the failure or while one replica was short.",
     ),
 }
 

@@ -494,6 +494,12 @@ def n_plus_one(
 
     Point estimates over one drill (no confidence bound): a few hundred requests per class at
     a rehearsal pack's peak; the counts are reported with every share.
+
+    UNDECIDED (instead of PASS) when nothing failed but 0 or 1 has nothing to judge: a class
+    with no request in its window, or a window with no request at all (a low peak over a short
+    baseline, e.g. 0.5 RPS for 3 s). An empty window is no evidence either way; FAIL is kept
+    for a check that failed on requests it saw. Each check is ``True``, ``False`` or ``None``
+    (nothing to judge).
     """
     lo, hi = inj_ns, cleared_ns if cleared_ns is not None else end_ns
     att_min, err_max = spec.threshold(CLASS_ATTAINMENT), spec.threshold(ERROR_RATE)
@@ -511,32 +517,42 @@ def n_plus_one(
     blast_holds = after_removal == 0
     rec = report.get("recovery_time_s")
     inj_s = inj_ns / NS
+    base_check, base_empty = _judged(base)
+    short_check, short_empty = _judged(one_short)
     checks = {
-        "plan_holds_before_the_failure": base["holds"],
-        "survivors_carry_the_peak": one_short["holds"],
+        "plan_holds_before_the_failure": base_check,
+        "survivors_carry_the_peak": short_check,
         "blast_radius_is_the_failed_replica": blast_holds,
         "recovered": rec is not None,
     }
     why = []
-    if not base["holds"]:
+    if base_check is False:
         why.append(
             "before the failure the planned fleet already missed its gates ("
             + ", ".join(
-                f"{name} {_fmt_share(c['all_attempt_attainment'])}"
+                f"{name} {_fmt_share(c['all_attempt_attainment'])} of {c['attempted']}"
                 for name, c in base["classes"].items()
             )
             + f"; failure share {_fmt_share(base['failure_share'])}): the plan's linear "
             "scaling does not hold here"
         )
+    if base_empty:
+        why.append(
+            f"before the failure no {' or '.join(base_empty)} request ended "
+            f"({base['from_s']:.1f}-{base['to_s']:.1f} s), nothing to judge the healthy fleet by"
+        )
     for name, c in classes.items():
-        if not c["attempted"]:
-            why.append(f"class {name}: no request sent while one replica short, nothing to judge")
-        elif not c["holds"]:
+        if c["attempted"] and not c["holds"]:
             why.append(
                 f"class {name}: {_fmt_share(c['all_attempt_attainment'])} of "
                 f"{c['attempted']} attempts met the SLO (gate {att_min:g})"
             )
-    if not error_holds:
+    if short_empty:
+        why.append(
+            f"no {' or '.join(short_empty)} request sent while one replica short, nothing to "
+            "judge the survivors by"
+        )
+    if share is not None and not error_holds:
         why.append(
             f"failure share {_fmt_share(share)} of {one_short['requests_sent']} (gate {err_max:g})"
         )
@@ -548,7 +564,12 @@ def n_plus_one(
         )
     if rec is None:
         why.append("the fleet did not recover before the run ended")
-    verdict = "PASS" if all(checks.values()) else "FAIL"
+    if any(v is False for v in checks.values()):
+        verdict = "FAIL"
+    elif any(v is None for v in checks.values()):
+        verdict = "UNDECIDED"
+    else:
+        verdict = "PASS"
     planned = plan.planned or {}
     n = plan.replicas
     sentence = (
@@ -635,6 +656,19 @@ def _sent_window(
         "failure_share_holds": share_holds,
         "holds": share_holds and all(c["holds"] for c in classes.values()),
     }
+
+
+def _judged(window: dict[str, Any]) -> tuple[bool | None, list[str]]:
+    """A window's check (False: a class or the failure share failed on requests it saw; None:
+    none failed but some class had no request, so there is nothing to judge it by) and the
+    classes with no request."""
+    empty = [name for name, c in window["classes"].items() if not c["attempted"]]
+    failed = any(c["attempted"] and not c["holds"] for c in window["classes"].values()) or (
+        window["failure_share"] is not None and not window["failure_share_holds"]
+    )
+    if failed:
+        return False, empty
+    return (None if empty else True), empty
 
 
 def _fmt_share(v: float | None) -> str:

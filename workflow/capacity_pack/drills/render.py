@@ -265,7 +265,7 @@ def _plan_section(r: dict[str, Any]) -> list[str]:
         "| check | holds | evidence |",
         "|---|---|---|",
     ]
-    ok = n["checks"]
+    ok = {k: _holds(v) for k, v in n["checks"].items()}
     per_class = "; ".join(
         f"{name} {_fmt(c['all_attempt_attainment'], '', 3)} ({c['met_slo']}/{c['attempted']})"
         for name, c in n["classes"].items()
@@ -277,19 +277,19 @@ def _plan_section(r: dict[str, Any]) -> list[str]:
     )
     lines += [
         f"| the plan holds before the failure | "
-        f"{'yes' if ok['plan_holds_before_the_failure'] else 'NO'} | requests ended "
+        f"{ok['plan_holds_before_the_failure']} | requests ended "
         f"{b['from_s']:.1f}-{b['to_s']:.1f} s: attainment over all attempts {before}; failure "
         f"share {_fmt(b['failure_share'], '', 3)} ({b['failed']} of {b['requests_sent']}) |",
-        f"| survivors carry the peak | {'yes' if ok['survivors_carry_the_peak'] else 'NO'} | "
+        f"| survivors carry the peak | {ok['survivors_carry_the_peak']} | "
         f"requests sent {w['from_s']:.1f}-{w['to_s']:.1f} s (until {w['to']}): attainment over "
         f"all attempts {per_class} against {g['class_slo_attainment_min']:g}; failure share "
         f"{_fmt(n['failure_share'], '', 3)} ({n['failed']} of {w['requests_sent']}) against "
         f"{g['error_rate_max']:g} |",
         f"| blast radius is the failed replica's | "
-        f"{'yes' if ok['blast_radius_is_the_failed_replica'] else 'NO'} | "
+        f"{ok['blast_radius_is_the_failed_replica']} | "
         f"{n['requests_lost']} requests lost (in flight on the killed replica); lost after the "
         f"router removed it: {n['lost_sent_after_removal']} |",
-        f"| recovered | {'yes' if ok['recovered'] else 'NO'} | "
+        f"| recovered | {ok['recovered']} | "
         + (
             f"back to passing windows {n['recovery_after_injection_s']:.1f} s after the injection"
             if n["recovery_after_injection_s"] is not None
@@ -299,5 +299,10 @@ def _plan_section(r: dict[str, Any]) -> list[str]:
         "",
     ]
     if n["why_fail"]:
-        lines += ["Why it fails: " + "; ".join(n["why_fail"]) + ".", ""]
+        why = "Why it fails: " if n["verdict"] == "FAIL" else "Why it is undecided: "
+        lines += [why + "; ".join(n["why_fail"]) + ".", ""]
     return lines
+
+
+def _holds(check: bool | None) -> str:
+    return "n/a (no request to judge)" if check is None else ("yes" if check else "NO")
