@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.exclusive import pytest_runtest_protocol  # noqa: F401 (the hook: exclusive tests)
 from tests.paths import DEFAULT_CONFIG, ROOT
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -42,7 +42,9 @@ from capacity_pack.sim.profile import load_profile
 from capacity_pack.sim.virtual import SharedPrefixes, VirtualClass, attainment_at
 from tests.conftest import pack_data, run_snakemake, write_pack
 
-pytestmark = pytest.mark.slow
+# Alone: another test's jobs beside its sweep would take CPU from the load generator and the
+# engine and move the bracket (client-bound points).
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 NAME = "default-search"
 # The model's runs: long enough that its own estimate is within about half a percent.

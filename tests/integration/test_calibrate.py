@@ -21,7 +21,9 @@ from capacity_pack.twin.validate import capacity_error, predicted_capacity
 from tests.conftest import run_snakemake as snakemake
 from tests.conftest import small_pack_data, write_pack
 
-pytestmark = pytest.mark.slow
+# Alone: the fit reads latencies measured live, and another test's jobs on the same two cores
+# would add their own delays to what the twin is asked to explain.
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
 
 # The live server's systematic share of a fitted rate, beyond its statistical interval.
 SYSTEMATIC_REL = 0.03
