@@ -596,6 +596,29 @@ def import_export(
     )
 
 
+def _check_twin(profile: Path, validation: Path) -> None:
+    """Refuse, in one line, a --twin pair that is not a calibrated profile and its validation."""
+    import json
+
+    from capacity_pack.sim.profile import ProfileError, load_profile
+
+    try:
+        load_profile(profile)
+    except ProfileError as err:
+        first, *problems = str(err).splitlines()
+        listed = "; ".join(p.strip().removeprefix("- ") for p in problems)
+        raise _Fail(f"--twin PROFILE: {first} {listed}".strip()) from None
+    try:
+        doc = json.loads(validation.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _Fail(f"--twin VALIDATION {validation}: not JSON ({err})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("trusted"), bool):
+        raise _Fail(
+            f"--twin VALIDATION {validation}: not a twin validation (expected the JSON object "
+            "of results/<pack>/twin/validation.json, with `trusted` true or false)"
+        )
+
+
 @main.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--drill", "name", required=True, help="Drill name from the pack's failure section.")
@@ -621,6 +644,17 @@ def import_export(
     help="plan.json whose required_replicas the plan drill (plan_replica_kill) runs.",
 )
 @click.option(
+    "--twin",
+    "twin_paths",
+    nargs=2,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PROFILE VALIDATION",
+    help="The pack's calibrated twin (results/<pack>/twin/profile.yaml and validation.json): "
+    "a real target's plan drill too large to run live is predicted on it when its validation "
+    "trusts it.",
+)
+@click.option(
     "-o",
     "--output",
     type=click.Path(file_okay=False, path_type=Path),
@@ -636,6 +670,7 @@ def drill(
     capacity_path: Path | None,
     report_paths: tuple[Path, ...],
     plan_path: Path | None,
+    twin_paths: tuple[Path, Path] | None,
     output: Path,
     no_wait: bool,
     lock_timeout: float,
@@ -654,15 +689,25 @@ def drill(
     pack = load_pack(config)
     log = _quiet_log()
     drill_json = output / STAGES["failure_drill"].outputs["drill"]
+    profile, validation = twin_paths or (None, None)
+    absent = None
+    if twin_paths is None:
+        from capacity_pack.twin.calibrate import twin_absent_reason
+
+        absent = twin_absent_reason(pack) or "none given (--twin PROFILE VALIDATION)"
+    else:
+        _check_twin(*twin_paths)
     try:
         _stage("failure_drill")(
-            inputs=DrillInputs.for_drill(pack, name),
+            inputs=DrillInputs.for_drill(pack, name, absent),
             capacity=capacity_path,
             reports=report_paths,
             drill=drill_json,
             log=log,
             lock=_lock_settings(no_wait, lock_timeout),
             plan=plan_path,
+            twin_profile=profile,
+            twin_validation=validation,
         )
         rules = output / "alert-rules.yaml"
         _stage("dashboard")(inputs=pack, rules=rules, log=log)

@@ -199,3 +199,41 @@ def test_a_twin_compared_with_nothing_is_untrusted_and_says_so(profile):
     assert not plan.runnable
     assert "its prediction was compared with no measured bracket" in plan.skip_reason
     assert "no cache state has both a predicted and a measured bracket" in plan.skip_reason
+
+
+def test_the_cli_drill_predicts_a_large_real_plan_on_the_twin_it_is_given(profile, tmp_path):
+    from click.testing import CliRunner
+
+    from capacity_pack.cli import main
+
+    data = real_calibratable(pack_data())
+    data["plan"]["peak_rps"] = 8
+    data["failure"].update(duration_s=6, baseline_s=3)
+    data["failure"]["drills"] = [d for d in data["failure"]["drills"] if d["kind"] != "kv_pressure"]
+    config = tmp_path / "pack.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    files = {"capacity.json": capacity(36, 38), "plan.json": BIG_PLAN}
+    prediction = {"cache_states": {"cold": {"pass_rps": 38, "fail_rps": 40}}}
+    files["validation.json"] = validate(prediction, capacity(36, 38))
+    for name, doc in files.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    args = ["drill", str(config), "--drill", PLAN_DRILL, "--capacity",
+            str(tmp_path / "capacity.json"), "--plan", str(tmp_path / "plan.json")]  # fmt: skip
+    twin_args = ["--twin", str(profile), str(tmp_path / "validation.json")]
+
+    res = CliRunner().invoke(main, [*args, *twin_args, "-o", str(tmp_path / "with")])
+    assert res.exit_code == 0, res.output
+    assert f"{PLAN_DRILL} (virtual): Losing 1 of 4 replicas at the 8 RPS peak" in res.output
+    assert "predicted by the calibrated twin" in res.output
+    # Without --twin: skipped, naming the option that would give it one.
+    res = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "without")])
+    assert res.exit_code == 0, res.output
+    assert f"{PLAN_DRILL}: skipped:" in res.output
+    assert "there is no calibrated twin: none given (--twin PROFILE VALIDATION)" in res.output
+    # The pair swapped: refused in one line, nothing run.
+    swapped = ["--twin", str(tmp_path / "validation.json"), str(profile)]
+    res = CliRunner().invoke(main, [*args, *swapped, "-o", str(tmp_path / "swapped")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("Error: --twin PROFILE:") and "invalid simulator profile" in line
+    assert not (tmp_path / "swapped").exists()
