@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.exclusive import pytest_runtest_protocol  # noqa: F401 (the hook: exclusive tests)
+from tests.exclusive import (  # noqa: F401 (the hooks: module order, exclusive tests)
+    pytest_collection_modifyitems,
+    pytest_runtest_protocol,
+)
 from tests.paths import DEFAULT_CONFIG, ROOT
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

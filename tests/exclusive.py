@@ -25,6 +25,11 @@ from pathlib import Path
 
 import pytest
 
+#: A lock file an exclusive test waits for before it starts (flock shared: until its holder is
+#: done). `.ci/run` names the llama-server build's lock, so that the build runs at idle priority
+#: beside the other tests and never beside one that must run alone.
+AFTER_ENV = "CAPACITY_PACK_TESTS_EXCLUSIVE_AFTER"
+
 
 def _exclusive(item: pytest.Item) -> bool:
     return any(item.iter_markers("exclusive")) or any(item.iter_markers("real_engine"))
@@ -50,6 +55,10 @@ def _suite_turn(item: pytest.Item) -> Iterator[None]:
     folder.mkdir(mode=0o700, exist_ok=True)
     gate, lock = folder / "gate.lock", folder / "run.lock"
     if _exclusive(item):
+        after = os.environ.get(AFTER_ENV)
+        if after:
+            with _flock(Path(after), fcntl.LOCK_SH):
+                pass
         with _flock(gate, fcntl.LOCK_EX), _flock(lock, fcntl.LOCK_EX):
             yield
         return
@@ -66,11 +75,25 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with exclusive tests first, then those with slow tests, then the rest, each in
-    collection order: with a module per worker (`--dist loadscope`), a long pipeline module
-    collected last would otherwise run alone at the end while the other worker idles."""
-    rank: dict[str, int] = {}
+    """The order the workers take modules in (`--no-loadscope-reorder` keeps it): modules with
+    slow tests first, so that a long pipeline module does not run alone at the end while the
+    other worker idles; then the rest; the exclusive modules last, the real engine's first (its
+    server binary may still be building at idle priority while the others run: see
+    :data:`AFTER_ENV`). Collection order within each rank."""
+
+    marks: dict[str, set[str]] = {}
     for item in items:
-        r = 0 if _exclusive(item) else 1 if any(item.iter_markers("slow")) else 2
-        rank[item.module.__name__] = min(rank.get(item.module.__name__, 2), r)
-    items.sort(key=lambda item: rank[item.module.__name__])  # stable: collection order within
+        names = {m.name for m in item.iter_markers()}
+        if _exclusive(item):
+            names.add("exclusive")
+        marks.setdefault(item.nodeid.split("::")[0], set()).update(names)
+
+    def rank(module: str) -> int:
+        m = marks[module]
+        if "real_engine" in m:
+            return 2
+        if "exclusive" in m:
+            return 3
+        return 0 if "slow" in m else 1
+
+    items.sort(key=lambda item: rank(item.nodeid.split("::")[0]))  # stable

@@ -3,14 +3,17 @@ pytest-xdist run of a small suite whose tests record when they ran."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from tests.exclusive import AFTER_ENV
 from tests.paths import ROOT
 
-CONFTEST = "from tests.exclusive import pytest_runtest_protocol  # noqa: F401\n"
+CONFTEST = "from tests.exclusive import pytest_collection_modifyitems, pytest_runtest_protocol\n"
 INI = """[pytest]
 markers =
     exclusive: runs alone
@@ -35,21 +38,32 @@ def module(tests: list[tuple[str, str]]) -> str:
 
 
 def test_an_exclusive_test_overlaps_no_other_while_the_rest_run_in_parallel(tmp_path: Path):
+    """Exclusive tests run alone, and only once the lock named by AFTER_ENV is free (CI: the
+    llama-server build at idle priority); the others run side by side meanwhile."""
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "test_a.py").write_text(module([("a1", ""), ("a2", ""), ("a3", "")]))
     (tmp_path / "test_b.py").write_text(module([("b1", ""), ("b2", ""), ("b3", "")]))
-    (tmp_path / "test_x.py").write_text(
-        module([("x_alone", "@pytest.mark.exclusive"), ("x_engine", "@pytest.mark.real_engine")])
-    )
+    (tmp_path / "test_x.py").write_text(module([("x_alone", "@pytest.mark.exclusive")]))
+    (tmp_path / "test_y.py").write_text(module([("x_engine", "@pytest.mark.real_engine")]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env["PYTHONPATH"] = str(ROOT)
-    res = subprocess.run(
+    after = tmp_path / "build.lock"
+    env[AFTER_ENV] = str(after)
+    held = os.open(after, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a build under way
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-         "--dist", "loadscope", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+         "--dist", "loadscope", "--no-loadscope-reorder", str(tmp_path)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
+    try:
+        time.sleep(6)
+    finally:
+        released = time.monotonic()
+        os.close(held)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
     runs = {}
     for line in (tmp_path / "times.txt").read_text().splitlines():
         name, start, end = line.split()
@@ -61,5 +75,27 @@ def test_an_exclusive_test_overlaps_no_other_while_the_rest_run_in_parallel(tmp_
 
     for alone in ("x_alone", "x_engine"):
         assert not [other for other in runs if other != alone and overlap(alone, other)], runs
+        assert runs[alone][0] >= released, (alone, released, runs)
+    # The lock held the exclusive tests only: the others started while it was held.
+    assert min(start for name, (start, _) in runs.items() if not name.startswith("x_")) < released
     # The others did run side by side (two workers, a module on each).
     assert any(overlap(a, b) for a in ("a1", "a2", "a3") for b in ("b1", "b2", "b3")), runs
+
+
+def test_modules_are_ordered_slow_first_and_exclusive_last_the_real_engine_first(tmp_path: Path):
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "pytest.ini").write_text(INI + "    slow: slow\n")
+    (tmp_path / "test_a.py").write_text(module([("a1", "")]))
+    (tmp_path / "test_b.py").write_text(module([("b1", ""), ("b2", "@pytest.mark.slow")]))
+    (tmp_path / "test_w.py").write_text(module([("w1", ""), ("w2", "@pytest.mark.exclusive")]))
+    (tmp_path / "test_x.py").write_text(module([("x1", "@pytest.mark.real_engine")]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+         str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    order = [line.split("::")[1] for line in res.stdout.splitlines() if "::" in line]
+    assert order == ["test_b1", "test_b2", "test_a1", "test_x1", "test_w1", "test_w2"]
