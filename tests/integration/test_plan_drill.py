@@ -159,7 +159,10 @@ def test_a_real_target_that_does_not_fit_live_is_skipped_saying_why(tmp_path):
     assert "4 replicas at 60 RPS" in report["skipped"]
 
 
+# Alone: the live drill's verdict at 30 RPS moves with the host's free CPU (with a compile at
+# idle priority and another worker beside it, the live run failed where the virtual one passed).
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_live_and_virtual_plan_drills_agree(tmp_path):
     """The same plan drill live (router and replica processes on 127.0.0.1) and in virtual
     time, at a size this host runs live: 2 replicas at 30 RPS (a plan without redundancy at
