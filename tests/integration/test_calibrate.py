@@ -3,11 +3,11 @@ Snakemake pipeline (the embedded simulator on 127.0.0.1 serving profile small-fa
 the pack's load generator) up to its closed-loop points, then the ``calibrate`` stage.
 
 The fit must recover the profile's identifiable efficiency parameters within its stated 95 %
-intervals: mfu always (with a stated 3 % systematic allowance); mbu and the step overhead each
-when the fit does not find them collinear; their identified combination (the batch-1 decode
-step) within a stated 1 %. The per-sequence overhead (4 us a sequence, under 1 % of a step even
-at 32 sequences) includes the live server's own per-sequence work, so only its lower side is
-asserted."""
+intervals widened by the fit's stated systematic allowance (3 % of the prefill rate, carried
+along the fitted covariance): mfu always; mbu and the step overhead each when the fit calls it
+identified; their identified combination (the batch-1 decode step) within a stated 1 %. The
+per-sequence overhead (4 us a sequence, under 1 % of a step even at 32 sequences) includes the
+live server's own per-sequence work, so only its lower side is asserted."""
 
 from __future__ import annotations
 
@@ -24,9 +24,6 @@ from tests.conftest import small_pack_data, write_pack
 # Alone: the fit reads latencies measured live, and another test's jobs on the same two cores
 # would add their own delays to what the twin is asked to explain.
 pytestmark = [pytest.mark.slow, pytest.mark.exclusive]
-
-# The live server's systematic share of a fitted rate, beyond its statistical interval.
-SYSTEMATIC_REL = 0.03
 
 
 def calibration_pack() -> dict:
@@ -66,30 +63,34 @@ def test_calibration_recovers_the_profiles_efficiencies_within_their_intervals(c
     truth = prof.efficiency
     eff, params = doc["efficiency"], doc["parameters"]
     poor = set(doc["poorly_identified"])
-    # Prefill FLOP/s (TTFT against prompt length at concurrency 1): always identified. Its
-    # interval is statistical only (independent residuals); what the live server does beyond
-    # the engine model moves a whole point at once (seven live runs, 2026-12-03: mfu 0.468 to
-    # 0.511, the interval missing 0.5 by up to 0.8 %), so the truth is asked within the
-    # interval widened by a stated 3 % systematic allowance (docs/twin.md).
+    # Prefill FLOP/s (TTFT against prompt length at concurrency 1): always identified, even
+    # where TPOT ties it to B, o and p in one ridge (correlations over 0.99 on a quiet host,
+    # 2026-12-03; the less precise members are the ones listed). Its statistical interval
+    # alone missed 0.5 by up to 0.8 % (what the live server does per prompt token reads as a
+    # slower prefill), so the truth is asked within the interval with the systematic
+    # allowance, which the fit states (docs/twin.md).
     assert "flops_per_s" not in poor
-    lo, hi = eff["mfu"]["ci95"]
-    assert lo * (1 - SYSTEMATIC_REL) <= truth.mfu <= hi * (1 + SYSTEMATIC_REL), eff["mfu"]
-    # mbu and the step overhead: each within its interval when identified. They are told apart
-    # only by the KV-read slope of TPOT against context; when the fit finds them collinear it
-    # says so (every live run so far).
+    lo, hi = eff["mfu"]["ci95_with_systematic"]
+    assert lo <= truth.mfu <= hi, eff["mfu"]
+    assert eff["mfu"]["ci95"][0] > lo and eff["mfu"]["ci95"][1] < hi, eff["mfu"]
+    # mbu and the step overhead: each within its interval (with the systematic allowance)
+    # when identified. The prefill rate's bias moves them along the ridge (the step overhead
+    # some 30 % for 1 % of F), so the step overhead is listed in every live run.
     for name, value, got in (
         ("bytes_per_s", truth.mbu, eff["mbu"]),
         ("step_overhead_ms", truth.step_overhead_ms, params["step_overhead_ms"]),
     ):
         if name not in poor:
-            assert got["ci95"][0] <= value <= got["ci95"][1], (name, value, got)
+            wlo, whi = got["ci95_with_systematic"]
+            assert wlo <= value <= whi, (name, value, got)
     # The per-sequence cost a live server shows is the modelled 4 us plus the server's own
     # per-sequence work each step (streaming each sequence's chunk): identified in some live
-    # runs (5.98 us [3.1, 8.8] and 11.4 us [5.9, 16.9] on 2026-12-03), not in others. It is
-    # never less than the modelled cost: an identified interval does not lie below it.
+    # runs (5.98 us [3.1, 8.8] and 11.4 us [5.9, 16.9] on 2026-12-03), listed in others (on a
+    # quiet host it follows F's bias some 50-fold along the ridge). An identified interval
+    # does not lie below the modelled cost.
     p = params["per_sequence_overhead_us"]
     if "per_sequence_overhead_us" not in poor:
-        assert p["ci95"][1] >= truth.per_sequence_overhead_us, p
+        assert p["ci95_with_systematic"][1] >= truth.per_sequence_overhead_us, p
     # What the fit does fix of the pair, the batch-1 decode step at the concurrency-1 requests'
     # median context, within 1 %: its interval is statistical only (0.1-0.2 %), and the live
     # server's own per-step costs on a loaded host move it by up to 0.4 % (docs/twin.md).

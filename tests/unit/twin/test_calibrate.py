@@ -18,6 +18,7 @@ from capacity_pack.sim.virtual import ClosedLoopRequest, simulate_closed_loop
 from capacity_pack.twin.architecture import ArchitectureError, base_profile
 from capacity_pack.twin.calibrate import (
     PARAMETERS,
+    SYSTEMATIC_PREFILL_REL,
     CalibrationError,
     CalibrationInputs,
     MeasuredPoint,
@@ -140,6 +141,16 @@ def test_the_fit_recovers_the_profile_within_its_stated_intervals(synthetic):
     assert "per_sequence_overhead_us" in fitted.poorly_identified
     pairs = {frozenset(p[:2]) for p in fitted.confounded}
     assert frozenset({"bytes_per_s", "step_overhead_ms"}) in pairs
+    # The prefill rate's stated systematic allowance, carried along the covariance, widens
+    # every interval and is the whole allowance for F itself.
+    f = fitted.estimates["flops_per_s"]
+    assert fitted.systematic["flops_per_s"] == pytest.approx(
+        f * (math.exp(SYSTEMATIC_PREFILL_REL) - 1)
+    )
+    for name in PARAMETERS:
+        (lo, hi), (wlo, whi) = fitted.intervals[name], fitted.intervals_with_systematic[name]
+        assert wlo <= lo <= hi <= whi, (name, (lo, hi), (wlo, whi))
+        assert fitted.systematic[name] >= 0
 
 
 def test_the_report_and_profile_hold_the_fit(synthetic, tmp_path):
