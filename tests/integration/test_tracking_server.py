@@ -377,6 +377,7 @@ def test_the_mlflow_ui_shows_the_named_points_with_their_params(
     the compare view with the params that define each point and its results."""
     import urllib.parse
 
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -394,23 +395,33 @@ def test_the_mlflow_ui_shows_the_named_points_with_their_params(
         return all(t in body for t in texts)
 
     with chromium(1600, 1000) as browser:
-        wait = WebDriverWait(browser, 90, poll_frequency=0.25)
+        # The runs table re-renders while it loads: a row found a moment ago can be gone when
+        # it is read (a CI run failed so), so each look is retried whole, and row texts are read
+        # in one script call.
+        wait = WebDriverWait(
+            browser, 90, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,)
+        )
         browser.get(f"{base}/runs?workflowType=machine_learning")
 
-        def parent_row(b):
-            rows = b.find_elements(By.CSS_SELECTOR, "[role=row]")
-            return next((r for r in rows if parent.info.run_name in r.text), False)
+        def row_texts(b) -> list[str]:
+            script = "return Array.from(document.querySelectorAll('[role=row]'), r => r.innerText)"
+            return b.execute_script(script)
 
-        row = wait.until(parent_row)
-        # The parent folds its points: its expander opens them, each under its own name.
-        row.find_element(By.CSS_SELECTOR, "button").click()
+        def open_parent(b) -> bool:
+            for r in b.find_elements(By.CSS_SELECTOR, "[role=row]"):
+                if parent.info.run_name in r.text:
+                    r.find_element(By.CSS_SELECTOR, "button").click()
+                    return True
+            return False
+
+        # The parent folds its points: its expander opens them, each under its own name, each
+        # on a row of the table.
+        wait.until(open_parent)
         names = [p.info.run_name for p in points]
-        wait.until(lambda b: body_shows(b, *names))
-        rows = browser.find_elements(By.CSS_SELECTOR, "[role=row]")
+        wait.until(lambda b: all(any(n in t for t in row_texts(b)) for n in names))
         for point in points:
             window_s = (point.info.end_time - point.info.start_time) / 1000
             assert window_s > 0.5, "the run lasts its measurement window, not its logging"
-            assert any(point.info.run_name in r.text for r in rows)
 
         ids = json.dumps([p.info.run_id for p in points])
         query = urllib.parse.urlencode(

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+from http.client import HTTPConnection
 
 import httpx
 import pytest
+import yaml
 
 from capacity_pack.sim import metrics as prom
 from capacity_pack.sim.process import SimProcess
+from capacity_pack.sim.profile import load_profile
 from capacity_pack.sim.server import serving_stack
 
 STACKS = [("uvloop", "httptools"), ("asyncio", "h11")]
@@ -126,3 +131,68 @@ def test_a_stack_that_is_not_installed_is_a_one_line_error(tmp_path):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "uvloop is not installed" in lines[0], done.stderr
+
+
+class _SmallWindow(HTTPConnection):
+    """A client whose receive buffer is 4 KiB: not reading soon fills the server's socket, so
+    the server's transport pauses writing (flow control)."""
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(60)
+        sock.connect((self.host, self.port))
+        self.sock = sock
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=["+".join(s) for s in STACKS])
+def test_a_reader_that_stops_reading_holds_back_only_its_own_stream(stack, tmp_path):
+    """The engine writes each step's tokens into the streams itself; a stream whose reader
+    stops waits on flow control without holding back the others, and its tokens made
+    meanwhile all arrive, in order, once it reads again."""
+    loop, http_impl = stack
+    data = load_profile("small-fast").model_dump()
+    data["name"] = "fast-steps"
+    data["hardware"].update(bandwidth_tb_s=400.0, dense_tflops=160_000.0)
+    data["efficiency"].update(step_overhead_ms=0.1, per_sequence_overhead_us=0.0)
+    data["model"]["max_model_len"] = 32768
+    profile = tmp_path / "fast-steps.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    truth = tmp_path / "ground-truth.jsonl"
+    # About 6 MB of events: beyond what the kernel buffers for the server's socket (4 MiB at
+    # most, net.ipv4.tcp_wmem), so the transport must pause.
+    tokens = 30_000
+    args = ["--profile", str(profile), "--loop", loop, "--http", http_impl]
+    with SimProcess(*args, "--ground-truth", str(truth)) as sim:
+        slow = _SmallWindow("127.0.0.1", sim.port, timeout=60)
+        body = {"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+        slow.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json", "X-Request-Id": "slow-reader"},
+        )
+        with httpx.Client(base_url=sim.url, timeout=30, trust_env=False) as client:
+            # Another stream, while the slow one is held: whole.
+            chunks = completion_stream(client)
+            assert len(chunks) == 25 and chunks[-1]["usage"]["completion_tokens"] == 24
+            # The engine finishes the slow request (30,000 short steps) while nothing reads it.
+            deadline = time.monotonic() + 60
+            state = {"headers": sim.control_headers}
+            while client.get("/sim/state", **state).json()["running"]:
+                assert time.monotonic() < deadline, "the slow request never finished"
+                time.sleep(0.1)
+        time.sleep(0.5)
+        resp = slow.getresponse()
+        assert resp.status == 200
+        events = sse_chunks(resp.read().decode())
+        slow.close()
+    texts = [e["choices"][0]["text"] for e in events]
+    assert len(texts) == tokens and all(t.startswith(" ") for t in texts)
+    assert [e["choices"][0]["finish_reason"] for e in events[-2:]] == [None, "length"]
+    # Its last event left the server well after the engine finished it: the write waited on
+    # the reader and resumed, rather than being dropped or blocking the engine.
+    lines = [json.loads(x) for x in truth.read_text().splitlines()]
+    (rec,) = [r for r in lines if r["request_id"] == "slow-reader"]
+    assert rec["completion_tokens"] == tokens and rec["finish_reason"] == "length"
+    assert rec["last_token_sent_ns"] - rec["finished_ns"] > 0.3e9, rec

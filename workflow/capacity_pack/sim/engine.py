@@ -417,6 +417,10 @@ class Engine:
 
     @staticmethod
     def _wake(req: SimRequest) -> None:
+        listener = req.listener
+        if listener is not None:
+            listener()  # a stream writes its tokens now (never raises)
+            return
         w = req.waiter
         if w is not None:
             req.waiter = None

@@ -102,6 +102,7 @@ class SimRequest:
         "status",
         "finish_reason",
         "waiter",
+        "listener",
         "ctx",
     )
 
@@ -150,6 +151,8 @@ class SimRequest:
         self.status = WAITING
         self.finish_reason: str | None = None
         self.waiter = None
+        # Called (in the live engine's loop) instead of resolving ``waiter``: a stream's writer.
+        self.listener = None
         self.ctx = None
 
     @property

@@ -633,12 +633,14 @@ class _StreamResponse(Response):
             )
         loop = asyncio.get_running_loop()
         watcher = loop.create_task(server._watch_disconnect(receive, req, ctx))
+        # The engine writes each step's tokens itself (:class:`_Pusher`), straight to the
+        # server's send: the wrappers in between only watch for http.response.start, sent
+        # above through them.
+        pusher = _Pusher(self, scope.get(_RAW_SEND, send), head, mid, chat, loop)
         try:
-            # The token loop runs as a task of its own: each step then resumes one coroutine
-            # rather than the handler's whole middleware stack, and its body events go
-            # straight to the server's send (the wrappers in between only watch for
-            # http.response.start, sent above through them).
-            await loop.create_task(self._pump(scope.get(_RAW_SEND, send), head, mid, chat))
+            req.listener = pusher.on_step
+            pusher.on_step()  # tokens made before the listener was set, or an early finish
+            await pusher.done
             if ctx.disconnected:
                 return
             tail = []
@@ -650,6 +652,7 @@ class _StreamResponse(Response):
             tail.append(b"data: [DONE]\n\n")
             await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
         finally:
+            req.listener = None
             watcher.cancel()
             if req.status != FINISHED:
                 engine.abort(req)
@@ -657,58 +660,29 @@ class _StreamResponse(Response):
                 ctx.error = "client disconnected"
             engine.record(req, ctx, self.arrival)
 
-    async def _pump(self, send: Any, head: bytes, mid: bytes, chat: bool) -> None:
-        """Send each step's new tokens, one SSE event per token, until the request finishes,
-        the client goes away or an injected disconnect cuts the stream."""
-        req, ctx, p = self.req, self.ctx, self.p
-        engine = self.server.engine
-        sent = 0
-        seed = req.out_seed
-        cut = ctx.disconnect_after
-        while True:
-            n = req.num_output
-            if cut is not None and n >= cut:
-                n = cut
-            if n > sent:
-                final = (
-                    req.status == FINISHED
-                    and n == req.num_output
-                    and (req.finish_reason in ("stop", "length"))
-                )
-                if (
-                    n == sent + 1
-                    and not final
-                    and req.text_limit is None
-                    and not p.continuous_usage
-                ):
-                    # One token, the usual case of a decode step: no list, one concatenation.
-                    body = head + OUTPUT_JSON[output_index(seed, sent)] + mid
-                else:
-                    parts = []
-                    if req.text_limit is None and not p.continuous_usage:
-                        for k in range(sent, n - 1 if final else n):
-                            parts += (head, OUTPUT_JSON[output_index(seed, k)], mid)
-                    else:
-                        for k in range(sent, n - 1 if final else n):
-                            parts += (head, _token_json(req, k), self._tail(chat, mid, req, k))
-                    if final:
-                        k = n - 1
-                        parts += (head, _token_json(req, k), self._final_tail(chat, req, k))
-                    body = b"".join(parts)
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-                t = mono_ns()
-                if sent == 0:
-                    ctx.first_sent_ns = t
-                ctx.last_sent_ns = t
-                sent = n
-            if cut is not None and sent >= cut:
-                ctx.error = "injected disconnect"
-                ctx.disconnected = True
-                engine.faults_injected["disconnect"] += 1
-                raise InjectedDisconnect(f"cut after {sent} tokens")
-            if req.status == FINISHED or ctx.disconnected:
-                return
-            await engine.wait(req)
+    def body(self, sent: int, n: int, head: bytes, mid: bytes, chat: bool) -> bytes:
+        """The SSE events of tokens ``sent`` to ``n`` (the last one final when the request
+        ended normally with it)."""
+        req, p = self.req, self.p
+        final = (
+            req.status == FINISHED
+            and n == req.num_output
+            and req.finish_reason in ("stop", "length")
+        )
+        if n == sent + 1 and not final and req.text_limit is None and not p.continuous_usage:
+            # One token, the usual case of a decode step: no list, one concatenation.
+            return head + OUTPUT_JSON[output_index(req.out_seed, sent)] + mid
+        parts = []
+        if req.text_limit is None and not p.continuous_usage:
+            for k in range(sent, n - 1 if final else n):
+                parts += (head, OUTPUT_JSON[output_index(req.out_seed, k)], mid)
+        else:
+            for k in range(sent, n - 1 if final else n):
+                parts += (head, _token_json(req, k), self._tail(chat, mid, req, k))
+        if final:
+            k = n - 1
+            parts += (head, _token_json(req, k), self._final_tail(chat, req, k))
+        return b"".join(parts)
 
     def _tail(self, chat: bool, mid: bytes, req: SimRequest, k: int) -> bytes:
         if not self.p.continuous_usage:
@@ -736,6 +710,113 @@ class _StreamResponse(Response):
             + usage
             + b"}\n\n"
         )
+
+
+class _Pusher:
+    """Writes a stream's new tokens from inside the engine's step, one SSE event per token,
+    until the request finishes, the client goes away or an injected disconnect cuts it.
+
+    Why not a task per stream awaiting each step: at hundreds of streams the server's CPU per
+    token decides the sustainable rate, and a task costs a future, a wake-up and a pass of the
+    event loop per token. Here the engine calls :meth:`on_step` (``SimRequest.listener``) for
+    each request that emitted, and the server's ``send`` coroutine is driven in place: it
+    returns at once unless the transport is paused for flow control (a slow reader), and only
+    then is it resumed from its future's callback, tokens made meanwhile going out together
+    when it completes. ``done`` resolves when the stream's token events are over (with
+    :class:`InjectedDisconnect` for a cut, or a write's error)."""
+
+    __slots__ = ("resp", "send", "head", "mid", "chat", "loop", "done", "sent", "_coro")
+
+    def __init__(
+        self,
+        resp: _StreamResponse,
+        send: Any,
+        head: bytes,
+        mid: bytes,
+        chat: bool,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.resp = resp
+        self.send = send
+        self.head = head
+        self.mid = mid
+        self.chat = chat
+        self.loop = loop
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.sent = 0
+        self._coro: Any = None
+
+    def on_step(self) -> None:
+        """Called by the engine (in the loop) after a step that gave the request a token, when
+        it finishes, or when the client goes away; never raises."""
+        if self.done.done() or self._coro is not None:
+            return  # over, or a write is waiting on flow control: it flushes when resumed
+        try:
+            self._push()
+        except BaseException as err:  # handed to the response's own task
+            if not self.done.done():
+                self.done.set_exception(err)
+
+    def _push(self) -> None:
+        resp = self.resp
+        req, ctx = resp.req, resp.ctx
+        n = req.num_output
+        cut = ctx.disconnect_after
+        if cut is not None and n >= cut:
+            n = cut
+        if n > self.sent:
+            body = resp.body(self.sent, n, self.head, self.mid, self.chat)
+            self.sent = n
+            coro = self.send({"type": "http.response.body", "body": body, "more_body": True})
+            try:
+                waiting = coro.send(None)
+            except StopIteration:
+                pass
+            else:
+                self._coro = coro
+                self._wait(waiting)
+                return
+            self._written()
+        self._check_end()
+
+    def _wait(self, waiting: Any) -> None:
+        if waiting is None:  # a bare yield (sleep(0)): resume on the next pass of the loop
+            self.loop.call_soon(self._resume, None)
+        else:
+            waiting.add_done_callback(self._resume)
+
+    def _resume(self, _: Any) -> None:
+        try:
+            waiting = self._coro.send(None)
+        except StopIteration:
+            self._coro = None
+            self._written()
+            self.on_step()  # what the engine made while the write waited, or the end
+        except BaseException as err:
+            self._coro = None
+            if not self.done.done():
+                self.done.set_exception(err)
+        else:
+            self._wait(waiting)
+
+    def _written(self) -> None:
+        ctx = self.resp.ctx
+        t = mono_ns()
+        if ctx.first_sent_ns is None:
+            ctx.first_sent_ns = t
+        ctx.last_sent_ns = t
+
+    def _check_end(self) -> None:
+        resp = self.resp
+        req, ctx = resp.req, resp.ctx
+        cut = ctx.disconnect_after
+        if cut is not None and self.sent >= cut:
+            ctx.error = "injected disconnect"
+            ctx.disconnected = True
+            resp.server.engine.faults_injected["disconnect"] += 1
+            self.done.set_exception(InjectedDisconnect(f"cut after {self.sent} tokens"))
+        elif req.status == FINISHED or ctx.disconnected:
+            self.done.set_result(None)
 
 
 def _running_usage(req: SimRequest, completion_tokens: int) -> dict[str, int]:
