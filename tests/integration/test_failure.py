@@ -346,6 +346,20 @@ def test_failure_test_markdown_names_every_seed_field(drills, tmp_path):
         .split("Alerts (evaluated")[0]
     )
     json.dumps(doc, allow_nan=False)  # the JSON twin is strict JSON
+    assert doc["clock"] and f"Every time below is in seconds on one clock: {doc['clock']}" in md
+    # Drills on different clocks (a live one and one in virtual time) name no common clock:
+    # each section names its own.
+    live = drills["replica_kill"]
+    virtual = {**live, "drill": "replica_kill_virtual", "clock": "virtual: the engine model's"}
+    mixed = failure_test([live, virtual], {"name": "t"})
+    assert mixed["clock"] is None
+    assert mixed["clocks"] == {
+        "replica_kill": live["clock"],
+        "replica_kill_virtual": virtual["clock"],
+    }
+    md = failure_test_markdown(mixed)
+    assert "one clock" not in md and "each drill's own clock" in md
+    assert f"- Clock: {live['clock']}." in md and "- Clock: virtual: the engine model's." in md
 
 
 @pytest.mark.slow

@@ -37,9 +37,14 @@ def failure_test(reports: list[dict[str, Any]], pack: dict[str, Any]) -> dict[st
     """The JSON twin of failure-test.md: every drill's fields plus the checks across them."""
     ran = [r for r in reports if not r.get("skipped")]
     plan = next((r for r in reports if r.get("scope") == "plan"), None)
+    # Live drills run on the host's monotonic clock, virtual ones on the engine model's: one
+    # clock is named only when every drill that ran used it.
+    clocks = {r["drill"]: r["clock"] for r in ran}
+    distinct = set(clocks.values())
     return {
         "pack": pack,
-        "clock": ran[0]["clock"] if ran else None,
+        "clock": distinct.pop() if len(distinct) == 1 else None,
+        "clocks": clocks,
         "drills": reports,
         "plan_drill": plan_answer(plan),
         "summary": {
@@ -103,8 +108,8 @@ def failure_test_markdown(doc: dict[str, Any]) -> str:
         f"> {pack['label']}" if pack.get("label") else "",
         "",
         "Each drill is its own experiment with one failure mechanism (no combined chaos score). "
-        "Every time below is in seconds on one clock: "
-        f"{doc['clock'] or 'n/a'}. Fields come from the per-request records, the scraped "
+        + _clock_sentence(doc)
+        + " Fields come from the per-request records, the scraped "
         "`/metrics` series and the router's event log of each drill.",
         "",
     ]
@@ -154,6 +159,17 @@ def failure_test_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _clock_sentence(doc: dict[str, Any]) -> str:
+    if doc.get("clock"):
+        return f"Every time below is in seconds on one clock: {doc['clock']}."
+    if doc.get("clocks"):
+        return (
+            "Times below are in seconds on each drill's own clock, named in its section (live "
+            "and virtual drills do not share one): compare times within a drill, not across."
+        )
+    return "No drill ran, so no clock."
+
+
 def _drill_section(r: dict[str, Any]) -> list[str]:
     inj = r["injection_time_s"]
     p = r["plan"]
@@ -174,6 +190,7 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
         f"healthy replica ({p['admission_source']}).",
         f"- Schedule completeness: {r['schedule_completeness']}; terminal statuses: "
         f"{r['terminal_statuses']} (no request without a terminal status).",
+        f"- Clock: {r['clock']}.",
         f"- Clock check: monotonic vs realtime divergence over the run "
         f"{_fmt(r['clock_check'].get('max_divergence_us'), ' us', 1)}.",
         "",
