@@ -19,7 +19,9 @@ import yaml
 
 from tests.exclusive import (  # noqa: F401 (the hooks: module order, exclusive tests)
     pytest_collection_modifyitems,
+    pytest_configure,
     pytest_runtest_protocol,
+    pytest_unconfigure,
 )
 from tests.paths import DEFAULT_CONFIG, ROOT
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +31,30 @@ import pytest
 #: done). `.ci/run` names the llama-server build's lock, so that the build runs at idle priority
 #: beside the other tests and never beside one that must run alone.
 AFTER_ENV = "CAPACITY_PACK_TESTS_EXCLUSIVE_AFTER"
+
+
+def lock_folder(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"capacity-pack-tests-{run}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # On the controller of a parallel run: the run's id is ours (xdist takes --testrunuid when
+    # given), so that the lock folder its workers share can be removed when the run ends.
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    if config.getoption("testrunuid", None) is None:
+        config.option.testrunuid = uuid.uuid4().hex
+    config.stash[_RUN_KEY] = config.option.testrunuid
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Every worker has ended by now: nobody holds the locks any more.
+    run = config.stash.get(_RUN_KEY, None)
+    if run is not None:
+        shutil.rmtree(lock_folder(run), ignore_errors=True)
+
+
+_RUN_KEY = pytest.StashKey[str]()
 
 
 def _exclusive(item: pytest.Item) -> bool:
@@ -51,7 +77,7 @@ def _suite_turn(item: pytest.Item) -> Iterator[None]:
     if run is None:  # one process: every test already runs alone
         yield
         return
-    folder = Path(tempfile.gettempdir()) / f"capacity-pack-tests-{run}"
+    folder = lock_folder(run)
     folder.mkdir(mode=0o700, exist_ok=True)
     gate, lock = folder / "gate.lock", folder / "run.lock"
     if _exclusive(item):

@@ -10,10 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from tests.exclusive import AFTER_ENV
+from tests.exclusive import AFTER_ENV, lock_folder
 from tests.paths import ROOT
 
-CONFTEST = "from tests.exclusive import pytest_collection_modifyitems, pytest_runtest_protocol\n"
+CONFTEST = (
+    "from tests.exclusive import pytest_collection_modifyitems, pytest_configure, "
+    "pytest_runtest_protocol, pytest_unconfigure\n"
+)
 INI = """[pytest]
 markers =
     exclusive: runs alone
@@ -52,9 +55,10 @@ def test_an_exclusive_test_overlaps_no_other_while_the_rest_run_in_parallel(tmp_
     env[AFTER_ENV] = str(after)
     held = os.open(after, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)  # a build under way
+    run = f"test-exclusive-{os.getpid()}-{time.monotonic_ns()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-         "--dist", "loadscope", "--no-loadscope-reorder", str(tmp_path)],
+         "--dist", "loadscope", "--no-loadscope-reorder", "--testrunuid", run, str(tmp_path)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -80,6 +84,8 @@ def test_an_exclusive_test_overlaps_no_other_while_the_rest_run_in_parallel(tmp_
     assert min(start for name, (start, _) in runs.items() if not name.startswith("x_")) < released
     # The others did run side by side (two workers, a module on each).
     assert any(overlap(a, b) for a in ("a1", "a2", "a3") for b in ("b1", "b2", "b3")), runs
+    # The workers' shared lock folder went with the run.
+    assert not lock_folder(run).exists()
 
 
 def test_modules_are_ordered_slow_first_and_exclusive_last_the_real_engine_first(tmp_path: Path):
