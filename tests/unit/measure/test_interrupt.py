@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import os
+import platform
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from capacity_pack.measure.dispatcher import SHORT_SLICE_NS, short_slice, thread_slice_ns
 from capacity_pack.measure.records import read_records
 from capacity_pack.measure.run import run_point
 from capacity_pack.plan import schedule as S
@@ -289,6 +292,33 @@ def test_realtime_dispatch_is_off_unless_asked_and_reported(tmp_path):
     # In effect exactly when the process may (root / CAP_SYS_NICE); either way it says which.
     assert rt["in_effect"] == (asked["dispatcher_scheduling"] == "SCHED_FIFO")
     assert rt["detail"].startswith("requested")
+
+
+def test_the_dispatcher_thread_asks_for_a_short_time_slice_and_says_so(tmp_path):
+    before = thread_slice_ns()
+    summary = run_point(
+        constant_schedule(2, 50), settings(refused_url(), scrape_metrics=False), tmp_path / "r"
+    )
+    detail = summary["realtime_dispatch"]["detail"]
+    probe: dict = {}
+
+    def ask() -> None:
+        probe["took"], probe["slice"] = short_slice(), thread_slice_ns()
+
+    t = threading.Thread(target=ask)
+    t.start()
+    t.join()
+    # The summary says a slice was taken exactly where the kernel takes one, at 0.1 ms.
+    assert ("time slice 0.1 ms" in detail) == probe["took"], detail
+    if probe["took"]:
+        assert probe["slice"] == SHORT_SLICE_NS
+    # Linux 6.12 and later (EEVDF) take a SCHED_OTHER thread's slice request, unprivileged.
+    release = re.match(r"(\d+)\.(\d+)", platform.release())
+    kernel = tuple(map(int, release.groups())) if release else (0, 0)
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64"):
+        assert probe["took"] == (kernel >= (6, 12)), (platform.release(), detail)
+    # Only the dispatcher's own thread: the caller's slice is as it was.
+    assert thread_slice_ns() == before
 
 
 def test_realtime_dispatch_setting_is_validated():
