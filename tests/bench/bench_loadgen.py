@@ -11,15 +11,15 @@ simulator as it is), or, for the high rates alone, ``python tests/bench/bench_lo
 (``tests/bench`` is excluded). Results and conditions are recorded in docs/performance.md,
 "Load generator".
 
-Method. One server process serves every run. ``--server static`` (the default) is this
-script's own responder (:class:`StaticSSE`, run as ``--serve-static`` in a child process,
-uvloop when installed): HTTP/1.1 keep-alive, chunked ``text/event-stream``, one token per
-stream per ``--step-ms`` (10 ms, a typical decode step) from one global ticker, one write per
-stream per tick, TCP_NODELAY, and a ground-truth log of the simulator's fields (arrival,
-first and last token written); it costs a few microseconds per token, so at 400 and 800 RPS
-the server is not the limit. ``--server sim`` is one ``capacity-pack sim serve`` (with its
-ground-truth log) whose profile is ``small-fast`` made step-bound: bandwidth and FLOP/s raised
-a thousandfold, per-sequence overhead zero and ``step_overhead_ms = --step-ms``,
+Method. One server process serves every run. ``--server static`` (the default) is this script's
+own responder (:class:`StaticSSE`, run as ``--serve-static`` in a child process, uvloop when
+installed): HTTP/1.1 keep-alive, chunked ``text/event-stream``, one token per stream per
+``--step-ms`` (10 ms, a typical decode step) from one global ticker, one write per stream per
+tick, TCP_NODELAY, and a ground-truth log of the simulator's fields (arrival, first and last
+token written, each stamped at its own write); it costs a few microseconds per token, so at 400
+and 800 RPS the server is not the limit. ``--server sim`` is one ``capacity-pack sim serve``
+(with its ground-truth log) whose profile is ``small-fast`` made step-bound: bandwidth and
+FLOP/s raised a thousandfold, per-sequence overhead zero and ``step_overhead_ms = --step-ms``,
 ``max_num_seqs`` 4096, so every stream gets one token per step whatever the load and the
 simulator never queues (it reads requests late above ~200 RPS on 2 cores). For each rate (50,
 100, 200, 400 and 800 RPS by default) and each client transport (``--transports``:
@@ -178,7 +178,6 @@ class StaticSSE:
 
     def tick(self, loop) -> None:
         loop.call_at(loop.time() + self.step_s, self.tick, loop)
-        now_ns = time.monotonic_ns()
         keep = []
         for s in self.active:
             tr, rid, left, chat, usage, arrival, first = s
@@ -198,6 +197,9 @@ class StaticSSE:
                         b'"completion_tokens":%d,"total_tokens":%d}}\n\n' % (usage, usage)
                     )
                 body += b"data: [DONE]\n\n"
+            # Stamped at each write, as the simulator stamps its writes: one stamp for the
+            # whole tick would put a later stream's write up to ~1 ms after its stamp.
+            now_ns = time.monotonic_ns()
             tr.write(b"%x\r\n%s\r\n%s" % (len(body), body, b"0\r\n\r\n" if left == 1 else b""))
             if first is None:
                 s[6] = first = now_ns
@@ -393,6 +395,7 @@ def run_one(pack, rate: float, transport: str, repeat: int, sim, gt: Path, out: 
         "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
         "client_bound": summary["client_bound"],
         "dispatcher_scheduling": summary.get("dispatcher_scheduling"),
+        "thread_placement": (summary.get("thread_placement") or {}).get("detail"),
         "measurement_error": err,
         # Every collection of this process inside the window (the clock's start to the last
         # request's end), and what the run's summary says of its own.
@@ -465,6 +468,7 @@ def pack_point(out: Path) -> dict:
         "lateness_ms": summary["dispatch_lateness_ms"],
         "client_cpu_ms_per_1k_tokens": summary["client_cpu_ms_per_1k_tokens"],
         "dispatcher_scheduling": summary.get("dispatcher_scheduling"),
+        "thread_placement": (summary.get("thread_placement") or {}).get("detail"),
         "measurement_error": err,
         "server_and_other_cpu_cores": other,
     }
@@ -485,6 +489,7 @@ def line(r: dict) -> str:
         f"failed {r['failed']}/{r['requests']}  {r.get('dispatcher_scheduling')}  "
         + (f"server {server:4.2f} cores  " if server is not None else "")
         + f"other {other:4.2f} cores"
+        + (f"\n      threads: {r['thread_placement']}" if r.get("thread_placement") else "")
         + (
             f"\n      gc in window: {g['collections']} collections {g['by_generation']}, "
             f"max {g['pause_max_ms']:.2f} ms, total {g['pause_total_ms']:.1f} ms, "

@@ -7,6 +7,7 @@ engine on 127.0.0.1 and normalize and analyze what they wrote.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -334,6 +335,19 @@ def test_the_in_flight_ceiling_is_shared_out_between_shards(tmp_path):
     # ~30 RPS of streams lasting 0.4-2 s against a ceiling of 2 per shard: arrivals beyond it
     # are rejected at once, never delayed, and the two shards never hold more than 4.
     assert summary["status_counts"]["rejected"] > 0
+    # Local shards split the CPU set before pinning their threads in their own part.
+    cpus = sorted(os.sched_getaffinity(0))
+    part = len(cpus) // 2
+    for i, x in enumerate(summary["shards"]["per_shard"]):
+        placed = x["thread_placement"]
+        if part >= 2:
+            assert placed["pinned"] is True
+            assert placed["dispatcher_cpu"] == cpus[(i + 1) * part - 1]
+            assert placed["loop_cpus"] == cpus[i * part : (i + 1) * part - 1]
+        else:
+            assert placed["detail"] == (
+                f"not pinned: this shard's part of the CPU set has {part} CPU(s), two are needed"
+            )
     series = pd.read_parquet(tmp_path / "metrics.parquet")
     in_flight = series[(series["source"] == "client") & (series["metric"] == "in_flight")]
     assert 0 < in_flight["value"].max() <= 4
@@ -346,6 +360,11 @@ def test_the_launcher_places_each_shard(tmp_path):
     p = point()
     summary = measure_point(pack, p, S.build_schedule(pack, p), tmp_path)
     assert [x["cpu_affinity"] for x in summary["shards"]["per_shard"]] == [[0], [1]]
+    # One CPU each: nothing to separate, and each shard says so.
+    assert [x["thread_placement"]["detail"] for x in summary["shards"]["per_shard"]] == [
+        "not pinned: the process's CPU set has 1 CPU(s), two are needed"
+    ] * 2
+    assert summary["thread_placement"]["pinned"] is False
     assert summary["shards"]["launcher"] == ["taskset", "-c", "{shard}"]
     assert summary["failed"] == 0
 

@@ -296,9 +296,10 @@ def test_realtime_dispatch_is_off_unless_asked_and_reported(tmp_path):
 
 def test_the_dispatcher_thread_asks_for_a_short_time_slice_and_says_so(tmp_path):
     before = thread_slice_ns()
-    summary = run_point(
-        constant_schedule(2, 50), settings(refused_url(), scrape_metrics=False), tmp_path / "r"
-    )
+    # Unpinned: the thread shares the CPUs with the loop, and asks for the short slice.
+    unpinned = settings(refused_url(), scrape_metrics=False, pin_threads=False)
+    summary = run_point(constant_schedule(2, 50), unpinned, tmp_path / "r")
+    assert summary["thread_placement"]["pinned"] is False
     detail = summary["realtime_dispatch"]["detail"]
     probe: dict = {}
 
@@ -319,6 +320,14 @@ def test_the_dispatcher_thread_asks_for_a_short_time_slice_and_says_so(tmp_path)
         assert probe["took"] == (kernel >= (6, 12)), (platform.release(), detail)
     # Only the dispatcher's own thread: the caller's slice is as it was.
     assert thread_slice_ns() == before
+    # On a CPU of its own (the default, given two CPUs) it keeps the kernel's default slice.
+    pinned = run_point(
+        constant_schedule(2, 50), settings(refused_url(), scrape_metrics=False), tmp_path / "p"
+    )
+    if pinned["thread_placement"]["pinned"]:
+        assert "time slice" not in pinned["realtime_dispatch"]["detail"]
+    else:
+        assert ("time slice 0.1 ms" in pinned["realtime_dispatch"]["detail"]) == probe["took"]
 
 
 def test_realtime_dispatch_setting_is_validated():

@@ -132,6 +132,9 @@ class SweepInputs(BaseModel):
             del data["engine"]  # a simulated target's inputs read as before the field existed
         if not data["client"].get("realtime_dispatch"):
             del data["client"]["realtime_dispatch"]  # off (the default): as before it existed
+        if data["client"].get("pin_threads", True):
+            # On (the default): the inputs read as before it existed; the code's hash reruns.
+            data["client"].pop("pin_threads", None)
         return canonical_json(data)
 
 
@@ -170,6 +173,7 @@ def load_settings(
         min_successful_per_class=inputs.min_successful_samples_per_class,
         maximum_duration_s=c.warmup_seconds + c.maximum_duration_seconds,
         realtime_dispatch=c.realtime_dispatch,
+        pin_threads=c.pin_threads,
         progress=progress,
     )
 

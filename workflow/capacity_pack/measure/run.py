@@ -85,7 +85,12 @@ from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
 from capacity_pack.measure.arrivals import Arrivals, Block, BlocksAhead, build_block, feed
 from capacity_pack.measure.collector import QuietCollector, unbind
 from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
-from capacity_pack.measure.dispatcher import LEAD_NS, SWITCH_INTERVAL_S, Dispatcher
+from capacity_pack.measure.dispatcher import (
+    LEAD_NS,
+    SWITCH_INTERVAL_S,
+    Dispatcher,
+    LoopPlacement,
+)
 from capacity_pack.measure.interrupt import Interrupted, catch_signals, interruption
 from capacity_pack.measure.payload import RequestBuilder
 from capacity_pack.measure.records import Attempt, RecordWriter
@@ -236,6 +241,7 @@ class Run:
         # Counters the dispatcher thread updates too (at a timed send) are changed under it.
         self._lock = threading.Lock()
         self._dispatcher: Dispatcher | None = None
+        self._placement: LoopPlacement | None = None
         self._own_transport = False
         self._lead_ns = 0
         self._stream: Arrivals | None = None
@@ -664,8 +670,13 @@ class Run:
         own, limits, timeout = self._http_options()
         loop = asyncio.get_running_loop()
         self._halt = asyncio.Event()
+        # This (the loop's) thread and the dispatcher thread on CPUs of their own.
+        self._placement = LoopPlacement(self.s.pin_threads, self.s.cpu_part)
         self._dispatcher = Dispatcher(
-            loop, realtime=self.s.realtime_dispatch, idle=self.collector.idle
+            loop,
+            realtime=self.s.realtime_dispatch,
+            idle=self.collector.idle,
+            cpu=self._placement.bind(),
         )
         self._dispatcher.start()
         transport = PlainHTTPTransport(limits, scheduler=self._dispatcher) if own else None
@@ -685,6 +696,7 @@ class Run:
         finally:
             stop.set()
             self._dispatcher.stop()
+            self._placement.restore()
             sys.setswitchinterval(old_switch)
             self.writer.close()
         self.wall_s = (time.perf_counter_ns() - self.t0_ns) / NS
@@ -887,6 +899,9 @@ class Run:
                 "capacity_pack" if self._own_transport else "httpx",
                 d.scheduling if d is not None else None,
                 d.scheduling_detail if d is not None else None,
+            ),
+            "thread_placement": (
+                self._placement.report(d) if self._placement is not None else None
             ),
             **self.collector.summary(),
             "extension_blocks": max(0, self.blocks_sent - 1),

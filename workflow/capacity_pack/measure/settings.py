@@ -91,6 +91,16 @@ class LoadSettings(BaseModel):
         default=False,
         description="Ask for SCHED_FIFO for the dispatcher thread (client.realtime_dispatch).",
     )
+    pin_threads: bool = Field(
+        default=True,
+        description="Bind the event loop and the dispatcher thread to CPUs of their own for the "
+        "run (client.pin_threads).",
+    )
+    cpu_part: tuple[int, int] | None = Field(
+        default=None,
+        description="(i, K): this process is local shard i of K sharing the CPU set; it pins "
+        "within the i-th of K parts.",
+    )
     transport: Literal["auto", "capacity_pack", "httpx"] = Field(
         default="auto",
         description="HTTP transport under the httpx client: auto (ours for http://, httpx's "

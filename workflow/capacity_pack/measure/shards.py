@@ -332,6 +332,11 @@ class ShardSpec(BaseModel):
     out_dir: str = Field(description="This shard's output directory.")
     lead_s: float = Field(gt=0, description="Start lead after the last ready report.")
     ready_timeout_s: float = Field(gt=0, description="Rendezvous timeout.")
+    share_cpus: bool = Field(
+        default=False,
+        description="Started without a launcher: the K shards share this host's CPU set, and "
+        "each pins its threads within its own part of it (client.pin_threads).",
+    )
 
 
 def write_shard_prompts(path: str | Path, prompts: dict[str, str]) -> None:
@@ -371,6 +376,8 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
     settings.min_successful_per_class = None
     settings.scrape_metrics = spec.index == 0
     settings.shard = spec.index
+    if spec.share_cpus:
+        settings.cpu_part = (spec.index, spec.shards)
     if settings.max_in_flight is not None:
         # The point's client-side ceiling, shared out: each shard sends every K-th arrival.
         settings.max_in_flight = max(1, -(-settings.max_in_flight // spec.shards))
@@ -420,6 +427,17 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # The measurement job's side: launch K shards, wait, merge
 # ---------------------------------------------------------------------------------------------
+
+
+def merge_placement(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A sharded point's ``thread_placement``: pinned only if every shard was (per_shard has
+    each shard's CPUs)."""
+    each = [(s["shard"], s.get("thread_placement")) for s in summaries]
+    if not all(p for _, p in each):
+        return None
+    pinned = all(p["pinned"] for _, p in each)
+    detail = "; ".join(f"shard {i}: {p['detail']}" for i, p in each)
+    return {"requested": each[0][1]["requested"], "pinned": pinned, "detail": detail}
 
 
 def launch_argv(launcher: list[str], index: int, k: int, spec_path: Path) -> list[str]:
@@ -570,6 +588,7 @@ def merge_summaries(
                 "dispatch_lateness_ms": lateness(mine),
                 "event_loop_lag_ms": s["event_loop_lag_ms"],
                 "dispatcher_scheduling": s["dispatcher_scheduling"],
+                "thread_placement": s.get("thread_placement"),
                 "gc_pause_max_ms": s.get("gc_pause_max_ms"),
                 "client_bound": s["client_bound"],
             }
@@ -601,6 +620,7 @@ def merge_summaries(
         "client_transport": first["client_transport"],
         "dispatcher_scheduling": first["dispatcher_scheduling"],
         "realtime_dispatch": first.get("realtime_dispatch"),
+        "thread_placement": merge_placement(summaries),
         **merge_gc(summaries),
         "client_bound": bool(bound),
         "extension_blocks": 0,

@@ -158,6 +158,7 @@ def run_sharded(
             out_dir=str((work / f"shard-{i}").resolve()),
             lead_s=c.shard_start_lead_seconds,
             ready_timeout_s=c.shard_ready_timeout_seconds,
+            share_cpus=not c.shard_launcher,
         )
         for i in range(k)
     ]

@@ -577,6 +577,16 @@ class Client(_Model):
         "and whether it took effect (realtime_dispatch, dispatcher_scheduling).",
     )
 
+    pin_threads: bool = Field(
+        default=True,
+        strict=True,
+        description="For each run, bind the load generator's event-loop thread and its "
+        "dispatcher thread to CPUs of their own (the dispatcher to the highest CPU the process "
+        "may use, the loop to the rest; local shards split the CPUs between them first), so a "
+        "due send never waits behind the loop's stream reading. Needs two CPUs; the run "
+        "summary says where each ran (thread_placement).",
+    )
+
     @field_validator("automatic_retries")
     @classmethod
     def _no_retries(cls, v: bool) -> bool:

@@ -116,6 +116,8 @@ def sweep(summary: dict[str, Any]) -> dict[str, Any]:
         "lateness_bound_ms": summary["lateness_bound_ms"],
     }
     tags = {"capacity_pack.client_bound": str(summary["client_bound"]).lower()}
+    if summary.get("thread_placement"):  # the loop and dispatcher threads on CPUs of their own
+        tags["capacity_pack.threads_pinned"] = str(summary["thread_placement"]["pinned"]).lower()
     if summary.get("sequential"):
         tags["capacity_pack.sequential_decision"] = summary["sequential"]["decision"]
     shards = summary.get("shards")
