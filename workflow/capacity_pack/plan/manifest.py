@@ -584,7 +584,9 @@ class Client(_Model):
         "dispatcher thread to CPUs of their own (the dispatcher to the highest CPU the process "
         "may use, the loop to the rest; local shards split the CPUs between them first), so a "
         "due send never waits behind the loop's stream reading. Needs two CPUs; the run "
-        "summary says where each ran (thread_placement).",
+        "summary says where each ran (thread_placement). Set false where other load generators "
+        "(another pack's measurement) run on the same host at the same time: each would pin "
+        "to the same CPUs.",
     )
 
     @field_validator("automatic_retries")
