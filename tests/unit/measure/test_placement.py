@@ -99,6 +99,19 @@ def test_a_refused_binding_is_reported_and_the_loop_keeps_its_cpus():
     report = placement.report(None)
     assert report["pinned"] is False
     assert report["detail"].startswith("not pinned: sched_setaffinity refused (")
+    # The dispatcher refused, the loop bound: the summary says both, and the loop gets its set back.
+    import types
+
+    placement = LoopPlacement(True)
+    placement.plan = ([min(before)], os.cpu_count() + 64)
+    assert placement.bind() == os.cpu_count() + 64
+    refused = types.SimpleNamespace(bound="sched_setaffinity refused (Invalid argument)")
+    assert placement.report(refused)["detail"] == (
+        "not pinned: dispatcher: sched_setaffinity refused (Invalid argument) "
+        f"(event loop on CPU {min(before)})"
+    )
+    placement.restore()
+    assert os.sched_getaffinity(0) == before
 
 
 def test_a_sharded_points_placement_is_pinned_only_if_every_shard_was():

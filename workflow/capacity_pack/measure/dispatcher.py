@@ -263,8 +263,7 @@ class LoopPlacement:
 
     def restore(self) -> None:
         if self.saved is not None:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, self.saved)
+            bind_thread(self.saved)
             self.saved = None
 
     def report(self, dispatcher: Dispatcher | None) -> dict[str, Any]:
@@ -280,10 +279,12 @@ class LoopPlacement:
                 n, whose = n // self.part[1], "this shard's part of the CPU set"
             return {**out, "detail": f"not pinned: {whose} has {n} CPU(s), two are needed"}
         loop_cpus, dispatcher_cpu = self.plan
-        why = self.failed or (dispatcher.bound if dispatcher is not None else "no dispatcher")
-        if why is not None:
-            return {**out, "detail": f"not pinned: {why}"}
         cpus = ", ".join(map(str, loop_cpus))
+        if self.failed is not None:
+            return {**out, "detail": f"not pinned: {self.failed}"}
+        why = dispatcher.bound if dispatcher is not None else "no dispatcher"
+        if why is not None:  # the loop thread was bound all the same: say so
+            return {**out, "detail": f"not pinned: dispatcher: {why} (event loop on CPU {cpus})"}
         return {
             **out,
             "pinned": True,
