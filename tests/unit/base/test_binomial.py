@@ -1,6 +1,6 @@
 """The attainment bounds: the confidence sequence's closed forms, its coverage under repeated
 looks (where a fixed-sample interval's is lost), the least sample that can pass a gate, and the
-batch-means design effect for outcomes that come in bursts."""
+time-block design effect for outcomes that come in bursts, pooled across runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import pytest
 from scipy.special import betaln
 
 from capacity_pack.binomial import (
+    BLOCK_S,
+    MIN_BATCHES,
     PRIOR_WEIGHT,
+    block_counts,
+    cluster_design_effect,
     confidence_sequence,
     design_effect,
     effective_counts,
@@ -117,21 +121,71 @@ def bursty(rng, n: int, p: float, stay: float) -> np.ndarray:
     return x
 
 
+def sends(n: int, rate_rps: float = 20.0) -> np.ndarray:
+    """Send stamps in ns of ``n`` requests at a steady ``rate_rps``."""
+    return (np.arange(n) * (1e9 / rate_rps)).astype(np.int64)
+
+
 def test_the_design_effect_is_one_for_independent_outcomes_and_large_for_bursts():
     rng = np.random.default_rng(3)
-    assert design_effect([True] * 500) == 1.0
-    assert design_effect([True, False, True]) == 1.0  # too few to batch
-    independent = [design_effect(rng.random(2_000) < 0.9) for _ in range(50)]
+    assert design_effect([True] * 500, sends(500)) == 1.0
+    assert design_effect([True, False, True], sends(3)) == 1.0  # too few to batch
+    independent = [design_effect(rng.random(2_000) < 0.9, sends(2_000)) for _ in range(50)]
     assert np.median(independent) < 1.3
     # The chain's variance inflation is (1 + stay) / (1 - stay) = 19 at stay 0.9.
-    burst = [design_effect(bursty(rng, 2_000, 0.9, 0.9)) for _ in range(50)]
+    burst = [design_effect(bursty(rng, 2_000, 0.9, 0.9), sends(2_000)) for _ in range(50)]
     assert 8 < np.median(burst) < 30
     assert effective_counts(90, 100, 4.0) == (22.5, 25.0)
 
 
+def test_blocks_are_seconds_of_send_time_at_least_five_of_them():
+    block_s, n_j, k_j = block_counts(np.ones(600, bool), sends(600))  # 30 s at 20 RPS
+    assert block_s == BLOCK_S and n_j.tolist() == [100] * 6 and k_j.tolist() == [100] * 6
+    # A span under five blocks of 5 s is cut into five shorter ones; send order is irrelevant.
+    t = sends(200)[::-1]
+    block_s, n_j, _ = block_counts(np.ones(200, bool), t)
+    assert block_s < BLOCK_S and n_j.size >= MIN_BATCHES and n_j.sum() == 200
+
+
+def request_batches(y: np.ndarray) -> float:
+    """The design effect over batches of sqrt(n) requests (the method before time blocks)."""
+    n = y.size
+    b = max(1, min(math.isqrt(n), n // 5))
+    means = y[n - (n // b) * b :].reshape(-1, b).mean(axis=1)
+    p = means.mean()
+    return 1.0 if p in (0.0, 1.0) else max(1.0, b * means.var(ddof=1) / (p * (1 - p)))
+
+
+def test_episodes_longer_than_a_request_batch_are_seen_by_time_blocks():
+    """Misses in episodes of about 60 requests (3 s at 20 RPS): blocks of 5 s keep more of an
+    episode whole than batches of sqrt(n) requests (35 here, under 2 s) do, so they state more
+    of the inflation (the chain's own is (1 + stay) / (1 - stay) = 117)."""
+    rng = np.random.default_rng(5)
+    runs = [bursty(rng, 1_200, 0.95, 0.983) for _ in range(40)]
+    blocks = np.median([design_effect(x, sends(x.size)) for x in runs])
+    batches = np.median([request_batches(x.astype(float)) for x in runs])
+    assert blocks > 1.1 * batches and blocks > 12
+
+
+def test_repeats_that_disagree_widen_the_pooled_interval():
+    """Two runs pooled: the blocks of both give the design effect, so a run that met every SLO
+    and one at 0.9 are not one sample of 1,200 independent trials."""
+    rng = np.random.default_rng(7)
+    a = np.ones(600, bool)
+    b = rng.random(600) < 0.9
+    _, n_a, k_a = block_counts(a, sends(600))
+    _, n_b, k_b = block_counts(b, sends(600))
+    pooled = cluster_design_effect(np.r_[n_a, n_b], np.r_[k_a, k_b])
+    assert pooled > 3
+    # Two runs that agree pool to about the design effect of either.
+    c = rng.random(600) < 0.9
+    _, n_c, k_c = block_counts(c, sends(600))
+    assert cluster_design_effect(np.r_[n_b, n_c], np.r_[k_b, k_c]) < 2.5
+
+
 def first_decision(x: np.ndarray, adjust: bool, gate: float = 0.95) -> str:
     for n in range(20, x.size + 1, 10):
-        deff = design_effect(x[:n]) if adjust else 1.0
+        deff = design_effect(x[:n], sends(n)) if adjust else 1.0
         outcome = quick_outcome(*effective_counts(int(x[:n].sum()), n, deff), gate, 0.95)
         if outcome != "undecided":
             return outcome

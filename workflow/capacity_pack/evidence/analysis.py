@@ -9,8 +9,9 @@ capacity gate) and adds, with the methods of :mod:`.statistics`:
 - per class: the confidence sequence of attainment at ``acceptance.attainment_confidence``
   (:func:`capacity_pack.binomial.confidence_sequence`: valid however often the sweep looked at
   it while deciding to stop or extend the point, unlike a fixed-sample interval), taken at the
-  effective sample k / deff of n / deff, deff the batch-means design effect of the class's
-  outcomes in send order (:func:`capacity_pack.binomial.design_effect`), and intersected with
+  effective sample k / deff of n / deff, deff the design effect of the class's outcomes over
+  blocks of send time (:func:`capacity_pack.binomial.design_effect`; the blocks' counts are
+  kept in ``attainment_blocks`` so that a rate's repeats pool), and intersected with
   the interval of the in-run look that decided the point (the running intersection,
   :func:`intersect_with_look`); attempts,
   the class's error rate (attempted_c - successful_c) / attempted_c and its all-attempt
@@ -53,7 +54,12 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from capacity_pack.binomial import confidence_sequence, design_effect, effective_counts
+from capacity_pack.binomial import (
+    block_counts,
+    cluster_design_effect,
+    confidence_sequence,
+    effective_counts,
+)
 from capacity_pack.evidence import sessions
 from capacity_pack.evidence.gates import Gates, cutoff_checks, pack_gates
 from capacity_pack.evidence.slo_report import (
@@ -287,17 +293,24 @@ def _extend_class(
     n_ok, passed = entry["successful_count"], entry["passing_count"]
     within = cutoff_checks(okc["ttft_ms"], okc["tpot_ms"], c.ttft_cutoff_ms, c.tpot_cutoff_ms)
     # The time-uniform bound (the sweep may have stopped or extended this point on it), at the
-    # effective sample of the outcomes in send order: requests sharing a queue miss together.
-    order = np.argsort(okc["sent_ns"].to_numpy(np.int64), kind="stable")
-    deff = design_effect(within.met[order])
+    # effective sample of the outcomes over blocks of send time: requests sharing a queue miss
+    # together. The blocks are kept, so a rate's repeats pool into one interval
+    # (capacity_pack.decide.capacity.pooled_attainment).
+    block_s, n_j, k_j = block_counts(within.met, okc["sent_ns"].to_numpy(np.int64))
+    deff = cluster_design_effect(n_j, k_j)
     k_eff, n_eff = effective_counts(passed, n_ok, deff)
     ci = confidence_sequence(k_eff, n_eff, confidence, gates["class_slo_attainment_min"])
     entry["attainment_ci"] = list(ci) if ci else None
     entry["attainment_ci_confidence"] = confidence
     entry["attainment_design_effect"] = deff
+    entry["attainment_blocks"] = {
+        "block_s": block_s,
+        "successful": n_j.tolist(),
+        "passing": k_j.tolist(),
+    }
     entry["attainment_ci_method"] = (
-        "confidence sequence (beta-binomial mixture, time-uniform) at the batch-means "
-        "effective sample"
+        "confidence sequence (beta-binomial mixture, time-uniform) at the effective sample of "
+        "time-block batch means"
     )
     attempted_c = int(in_class.sum())
     entry["attempted"] = attempted_c
@@ -350,6 +363,11 @@ def _judge(report: dict[str, Any], classes: list[ClassSpec], gates: Gates, shard
         labels.append(f"under-sampled: {report['under_sampled_classes']}")
     if report["queue_trend"] == "inconclusive":
         labels.append("queue trend inconclusive")
+    report["attainment_gate"] = {
+        "min": gates["class_slo_attainment_min"],
+        "min_successful": gates["min_successful_samples_per_class"],
+    }
+    report["besides_attainment"] = besides_attainment(report, gates, labels)
     certain = certain_failures(report, classes, gates)
     if certain and not not_a_server_result:
         # Certain at the stated confidence whatever the sample size (the sweep stops such a
@@ -382,6 +400,24 @@ def _judge(report: dict[str, Any], classes: list[ClassSpec], gates: Gates, shard
             "shard clocks unverified: the shards ran on hosts whose realtime skew was not "
             "measured (no NTP state); see the sweep summary's shards.clock_check"
         )
+
+
+def besides_attainment(report: dict[str, Any], gates: Gates, labels: list[str]) -> dict[str, Any]:
+    """The point's outcome on everything but the per-class attainment and sample-size gates,
+    which a rate pools over its repeats (:func:`capacity_pack.decide.capacity.rate_status`):
+    ``inconclusive`` (no server result: client-bound, shard clocks; or an undecided queue
+    trend), else ``fail`` (the error rate, a growing queue, an optional per-class gate), else
+    ``pass``; with the reasons in the gates' words."""
+    undecided = [r for r in labels if not r.startswith("under-sampled")]
+    failures = [msg for g in gates.active("point") if (msg := g.failure(report, gates))]
+    failures += [
+        msg
+        for name, c in report["classes"].items()
+        for g in gates.active("class")
+        if g.optional and (msg := g.failure(c, gates, name))
+    ]
+    outcome = "inconclusive" if undecided else "fail" if failures else "pass"
+    return {"outcome": outcome, "reasons": list(dict.fromkeys(undecided + failures))}
 
 
 def certain_failures(report: dict[str, Any], classes: list[ClassSpec], gates: Gates) -> list[str]:

@@ -17,30 +17,26 @@ pass on fewer, :func:`capacity_pack.measure.inputs.look_floor`) by the time-unif
 confidence sequence of its attainment at ``acceptance.attainment_confidence``
 (:func:`capacity_pack.binomial.sequential_outcome`, the beta-binomial mixture of Robbins 1970
 as in Howard et al., Ann. Statist. 2021), against ``acceptance.class_slo_attainment_min``,
-taken at the effective sample k_c / deff_c of n_c / deff_c, where deff_c is the batch-means
-design effect of the class's outcomes in send order (:func:`capacity_pack.binomial.design_effect`):
-requests that share a queue miss together, and a burst of misses counted as independent
-trials would fail a point that meets its gate.
+taken at the effective sample k_c / deff_c of n_c / deff_c, where deff_c is the design
+effect of the class's outcomes over blocks of send time
+(:func:`capacity_pack.binomial.design_effect`): requests that share a queue miss together,
+and a burst of misses counted as independent trials would decide a point on one burst.
 
 - some class ``fail`` (its upper bound below the gate): the point stops, **fail**;
 - every class ``pass`` (lower bound at or above the gate), every class at its sample gate
   (``min_successful_samples_per_class``) and the minimum duration (warm-up plus
   ``client.minimum_duration_seconds``) passed: the point stops, **pass**;
-- no class ``fail``, but some class cannot pass by the maximum duration (**futile**, judged from
-  the warm-up's end, as ``fail`` is): at the rate it has run so far it would have
-  n_c' = n_c (T - w) / (t - w) requests by then (T the maximum duration, w the warm-up, t now,
-  from the clock's start), and even if the n_c' - n_c still to come met the SLO at u_c, the
-  upper end of its confidence sequence now, the bound at (k_c + u_c (n_c' - n_c)) / deff_c of
-  n_c' / deff_c would not pass: the point stops, **futile** (not shown to pass). A non-binding
-  futility bound, as in group-sequential designs: it can only turn a late pass into "not shown
-  to pass", never make a pass, so the false-pass rate above is untouched; the points it saves
-  are those near the SLO boundary, which would otherwise run to the maximum duration undecided.
-  The minimum duration guards a pass (a window long enough to show the queue's behaviour) and so
-  is not waited for here: a point stopped as futile is never shown to pass. The start of a run
-  is its easiest part (an empty queue; the warm state's cache is filled before the clock), so an
-  early look sees a class at its best, not its worst. Measured on the default pack's recorded
-  points (docs/performance.md): the points found futile after the minimum duration were futile
-  3-6 s earlier, and no point that passed would have been stopped;
+- no class ``fail``, but some class cannot even *meet* the gate by the maximum duration
+  (**futile**, judged from the warm-up's end, as ``fail`` is): at the rate it has run so far
+  it would have n_c' = n_c (T - w) / (t - w) requests by then (T the maximum duration, w the
+  warm-up, t now, from the clock's start), and even if the n_c' - n_c still to come met the
+  SLO at u_c, the upper end of its confidence sequence now (the optimistic bound), its
+  attainment (k_c + u_c (n_c' - n_c)) / n_c' would stay under the gate: the point stops,
+  **futile**. A rate is decided on the pooled estimate of its repeats
+  (:func:`capacity_pack.decide.capacity.rate_status`), so a point that cannot be *shown* to
+  pass still measures: its requests make the estimate; only a point whose optimistic
+  projection misses the gate has nothing left to add. Non-binding, as in group-sequential
+  designs: it never makes a pass, so the false-pass rate above is untouched;
 - otherwise it continues, and extends while time remains (:func:`wants_extension`).
 
 A stop ends the arrivals only: requests in flight finish and are recorded, nothing is
@@ -69,7 +65,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.binomial import (
@@ -141,9 +136,7 @@ class _Class:
     met: list[bool] = field(default_factory=list)
 
     def design_effect(self) -> float:
-        # Stable, by send time only: ties keep their finishing order.
-        order = np.argsort(np.asarray(self.sent_ns, dtype=np.int64), kind="stable")
-        return design_effect(np.asarray(self.met, dtype=bool)[order])
+        return design_effect(self.met, self.sent_ns)
 
 
 @dataclass
@@ -226,11 +219,9 @@ class Decider:
         for name, (n, passed, outcome) in self.seen.items():
             if outcome != "undecided" or n < s.min_samples:
                 continue
-            deff = self.deff.get(name, 1.0)
             final = n * (end - s.warmup_s) / (t - s.warmup_s)
             high = self._bounds(name)[1]
-            best = passed + high * (final - n)
-            if quick_outcome(best / deff, final / deff, s.attainment_min, s.confidence) != "pass":
+            if (passed + high * (final - n)) / final < s.attainment_min:
                 self.futile_class = (name, final, high)
                 return True
         return False
@@ -260,13 +251,13 @@ class Decider:
             return self._bound_words(name, "upper", "<")
         if self.decision == "futile" and self.futile_class is not None:
             name, final, high = self.futile_class
+            n, passed, _ = seen[name]
             return (
-                f"futile: {name} cannot pass by the maximum duration "
-                f"{s.maximum_duration_s - s.warmup_s:g} s: even if its about "
-                f"{final - seen[name][0]:.0f} "
-                f"remaining requests met the SLO at its upper bound {high:.4f}, the lower bound "
-                f"at {final:.0f} requests (design effect {self.deff.get(name, 1.0):.2f}) would "
-                f"stay under {s.attainment_min}"
+                f"futile: {name} cannot meet the gate by the maximum duration "
+                f"{s.maximum_duration_s - s.warmup_s:g} s: even if its about {final - n:.0f} "
+                f"remaining requests met the SLO at its upper bound {high:.4f}, its attainment "
+                f"at {final:.0f} requests would be {(passed + high * (final - n)) / final:.4f} "
+                f"< {s.attainment_min}"
             )
         if self.decision == "pass":
             low = min(seen, key=lambda k: self._bounds(k)[0])
