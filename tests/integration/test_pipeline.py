@@ -201,7 +201,7 @@ def test_the_pack_holds_its_autopsy(ran):
     assert len(doc["requests"]["points"]) == 6
 
 
-VERDICT_WORDS = ("pass", "marginal", "fail", "inconsistent", "inconclusive")
+VERDICT_WORDS = ("pass", "marginal", "misses", "fail", "inconsistent", "inconclusive")
 
 
 def _pack(workdir):

@@ -11,6 +11,7 @@ from capacity_pack.decide.capacity import (
     closed_loop_curve,
     decision_metrics,
     mix_p95_context,
+    pooled_attainment,
     rate_status,
     select_open_loop,
 )
@@ -63,7 +64,90 @@ def test_seed_worked_example_selects_24_not_28():
     assert "28 RPS" in sel["decision"] and "24 RPS" in sel["decision"]
 
 
-def test_a_rate_must_pass_in_every_repeat():
+def pooled_report(rate, repeat, attainment, *, blocks=6, per_block=100, others="pass",
+                  state="cold", sample_gate=80, **per_class):  # fmt: skip
+    """A report that pools: each class ``blocks`` blocks of ``per_block`` successful requests,
+    at ``attainment`` (or its own, by name in ``per_class``), evenly spread over the blocks
+    unless a class gives its per-block attainments as a list."""
+    r = report(rate, repeat, "marginal", state=state)
+    for c in CLASSES:
+        a = per_class.get(c, attainment)
+        shares = a if isinstance(a, list) else [a] * blocks
+        n_j = [per_block] * len(shares)
+        k_j = [round(per_block * x) for x in shares]
+        r["classes"][c] |= {
+            "successful_count": sum(n_j), "passing_count": sum(k_j),
+            "attainment": sum(k_j) / sum(n_j), "attainment_ci_confidence": 0.95,
+            "attainment_blocks": {"block_s": 5.0, "successful": n_j, "passing": k_j},
+        }  # fmt: skip
+    r["attainment_gate"] = {"min": 0.95, "min_successful": sample_gate}
+    reasons = {"pass": [], "fail": ["error rate 0.0300 > 0.01"],
+               "inconclusive": ["queue trend inconclusive"]}[others]  # fmt: skip
+    r["besides_attainment"] = {"outcome": others, "reasons": reasons}
+    return r
+
+
+def test_a_rates_repeats_are_pooled_into_one_interval():
+    """The issue's 35 RPS: one repeat met every SLO, the other 0.90 of the interactive class.
+    Neither decides the rate alone: their requests pooled meet the gate (0.95) and the blocks
+    of both give the design effect, so the interval is wide (cannot decide at this size)."""
+    reps = [pooled_report(35, 0, 1.0), pooled_report(35, 1, 1.0, interactive=0.9)]
+    assert rate_status(reps) == "marginal"
+    pooled = pooled_attainment(reps)["interactive"]
+    assert pooled["attainment"] == pytest.approx(0.95) and pooled["meets"]
+    assert pooled["evidence"] == "cannot decide at this sample size"
+    assert pooled["design_effect"] > 5 and pooled["blocks"] == 12
+    assert pooled["between_repeats"] == pytest.approx(0.1) and pooled["per_repeat"] == [1.0, 0.9]
+    low, high = pooled["ci"]
+    assert low < 0.95 < high
+    # Consistent repeats: the design effect is that of either (evenly spread: 1).
+    assert pooled_attainment([pooled_report(35, 0, 0.95)] * 2)["interactive"]["design_effect"] == 1
+    # Under the gate on the pooled estimate, not shown to fail: misses.
+    assert rate_status([pooled_report(36, 0, 0.99, interactive=0.94)]) == "misses"
+
+
+def test_a_rate_is_shown_to_pass_or_fail_on_the_pooled_evidence():
+    assert rate_status([pooled_report(30, k, 0.99, blocks=12) for k in range(2)]) == "pass"
+    assert rate_status([pooled_report(50, 0, 0.99, interactive=0.8)]) == "fail"
+    # 0.925 over 300 requests: undecided alone; three such repeats pooled are shown to fail.
+    one = pooled_report(40, 0, 0.99, interactive=0.925, per_block=50)
+    assert (
+        pooled_attainment([one])["interactive"]["evidence"] == "cannot decide at this sample size"
+    )
+    three = [pooled_report(40, k, 0.99, interactive=0.925, per_block=50) for k in range(3)]
+    assert pooled_attainment(three)["interactive"]["evidence"] == "shown to fail"
+    assert rate_status(three) == "fail"
+    # Another gate failed in a repeat (the error rate), or undecided (the queue trend); a class
+    # under its sample gate even pooled.
+    assert (
+        rate_status([pooled_report(30, 0, 0.99), pooled_report(30, 1, 0.99, others="fail")])
+        == "fail"
+    )
+    assert rate_status([pooled_report(30, 0, 0.99, others="inconclusive")]) == "inconclusive"
+    assert rate_status([pooled_report(30, 0, 1.0, blocks=1, per_block=40)]) == "inconclusive"
+    assert (
+        rate_status([pooled_report(30, k, 1.0, blocks=1, per_block=40) for k in range(2)])
+        != "inconclusive"
+    )
+
+
+def test_the_capacity_is_the_pooled_estimates_and_says_what_is_shown():
+    reports = [pooled_report(30, k, 0.99, blocks=12) for k in range(2)]
+    reports += [pooled_report(35, 0, 1.0), pooled_report(35, 1, 1.0, interactive=0.9)]
+    reports += [pooled_report(37, k, 0.99, interactive=0.94) for k in range(2)]
+    sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
+    assert sel["capacity_rps"] == 35 and sel["shown_to_pass_rps"] == 30
+    assert (sel["bracket"]["pass_rps"], sel["bracket"]["fail_rps"]) == (35, 37)
+    rows = {r["offered_rps"]: r for r in sel["rates"]}
+    assert [rows[r]["status"] for r in (30, 35, 37)] == ["pass", "marginal", "misses"]
+    words = sel["decision"]
+    assert "35 RPS is the highest tested rate meeting every gate on the pooled evidence" in words
+    assert "(37 RPS) misses the attainment gate on the pooled estimate" in words
+    assert "interactive 0.9400" in words and "cannot decide at this sample size" in words
+    assert "fails" not in words
+
+
+def test_reports_that_cannot_be_pooled_must_pass_in_every_repeat():
     assert rate_status([{"verdict": "pass"}, {"verdict": "fail"}]) == "inconsistent"
     assert rate_status([{"verdict": "pass"}, {"verdict": "marginal"}]) == "inconsistent"
     assert rate_status([{"verdict": "marginal"}] * 2) == "marginal"

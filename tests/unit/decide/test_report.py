@@ -249,7 +249,7 @@ def test_the_readme_defines_its_verdict_words_and_prices_in_the_packs_currency()
     capacity = build_capacity(reports, pack)
     readme = render_readme(freeze(pack), capacity, build_plan(capacity, reports, pack), None, [])
     words = readme[readme.index("## Verdict words") :].split("\n## ")[0]
-    for word in ("pass", "marginal", "fail", "inconclusive", "inconsistent"):
+    for word in ("pass", "marginal", "misses", "fail", "inconclusive", "inconsistent"):
         assert f"**{word}**" in words, word
     assert "0.95" in words and "95%" in words  # the pack's own gate and confidence
     cost = next(line for line in readme.splitlines() if line.startswith("Cost"))

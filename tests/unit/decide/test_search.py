@@ -140,21 +140,28 @@ def test_tidy_keeps_two_significant_digits():
 # -- brackets and steps -----------------------------------------------------------------------
 
 
-def test_bracket_is_the_highest_pass_with_every_lower_passing():
+def test_bracket_is_the_highest_rate_meeting_the_gates_with_every_lower_one_meeting_them():
+    """A rate meets the gates when shown to pass or on its pooled estimate (marginal)."""
     rows = [
         {"offered_rps": 20.0, "status": "pass"},
         {"offered_rps": 30.0, "status": "marginal"},
+        {"offered_rps": 35.0, "status": "misses"},
         {"offered_rps": 40.0, "status": "pass"},
     ]
-    assert S.bracket(rows, "offered_rps") == (20.0, 30.0)
+    assert S.bracket(rows, "offered_rps") == (30.0, 35.0)
     assert S.bracket(rows[:1], "offered_rps") == (20.0, None)
-    assert S.bracket(rows[1:2], "offered_rps") == (None, 30.0)
+    assert S.bracket(rows[2:3], "offered_rps") == (None, 35.0)
 
 
-def test_only_pass_passes():
-    """Marginal, inconclusive, inconsistent: not shown to pass, so the search stays below."""
+def test_what_does_not_meet_the_gates_keeps_the_search_below():
+    """Inconclusive, and repeats that cannot be pooled and disagree (analyzed before pooling):
+    the search stays below; repeats meeting the gate on the estimate only do not stop it."""
     inp = inputs(initial_rps=[20.0, 30.0])
-    for verdicts in (["marginal"], ["inconclusive"], ["pass", "fail"]):
+    for verdicts, meets in (
+        (["marginal"], True),
+        (["inconclusive"], False),
+        (["pass", "fail"], False),
+    ):
         reps = [
             {**report(sched.Point(mode="open", rate_rps=30, cache_state="cold", repeat=k), True),
              "verdict": v}
@@ -162,6 +169,9 @@ def test_only_pass_passes():
         ]  # fmt: skip
         low = report(sched.Point(mode="open", rate_rps=20, cache_state="cold", repeat=0), True)
         doc = S.decide_round([low, *reps], inp.model_copy(update={"repeats": 2}), "cold", 1)
+        if meets:
+            assert doc["open"]["bracket"]["pass_rps"] == 30, verdicts
+            continue
         assert doc["open"]["bracket"]["pass_rps"] == 20 and doc["open"]["bracket"]["fail_rps"] == 30
         assert doc["open"]["search"]["rates"] == [25]
 

@@ -2,23 +2,37 @@
 
 Open-loop sweep, per cache state:
 
-- a rate *passes* when every repeat's report has verdict ``pass`` (all gates, attainment bounds
-  above the threshold, enough samples, a flat queue, a valid client); a rate that passes only in
-  some repeats is ``inconsistent``, one that passes only on point estimates ``marginal``, one with
-  an under-sampled class or an undecided queue trend ``inconclusive``. A repeat that decides
-  nothing is set aside when another repeat of the rate decides (``set_aside_repeats`` and
-  why; the search measures such a rate again, ``capacity_pack.decide.search``): a client-bound
-  one (dispatch lateness p99 over its bound: the client, not the target, was measured) or a
-  superseded one (decided in run under another attainment gate, undecided at the pack's);
-- the SLO-compliant capacity is the highest tested rate that passes with every lower tested rate
-  passing too (a pass above a failure is reported as non-monotonic and not selected);
+- **a rate's evidence is its repeats pooled** (each repeat a different schedule seed): per
+  class k = sum of passing_c and n = sum of successful_c over the repeats that decide the
+  rate, the design effect of all their time blocks together
+  (:func:`capacity_pack.binomial.cluster_design_effect`: repeats that disagree widen it), and
+  the confidence sequence at the effective sample k / deff of n / deff
+  (:func:`pooled_attainment`), each class ``shown to pass``, ``shown to fail`` or ``cannot
+  decide at this sample size``. Its status (:func:`rate_status`): ``fail`` (a class shown to
+  fail pooled, or another gate failed in a repeat: the error rate, a growing queue, an optional
+  gate), ``inconclusive`` (an undecided queue trend, or a class under its sample gate pooled),
+  ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on the pooled
+  estimate, some not shown), ``misses`` (some class under the gate on the pooled estimate, not
+  shown to fail). A repeat that decides nothing is set aside when another repeat of the rate
+  decides (``set_aside_repeats`` and why; the search measures such a rate again,
+  ``capacity_pack.decide.search``): a client-bound one (dispatch lateness p99 over its bound:
+  the client, not the target, was measured) or a superseded one (decided in run under another
+  attainment gate, undecided at the pack's). Reports analyzed before pooling (no time blocks)
+  keep the old rule: every repeat must pass (``inconsistent`` when some do);
+- the SLO-compliant capacity is the highest tested rate that **meets every gate on its pooled
+  estimate** (``pass`` or ``marginal``: :func:`meets_gates`) with every lower tested rate
+  meeting them too (one meeting them above a rate that does not is reported as non-monotonic
+  and not selected); ``shown_to_pass_rps`` is the highest such rate shown to pass at the
+  confidence. The estimate decides, the interval says how sure (docs/metrics.md, "Capacity and
+  repeats", says why: a rate shown to pass in a few minutes of load lies under the boundary by
+  a band the sample size sets, not the target);
 - **the bracket**: ``pass_rps`` = that capacity (``capacity_rps`` keeps the same value),
-  ``fail_rps`` = the lowest tested rate above it (None when the highest rate tested passes: the
-  true capacity may be higher), ``width_rps`` = fail_rps - pass_rps, ``resolution_rps`` = the
-  pack's ``sweep.search`` resolution (``resolution_rps``, or ``resolution_rel`` x pass_rps; None
-  without a search), ``reached`` = width_rps <= resolution_rps, and ``confidence`` = the
-  confidence of the per-point attainment bounds the verdicts were taken on. With no passing
-  rate, pass_rps is None and the capacity lies below the lowest rate tested;
+  ``fail_rps`` = the lowest tested rate above it (None when the highest rate tested meets the
+  gates: the true capacity may be higher), ``width_rps`` = fail_rps - pass_rps,
+  ``resolution_rps`` = the pack's ``sweep.search`` resolution (``resolution_rps``, or
+  ``resolution_rel`` x pass_rps; None without a search), ``reached`` = width_rps <=
+  resolution_rps, and ``confidence`` = the confidence of the attainment intervals. With no
+  rate meeting the gates, pass_rps is None and the capacity lies below the lowest rate tested;
 - every rate that does not pass names, per repeat that did not pass, each class the report names
   (its reasons in the gates' words) with the **binding metric**: of the class's successful
   requests, whether more were over the TTFT cutoff or over the TPOT cutoff (the report's
@@ -60,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from capacity_pack.binomial import cluster_design_effect, confidence_sequence
 from capacity_pack.decide.contexts import sent_contexts
 from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
@@ -85,7 +100,102 @@ def void(report: dict[str, Any]) -> str | None:
     return None
 
 
+#: Rate statuses that meet every gate on the rate's pooled estimate: a capacity is selected
+#: among them. ``pass``: shown at the stated confidence; ``marginal``: on the estimate only.
+MEETS = ("pass", "marginal")
+#: The words of a class's pooled attainment against its gate.
+SHOWN_PASS, SHOWN_FAIL, UNDECIDED = (
+    "shown to pass",
+    "shown to fail",
+    "cannot decide at this sample size",
+)
+
+
+def meets_gates(status: str | None) -> bool:
+    """Whether a rate status meets every gate on the pooled estimate (:data:`MEETS`)."""
+    return status in MEETS
+
+
+def poolable(report: dict[str, Any]) -> bool:
+    """Whether a report carries what pooling needs (its gate, its other gates' outcome and each
+    class's time blocks); a report analyzed before 2026-12-05 does not."""
+    return (
+        "attainment_gate" in report
+        and "besides_attainment" in report
+        and all("attainment_blocks" in c for c in report.get("classes", {}).values())
+    )
+
+
+def pooled_attainment(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per class, the attainment of a rate's repeats pooled into one sample (the module
+    docstring's method; every report :func:`poolable`): k = sum of passing_c, n = sum of
+    successful_c, the design effect of all the repeats' time blocks together
+    (:func:`capacity_pack.binomial.cluster_design_effect`), the confidence sequence at the
+    effective sample k / deff of n / deff against the gate, each repeat's own attainment, and
+    the evidence in words: ``shown to pass`` (lower bound >= gate), ``shown to fail`` (upper
+    bound < gate), else ``cannot decide at this sample size``."""
+    gate = float(reports[0]["attainment_gate"]["min"])
+    sample_gate = reports[0]["attainment_gate"].get("min_successful")
+    out: dict[str, dict[str, Any]] = {}
+    for name in reports[0]["classes"]:
+        entries = [r["classes"][name] for r in reports]
+        k = sum(int(e["passing_count"]) for e in entries)
+        n = sum(int(e["successful_count"]) for e in entries)
+        n_j = [v for e in entries for v in e["attainment_blocks"]["successful"]]
+        k_j = [v for e in entries for v in e["attainment_blocks"]["passing"]]
+        confidence = float(entries[0].get("attainment_ci_confidence") or 0.95)
+        deff = cluster_design_effect(n_j, k_j)
+        ci = confidence_sequence(k / deff, n / deff, confidence, gate) if n else None
+        low, high = ci if ci is not None else (0.0, 1.0)
+        per_repeat = [e.get("attainment") for e in entries]
+        known = [a for a in per_repeat if a is not None]
+        out[name] = {
+            "passing": k,
+            "successful": n,
+            "attainment": k / n if n else None,
+            "design_effect": deff,
+            "blocks": len(n_j),
+            "ci": [low, high],
+            "confidence": confidence,
+            "gate": gate,
+            "sample_gate": sample_gate,
+            "meets": bool(n and k / n >= gate),
+            "evidence": SHOWN_PASS if low >= gate else SHOWN_FAIL if high < gate else UNDECIDED,
+            "per_repeat": per_repeat,
+            "between_repeats": (max(known) - min(known)) if len(known) > 1 else None,
+        }
+    return out
+
+
 def rate_status(reports: list[dict[str, Any]]) -> str:
+    """A rate's status from the repeats that decide it, pooled (module docstring): ``fail``
+    (a class shown to fail on the pooled evidence, or another gate failed in a repeat),
+    ``inconclusive`` (an undecided queue trend, or a class under its sample gate pooled),
+    ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on the
+    pooled estimate, some not shown at the confidence), ``misses`` (some class under the gate
+    on the pooled estimate, not shown to fail: cannot decide at this sample size)."""
+    if not reports:
+        return "inconclusive"
+    if not all(poolable(r) for r in reports):
+        return _status_by_repeats(reports)
+    others = [r["besides_attainment"]["outcome"] for r in reports]
+    pooled = pooled_attainment(reports)
+    if "fail" in others or any(e["evidence"] == SHOWN_FAIL for e in pooled.values()):
+        return "fail"
+    if "inconclusive" in others or any(
+        e["sample_gate"] is not None and e["successful"] < e["sample_gate"] for e in pooled.values()
+    ):
+        return "inconclusive"
+    if all(e["evidence"] == SHOWN_PASS for e in pooled.values()):
+        return "pass"
+    if all(e["meets"] for e in pooled.values()):
+        return "marginal"
+    return "misses"
+
+
+def _status_by_repeats(reports: list[dict[str, Any]]) -> str:
+    """The status of reports that cannot be pooled (analyzed before pooling existed): every
+    repeat must pass."""
     verdicts = [r["verdict"] for r in reports]
     if all(v == "pass" for v in verdicts):
         return "pass"
@@ -242,12 +352,16 @@ def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], conf
     status = rate_status(reps)
     failures = (
         [repeat_failures(r, classes) for r in reps if r["verdict"] != "pass"]
-        if status != "pass"
+        if not meets_gates(status)
         else []
     )
+    pooled = pooled_attainment(reps) if all(poolable(r) for r in reps) else None
     return {
         "offered_rps": rate,
         "status": status,
+        # The rate's evidence: every deciding repeat's requests pooled per class.
+        "pooled": pooled,
+        "evidence": rate_evidence(status, pooled),
         "repeats": len(reps),
         "verdicts": [r["verdict"] for r in reps],
         # Repeats that decide nothing, set aside: another repeat of the rate decides.
@@ -284,6 +398,7 @@ def bracket(
     """The capacity as a bracket: the highest passing rate (every lower one passing), the
     lowest tested rate above it, the width between them and whether the resolution is met."""
     fail = next((r for r in rows if capacity is None or r["offered_rps"] > capacity), None)
+    at = next((r for r in rows if r["offered_rps"] == capacity), None)
     fail_rps = fail["offered_rps"] if fail is not None else None
     width = fail_rps - capacity if capacity is not None and fail_rps is not None else None
     if capacity is None:
@@ -292,14 +407,17 @@ def bracket(
             if fail_rps is not None else "no open-loop points"
         )  # fmt: skip
     elif fail_rps is None:
-        note = "the highest rate tested passes: the true capacity may be higher"
+        note = "the highest rate tested meets the gates: the true capacity may be higher"
     else:
         note = f"the capacity lies in [{capacity:g}, {fail_rps:g}) RPS"
     return {
         "pass_rps": capacity,
         "fail_rps": fail_rps,
+        "pass_status": at["status"] if at is not None else None,
+        "pass_evidence": at.get("evidence") if at is not None else None,
         "fail_status": fail["status"] if fail is not None else None,
         "fail_summary": fail["failure_summary"] if fail is not None else None,
+        "fail_evidence": fail.get("evidence") if fail is not None else None,
         "width_rps": width,
         "resolution_rps": resolution,
         "reached": (
@@ -337,15 +455,17 @@ def select_open_loop(
             _rate_row(rate, sorted(rates[rate], key=lambda r: r["repeat"]), classes, confidence)
             for rate in sorted(rates)
         ]
-        capacity = None
+        capacity = shown = None
         for row in rows:
-            if row["status"] != "pass":
+            if not meets_gates(row["status"]):
                 break
             capacity = row["offered_rps"]
+            if row["status"] == "pass":
+                shown = row["offered_rps"]
         passing_above = [
             row["offered_rps"]
             for row in rows
-            if row["status"] == "pass" and (capacity is None or row["offered_rps"] > capacity)
+            if meets_gates(row["status"]) and (capacity is None or row["offered_rps"] > capacity)
         ]
         next_up = next(
             (row for row in rows if capacity is None or row["offered_rps"] > capacity), None
@@ -359,6 +479,9 @@ def select_open_loop(
             "rates": rows,
             "capacity_rps": capacity,
             "bracket": bracket(rows, capacity, search_resolution(search, capacity), confidence),
+            # The highest rate shown to pass at the confidence, every lower one meeting the
+            # gates: at or under the capacity, which is the pooled estimate's.
+            "shown_to_pass_rps": shown,
             "capacity_per_replica_rps": capacity / replicas if capacity is not None else None,
             "capacity_per_gpu_nominal_rps": capacity / gpus if capacity is not None else None,
             "goodput_at_capacity_rps": goodput,
@@ -379,8 +502,54 @@ def select_open_loop(
     return result
 
 
+def rate_evidence(status: str, pooled: dict[str, dict[str, Any]] | None) -> str | None:
+    """A rate's evidence in words: each class that decides it, its pooled attainment, interval
+    and whether it is shown at the confidence (``interactive 0.9612 [0.9431, 0.9750] at 95 %
+    over 2,310 requests: cannot decide at this sample size``); None without pooled evidence."""
+    if not pooled:
+        return None
+    if status in ("pass", "marginal"):
+        # The weakest class: the lowest lower bound.
+        names = [min(pooled, key=lambda c: pooled[c]["ci"][0])]
+    elif status == "fail" and any(e["evidence"] == SHOWN_FAIL for e in pooled.values()):
+        names = [c for c, e in pooled.items() if e["evidence"] == SHOWN_FAIL]
+    else:
+        names = [c for c, e in pooled.items() if not e["meets"]] or [
+            min(pooled, key=lambda c: pooled[c]["ci"][0])
+        ]
+    return "; ".join(_class_evidence(name, pooled[name]) for name in names)
+
+
+def _class_evidence(name: str, e: dict[str, Any]) -> str:
+    low, high = e["ci"]
+    att = e["attainment"]
+    spread = (
+        f", repeats {', '.join(f'{a:.4f}' for a in e['per_repeat'] if a is not None)}"
+        if len(e["per_repeat"]) > 1
+        else ""
+    )
+    return (
+        f"{name} {att if att is None else f'{att:.4f}'} [{low:.4f}, {high:.4f}] at "
+        f"{e['confidence']:.0%} over {e['successful']:,} requests (design effect "
+        f"{e['design_effect']:.1f}{spread}): {e['evidence']}"
+    )
+
+
 def _why(row: dict[str, Any]) -> str:
+    if row.get("evidence") and row["status"] in ("misses", "marginal"):
+        return row["evidence"]
     return row["failure_summary"] or "; ".join(row["reasons"]) or "see its reports"
+
+
+#: A rate status in the decision's words.
+STATUS_WORDS = {
+    "pass": "shown to pass",
+    "marginal": "meets every gate on the pooled estimate",
+    "misses": "misses the attainment gate on the pooled estimate",
+    "fail": "fails",
+    "inconclusive": "inconclusive",
+    "inconsistent": "inconsistent between its repeats",
+}
 
 
 def _decision(capacity, rows, next_up, state) -> str:
@@ -389,16 +558,18 @@ def _decision(capacity, rows, next_up, state) -> str:
     if capacity is None:
         first = rows[0]
         return (
-            f"{state}: no tested rate passes; the lowest ({first['offered_rps']:g} RPS) is "
-            f"{first['status']}: {_why(first)}"
+            f"{state}: no tested rate meets every gate; the lowest ({first['offered_rps']:g} "
+            f"RPS) {STATUS_WORDS.get(first['status'], first['status'])}: {_why(first)}"
         )
+    at = next(r for r in rows if r["offered_rps"] == capacity)
     text = (
-        f"{state}: {capacity:g} RPS is the highest tested rate passing every gate in every repeat"
+        f"{state}: {capacity:g} RPS is the highest tested rate meeting every gate on the "
+        f"pooled evidence of its repeats" + (f" ({at['evidence']})" if at.get("evidence") else "")
     )
     if next_up is not None:
         text += (
-            f"; the next rate up ({next_up['offered_rps']:g} RPS) is {next_up['status']}: "
-            f"{_why(next_up)}"
+            f"; the next rate up ({next_up['offered_rps']:g} RPS) "
+            f"{STATUS_WORDS.get(next_up['status'], next_up['status'])}: {_why(next_up)}"
         )
     else:
         text += "; it is the highest rate tested, so the true capacity may be higher"

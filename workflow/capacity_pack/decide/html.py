@@ -60,7 +60,7 @@ title_markdown = readme._readme_title
 fmt = readme._fmt
 
 #: Every verdict word a point, a rate or the plan drill can get; the definitions define each.
-VERDICT_WORDS = ("pass", "marginal", "fail", "inconsistent", "inconclusive")
+VERDICT_WORDS = ("pass", "marginal", "misses", "fail", "inconsistent", "inconclusive")
 
 #: What each plot of the pack answers, and the section it belongs to (failure timelines:
 #: ``failure-timeline-<drill>.png``, in the failure section).
@@ -279,6 +279,7 @@ td.num { text-align:right; font-variant-numeric:tabular-nums; }
 .v-marginal { background:#fff1c2; color:#7a5200; }
 .v-fail { background:#fde0e0; color:#9b1c1c; }
 .v-inconsistent { background:#ece0fb; color:#4a2a7a; }
+.v-misses { background:#fde2cf; color:#7a3300; }
 .v-inconclusive { background:#e6e8ec; color:#333; }
 figure { margin:1rem 0 1.4rem; }
 figure img { display:block; max-width:100%; height:auto; border:1px solid var(--line);

@@ -273,7 +273,7 @@ def plot_timeseries(
     plt = pyplot()
     verdicts = verdicts or {}
     # A mark per verdict, so a reader finds the failures without reading the words.
-    marks = {"pass": "✓", "marginal": "~", "fail": "✗", "inconclusive": "?"}
+    marks = {"pass": "✓", "marginal": "~", "misses": "-", "fail": "✗", "inconclusive": "?"}
     fail_tint = "#fbe3e0"
 
     def point(key: str) -> tuple[float, str, int]:  # open-r36.5/warm/rep1 -> (36.5, warm, 1)
@@ -542,21 +542,39 @@ def _readme_title(pack: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: A bracket end's status in the bracket sentence.
+BRACKET_WORDS = {
+    "pass": "passes",
+    "marginal": "meets every gate on the pooled estimate",
+    "misses": "misses the attainment gate on the pooled estimate",
+    "fail": "fails",
+}
+
+
 def bracket_sentence(sel: dict[str, Any]) -> str:
     """The capacity as a bracket in words: 'between 34 RPS (passes) and 36 RPS (fails:
     interactive TTFT (repeat 0)); resolution 2 RPS reached; verdicts at 95 % confidence'."""
     b = sel["bracket"]
     lo, hi = b["pass_rps"], b["fail_rps"]
     if hi is not None:
-        word = "fails" if b["fail_status"] == "fail" else b["fail_status"]
-        upper = f"{hi:g} RPS ({word}: {b['fail_summary'] or 'see its reports'})"
+        status = b["fail_status"]
+        word = BRACKET_WORDS.get(status, status)
+        why = (
+            b.get("fail_evidence")
+            if status in ("misses", "marginal") and b.get("fail_evidence")
+            else b["fail_summary"] or "see its reports"
+        )
+        upper = f"{hi:g} RPS ({word}: {why})"
     if lo is None:
         return f"below {upper}" if hi is not None else "no open-loop points"
+    lower = BRACKET_WORDS.get(b.get("pass_status") or "pass", "passes")
+    if b.get("pass_status") == "marginal" and b.get("pass_evidence"):
+        lower += f": {b['pass_evidence']}"
     if hi is None:
-        text = f"at least {lo:g} RPS (passes; the highest rate tested, so the true capacity "
+        text = f"at least {lo:g} RPS ({lower}; the highest rate tested, so the true capacity "
         text += "may be higher)"
     else:
-        text = f"between {lo:g} RPS (passes) and {upper}"
+        text = f"between {lo:g} RPS ({lower}) and {upper}"
     res = b["resolution_rps"]
     if res is None:
         text += "; no search resolution declared (no `sweep.search`)" + (
@@ -674,10 +692,19 @@ def _readme_verdict_words(m: dict[str, Any]) -> list[str]:
         "trend is undecided, or the client fell behind its schedule (client-bound: the client "
         "was measured, not the target).",
         "",
-        "A rate's status over its repeats: **pass** when every repeat passes; **inconclusive** "
-        "when one is inconclusive; **inconsistent** when some pass and others do not (or some "
-        "are marginal and others fail); **marginal** when all are marginal; else **fail**. "
-        "The capacity is the highest rate that passes with every lower rate passing.",
+        "A rate's status is taken on its repeats pooled (each a different schedule seed: "
+        "their requests together per class, their time blocks together for the design "
+        "effect, one confidence sequence): **pass** when every class is shown to pass; "
+        "**marginal** when every class meets the gate on the pooled estimate but some is not "
+        "shown at the confidence; **misses** when some class is under the gate on the pooled "
+        "estimate but not shown to fail (cannot decide at this sample size); **fail** when a "
+        "class is shown to fail pooled or another gate failed in a repeat; **inconclusive** "
+        "when no repeat is a server result, or when every class meets the gate but a repeat's "
+        "queue trend is undecided or a class is under its sample gate even pooled. (Repeats "
+        "analyzed before pooling: **inconsistent** when some pass and others do not.) "
+        "The capacity is the highest rate meeting every gate on its pooled estimate "
+        "(pass or marginal) with every lower rate meeting them; the highest rate shown to "
+        "pass is given beside it.",
         "",
     ]
 

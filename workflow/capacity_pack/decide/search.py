@@ -7,11 +7,12 @@ pipeline runs each round as a Snakemake checkpoint (``rules/search.smk``), so ev
 cached sweep/normalize/analyze job and a rerun measures only points it has not measured.
 
 **Open loop.** A tested rate's status is :func:`capacity_pack.decide.capacity.rate_status` of
-the reports of its measured repeats; only ``pass`` passes (``fail``, ``marginal``,
-``inconclusive`` and ``inconsistent`` are "not shown to pass"). The bracket is
+the reports of its measured repeats, pooled; ``pass`` and ``marginal`` meet the gates
+(:func:`capacity_pack.decide.capacity.meets_gates`: shown at the confidence, or on the pooled
+estimate), ``misses``, ``fail`` and ``inconclusive`` do not. The bracket is
 
-    pass_rps = the highest tested rate that passes with every lower tested rate passing,
-    fail_rps = the lowest tested rate above pass_rps (it does not pass),
+    pass_rps = the highest tested rate meeting the gates with every lower tested rate meeting them,
+    fail_rps = the lowest tested rate above pass_rps (it does not meet them),
 
 the same selection rule as the capacity decision, so a pass above a failure never moves it. No
 tested rate lies strictly inside the bracket. The next rate of the search:
@@ -38,12 +39,10 @@ rate near its midpoint, given to :func:`decide_round` by the round's stage.
 
 **Repeats where they decide.** Search points run repeat 0. When the search has converged (or has
 run ``max_rounds`` search rounds), a *confirmation* round measures repeats 1..R-1
-(``sweep.repeats`` = R) of the bracket's passing rate. A confirmation that changes a status
-moves the bracket (a pass rate failing in repeat 1 is no longer passing), and the search
-continues from the new bracket, again within ``max_rounds``. The failing rate gets no more
-repeats: a rate passes only when every repeat passes, so once one repeat of it has not passed,
-no further repeat can move the bracket (its report still names the class, the repeat and the
-binding metric).
+(``sweep.repeats`` = R) of both ends of the bracket, the failing end unless its status is
+``fail`` (shown to fail, or another gate failed). A repeat is a new schedule seed and the rate
+is decided on its repeats pooled, so a confirmation can move the bracket either way; the search
+then continues from the new bracket, again within ``max_rounds``.
 
 **A point that decides nothing is measured again, not bisected below.** A repeat whose load
 generator fell behind its schedule (client-bound: dispatch lateness p99 over
@@ -95,6 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.decide.capacity import (
     deciding_reports,
+    meets_gates,
     meets_latency_gates,
     rate_status,
     void,
@@ -276,10 +276,11 @@ def _mean(values: Iterable[Any]) -> float | None:
 
 
 def bracket(rows: Sequence[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
-    """(highest value passing with every lower one passing, lowest value above it)."""
+    """(highest value meeting the gates with every lower one meeting them, lowest value above
+    it): a status meets them when :func:`capacity_pack.decide.capacity.meets_gates`."""
     low = None
     for row in rows:
-        if row["status"] != "pass":
+        if not meets_gates(row["status"]):
             return low, row[key]
         low = row[key]
     return low, None
@@ -444,6 +445,13 @@ def confirmation(
     return out
 
 
+def _undecided(rows: Sequence[dict[str, Any]], rate: float | None) -> float | None:
+    """``rate`` unless its status is ``fail`` (shown to fail, or another gate failed: no
+    repeat can make it meet the gates)."""
+    row = next((r for r in rows if r["offered_rps"] == rate), None)
+    return None if row is None or row["status"] == "fail" else rate
+
+
 def _new_repeats(row: dict[str, Any], repeats: int, retries: int) -> list[int]:
     have = len(row.get("deciding_repeats", row["repeats"]))
     room = repeats + retries - len(row["repeats"])
@@ -553,8 +561,11 @@ def decide_round(
                 "within_resolution": bool(both and res and high - low <= res + 1e-9),
             },
             "search": {"rates": step, "retry": retry, "direction": direction, "why": why},
-            # The passing end only: a failing rate cannot pass whatever its other repeats show.
-            "confirm": confirmation(rates, "offered_rps", (low,), inputs.repeats, retries),
+            # Both ends, the failing one unless it is shown to fail: a rate is decided on its
+            # repeats pooled, so another repeat of either end can move the bracket.
+            "confirm": confirmation(
+                rates, "offered_rps", (low, _undecided(rates, high)), inputs.repeats, retries
+            ),
         }
     closed_doc: dict[str, Any] = {"tested": levels, "saturation": saturation(levels)}
     if inputs.concurrency is not None:

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from capacity_pack.decide.capacity import meets_gates
 from capacity_pack.decide.search import SearchInputs, bracket, rate_step
 from capacity_pack.io import sha256_of_obj
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
@@ -179,8 +180,8 @@ def preflight(
         brackets: list[PredictedBracket] = []
         for cache in pack.sweep.cache_states:
             mine = [p for p in points if p.cache_state == cache]
-            straddles = any(p.status == "pass" for p in mine) and any(
-                p.status != "pass" for p in mine
+            straddles = any(meets_gates(p.status) for p in mine) and any(
+                not meets_gates(p.status) for p in mine
             )
             # The other cache state's bracket ends are probed first: cold and warm send the
             # same arrivals and lengths, so their boundaries are usually close.
@@ -303,12 +304,12 @@ def findings(
         rates = "/".join(f"{p.rate_rps:g}" for p in mine)
         statuses = ", ".join(f"{p.rate_rps:g} {p.status}" for p in mine)
         where = f"the engine model's predicted bracket is {b.text()}"
-        if not any(p.status == "pass" for p in mine):
+        if not any(meets_gates(p.status) for p in mine):
             out.append(
                 f"{b.cache_state}: no planned rate is predicted to pass ({statuses}; "
                 f"{worst_words(mine[0])}); {where}"
             )
-        elif all(p.status == "pass" for p in mine):
+        elif all(meets_gates(p.status) for p in mine):
             out.append(
                 f"{b.cache_state}: every planned rate ({rates} RPS) is predicted to pass: the "
                 f"sweep cannot bracket the boundary; {where}"
