@@ -16,9 +16,10 @@ state the spread of the brackets' passing ends across the seeds.
 The reference is the engine model's own long-run boundary, computed independently of the
 search, the client and any server (:func:`capacity_pack.twin.boundary.model_boundary`: the
 worst class's mean attainment over ``--model-seeds`` runs of ``--model-duration`` seconds of
-Poisson arrivals in virtual time, bisected to 0.25 RPS). Its own noise: runs of 4 x 300 s
-from two different seed sets put the default pack's cold boundary at 35.0 and 35.9 RPS (the
-attainment of long runs is itself correlated), hence 8 seeds by default.
+Poisson arrivals in virtual time, bisected to 0.25 RPS). Its own noise: two sets of 8 x 300 s
+(seeds 0-7 and 1000-1007) put the default pack's cold interactive attainment at 35 RPS at
+0.9603 and 0.9495 (the attainment of long runs is itself correlated), so the model's boundary
+is known to about half an RPS.
 
 Targets (issue 40): the runs' brackets within one resolution step (2 RPS) of each other, each
 bracket containing or touching the model's boundary, each pack under 11 minutes on 2 cores.

@@ -131,6 +131,18 @@ def test_a_rate_is_shown_to_pass_or_fail_on_the_pooled_evidence():
     )
 
 
+def test_a_rate_with_no_server_result_or_under_the_gate_says_so_first():
+    """A client-bound repeat measured the client: no side of the gate, whatever its data; a
+    class under the gate on its estimate reads `misses` even when it is also under-sampled."""
+    bound = pooled_report(50, 0, 0.99, interactive=0.5, others="inconclusive")
+    bound["client_bound"] = True
+    assert rate_status([bound]) == "inconclusive"
+    few = pooled_report(50, 0, 0.99, interactive=0.9, blocks=1, per_block=40)
+    assert rate_status([few]) == "misses"
+    undecided_queue = pooled_report(50, 0, 0.99, interactive=0.94, others="inconclusive")
+    assert rate_status([undecided_queue]) == "misses"
+
+
 def test_the_capacity_is_the_pooled_estimates_and_says_what_is_shown():
     reports = [pooled_report(30, k, 0.99, blocks=12) for k in range(2)]
     reports += [pooled_report(35, 0, 1.0), pooled_report(35, 1, 1.0, interactive=0.9)]

@@ -8,13 +8,14 @@ Open-loop sweep, per cache state:
   (:func:`capacity_pack.binomial.cluster_design_effect`: repeats that disagree widen it), and
   the confidence sequence at the effective sample k / deff of n / deff
   (:func:`pooled_attainment`), each class ``shown to pass``, ``shown to fail`` or ``cannot
-  decide at this sample size``. Its status (:func:`rate_status`): ``fail`` (a class shown to
-  fail pooled, or another gate failed in a repeat: the error rate, a growing queue, an optional
-  gate), ``inconclusive`` (an undecided queue trend, or a class under its sample gate pooled),
+  decide at this sample size``. Its status (:func:`rate_status`, the first that holds):
+  ``inconclusive`` (no repeat is a server result), ``fail`` (a class shown to fail pooled, or
+  another gate failed in a repeat: the error rate, a growing queue, an optional gate),
+  ``misses`` (some class under the gate on the pooled estimate, not shown to fail),
+  ``inconclusive`` (an undecided queue trend, or a class under its sample gate pooled),
   ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on the pooled
-  estimate, some not shown), ``misses`` (some class under the gate on the pooled estimate, not
-  shown to fail). A repeat that decides nothing is set aside when another repeat of the rate
-  decides (``set_aside_repeats`` and why; the search measures such a rate again,
+  estimate, some not shown). A repeat that decides nothing is set aside when another repeat
+  of the rate decides (``set_aside_repeats`` and why; the search measures such a rate again,
   ``capacity_pack.decide.search``): a client-bound one (dispatch lateness p99 over its bound:
   the client, not the target, was measured) or a superseded one (decided in run under another
   attainment gate, undecided at the pack's). Reports analyzed before pooling (no time blocks)
@@ -168,29 +169,32 @@ def pooled_attainment(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def rate_status(reports: list[dict[str, Any]]) -> str:
-    """A rate's status from the repeats that decide it, pooled (module docstring): ``fail``
-    (a class shown to fail on the pooled evidence, or another gate failed in a repeat),
-    ``inconclusive`` (an undecided queue trend, or a class under its sample gate pooled),
-    ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on the
-    pooled estimate, some not shown at the confidence), ``misses`` (some class under the gate
-    on the pooled estimate, not shown to fail: cannot decide at this sample size)."""
+    """A rate's status from the repeats that decide it, pooled (module docstring), the first
+    that holds: ``inconclusive`` (no repeat is a server result), ``fail`` (a class shown to
+    fail on the pooled evidence, or another gate failed in a repeat), ``misses`` (some class
+    under the gate on the pooled estimate, not shown to fail: cannot decide at this sample
+    size), ``inconclusive`` (an undecided queue trend, or a class under its sample gate
+    pooled), ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on
+    the pooled estimate, some not shown at the confidence)."""
     if not reports:
         return "inconclusive"
     if not all(poolable(r) for r in reports):
         return _status_by_repeats(reports)
+    if any(void(r) for r in reports):
+        return "inconclusive"  # no repeat of the rate decides (deciding_reports kept them all)
     others = [r["besides_attainment"]["outcome"] for r in reports]
     pooled = pooled_attainment(reports)
     if "fail" in others or any(e["evidence"] == SHOWN_FAIL for e in pooled.values()):
         return "fail"
+    if not all(e["meets"] for e in pooled.values()):
+        return "misses"
     if "inconclusive" in others or any(
         e["sample_gate"] is not None and e["successful"] < e["sample_gate"] for e in pooled.values()
     ):
         return "inconclusive"
     if all(e["evidence"] == SHOWN_PASS for e in pooled.values()):
         return "pass"
-    if all(e["meets"] for e in pooled.values()):
-        return "marginal"
-    return "misses"
+    return "marginal"
 
 
 def _status_by_repeats(reports: list[dict[str, Any]]) -> str:

@@ -9,6 +9,9 @@
 - :mod:`capacity_pack.twin.validate`: the calibrated twin's prediction against the measured
   capacity, and whether it is trusted;
 - :mod:`capacity_pack.twin.whatif`: the pack with one thing changed, asked of the twin.
+- :mod:`capacity_pack.twin.boundary`: the engine model's own long-run SLO boundary of a
+  simulated pack, without the search or a client (the reference a measured capacity is
+  checked against);
 - :mod:`capacity_pack.twin.trust`: whether a pack has a validated twin, whether it is trusted,
   and the label of its predictions (the plan drill of a real target runs on it).
 

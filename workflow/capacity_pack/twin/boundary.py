@@ -15,10 +15,11 @@ model's truth, not a measurement's evidence).
 meets), then bisection of [meets, misses) down to ``resolution_rps``
 (as :func:`capacity_pack.sim.virtual.slo_boundary` does). The estimate's own noise is that of
 len(seeds) x ``duration_s`` seconds of arrivals per rate, and long runs are themselves
-correlated (a design effect near 9 at the default pack's boundary): two sets of 4 x 300 s put
-its cold boundary at 35.0 and 35.9 RPS (interactive attainment 0.9495 and 0.9588 at 35 RPS),
-so the default is 8 x 300 s, about 0.003 in attainment or a third of an RPS (the attainment
-falls about 0.01 per RPS there).
+correlated (a design effect near 10 at the default pack's boundary): 8 x 300 s with seeds
+0-7 give the default pack's cold interactive attainment at 35 RPS as 0.9603 and a boundary of
+[35.75, 36) RPS, 8 x 300 s with seeds 1000-1007 0.9495 at 35 RPS, so the model's own boundary
+is known to about half an RPS (the attainment falls about 0.01 per RPS there). The default
+is 8 x 300 s (about 4 minutes of CPU per cache state).
 
 Used by the seed-robustness benchmark (``tests/bench/bench_seed_robustness.py``) and the
 default pack's boundary check (``tests/e2e/test_default_pack_boundary.py``).
