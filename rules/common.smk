@@ -141,9 +141,25 @@ def sweep_inputs_json(wildcards):
     return (inputs.without_gate() if gate_from_config(wildcards) else inputs).canonical_json()
 
 
+# A measurement of a target on this host runs alone (capacity_pack.measure.cluster, isolation).
+LOCAL_TARGET = cluster_lib.local_target(PACK)
+
+
+def measure_threads(client_processes=1):
+    """A local target's measurement takes every core of the invocation, so no other job runs
+    beside it; a remote one, one core per client process."""
+    if not LOCAL_TARGET:
+        return client_processes
+    try:
+        return max(client_processes, workflow.cores)
+    except WorkflowError:  # no --cores (a lint or a listing): nothing is scheduled
+        return client_processes
+
+
 def sweep_threads(wildcards):
-    """One core per client process: client.shards for open-loop points, 1 for closed loop."""
-    return PACK.client.shards if wildcard_point(wildcards).mode != "closed" else 1
+    """One core per client process (client.shards for open-loop points, 1 for closed loop);
+    every core for a local target (measure_threads)."""
+    return measure_threads(PACK.client.shards if wildcard_point(wildcards).mode != "closed" else 1)
 
 
 def all_points():

@@ -31,6 +31,8 @@ rule failure_drill:
         # The drill's settings plus what any measurement reads (target, client, prompts).
         inputs=drill_inputs_json,
         code=stage_code_hash("failure_drill", *SIM_ENGINE),
+    # Alone on the host when the target is local (measure_threads).
+    threads: lambda w: measure_threads()
     resources:
         # One measurement at a time against one target, whatever --cores or --jobs say.
         **{TARGET_RESOURCE: 1},

@@ -10,7 +10,9 @@ Method. The default pack (``config/config.yaml``, all of it: searches, drills, r
 once per schedule seed (``client.request_schedule_seed``), each in a fresh working directory
 with ``snakemake --cores 2``, one after the other, timed by the wall clock. Per run it prints
 the cold and warm brackets [pass_rps, fail_rps) from ``pack/capacity.json``, the highest rate
-shown to pass, the statuses of the bracket's ends and the pack's wall time; then per cache
+shown to pass, the statuses of the bracket's ends, the pack's wall time and what shared the
+host with its points (the points marked disturbed, the largest share of the host's CPUs other
+processes used over a point, the simulated engine's largest step-lateness p99); then per cache
 state the spread of the brackets' passing ends across the seeds.
 
 The reference is the engine model's own long-run boundary, computed independently of the
@@ -60,7 +62,9 @@ def run_pack(seed: int, workdir: Path) -> dict:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     wall = time.monotonic() - start
     out = {"seed": seed, "rc": rc, "wall_s": wall, "states": {}}
-    path = workdir / "results" / data["pack"]["name"] / "pack" / "capacity.json"
+    results = workdir / "results" / data["pack"]["name"]
+    out["host"] = host_facts(results)
+    path = results / "pack" / "capacity.json"
     if rc != 0 or not path.exists():
         return out
     capacity = json.loads(path.read_text())
@@ -75,6 +79,25 @@ def run_pack(seed: int, workdir: Path) -> dict:
             "rates": {f"{r['offered_rps']:g}": r["status"] for r in sel["rates"]},
         }
     return out
+
+
+def host_facts(results: Path) -> dict:
+    """What shared the host with the run's points (capacity_pack.measure.host): the points
+    marked disturbed, the largest share of the host's CPUs other processes used over a point,
+    the largest simulated-engine step-lateness p99, and the placement."""
+    docs = [json.loads(p.read_text()) for p in results.glob("raw/*/*/rep*/summary.json")]
+    docs = [d for d in docs if d.get("host")]
+    shares = [
+        d["host"]["other_cpu_share"] for d in docs if d["host"].get("other_cpu_share") is not None
+    ]
+    steps = [(d.get("engine_step_lateness") or {}).get("p99_ms") for d in docs]
+    return {
+        "points": len(docs),
+        "disturbed": sorted(d["key"] for d in docs if d.get("disturbed")),
+        "other_cpu_share_max": max(shares, default=None),
+        "step_lateness_p99_ms_max": max((s for s in steps if s is not None), default=None),
+        "placement": sorted({d["host"]["placement"]["detail"] for d in docs}),
+    }
 
 
 def model(states: list[str], seeds: int, duration: float) -> dict[str, dict]:
@@ -132,12 +155,22 @@ def main() -> None:
             print(json.dumps(run), flush=True)
     boundaries = {} if args.skip_model else model(["cold", "warm"], args.model_seeds,
                                                    args.model_duration)  # fmt: skip
-    print("\n| seed | wall | cold bracket | warm bracket | cold shown to pass | warm shown |")
-    print("|---:|---:|---|---|---:|---:|")
+    print(
+        "\n| seed | wall | cold bracket | warm bracket | cold shown to pass | warm shown "
+        "| disturbed points | other CPU, max share | step lateness p99, max |"
+    )
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
     for r in runs:
         wall = f"{int(r['wall_s'] // 60)} min {int(r['wall_s'] % 60)} s"
         cells = [bracket_cell(r, s, boundaries) for s in ("cold", "warm")]
         cells += [shown_cell(r, s) for s in ("cold", "warm")]
+        h = r.get("host") or {}
+        share, late = h.get("other_cpu_share_max"), h.get("step_lateness_p99_ms_max")
+        cells += [
+            f"{len(h['disturbed'])} of {h['points']}" if h.get("points") else "-",
+            "-" if share is None else f"{share:.1%}",
+            "-" if late is None else f"<= {late:g} ms",
+        ]
         print(f"| {r['seed']} | {wall} | " + " | ".join(cells) + " |")
     for state in ("cold", "warm"):
         ends = [r["states"][state]["pass_rps"] for r in runs if state in r["states"]]

@@ -338,6 +338,24 @@ def test_a_superseded_rate_is_measured_again_like_a_client_bound_one():
     assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5
 
 
+def test_a_disturbed_rate_is_measured_again_and_the_round_says_the_host_was_busy():
+    """Other work on the host disturbed 40 RPS at repeat 0 (capacity_pack.measure.host): like
+    a client-bound rate, it is measured again at repeat 1; a repeat both client-bound and
+    disturbed is named by its cause, the host."""
+
+    docs, _, order = run(
+        inputs(initial_rps=[30.0, 40.0, 50.0]),
+        void_at(40, {0}, disturbed=True, client_bound=True),
+    )
+    assert order[3] == "open-r40/cold/rep1"
+    first = docs[0]["open"]
+    assert first["search"]["direction"] == "retry"
+    assert "other work on the host disturbed the point" in first["search"]["why"]
+    row = next(r for r in first["tested"] if r["offered_rps"] == 40)
+    assert row["void_why"] == {"0": "disturbed"}
+    assert docs[-1]["open"]["bracket"]["pass_rps"] == 36.5
+
+
 def test_a_rate_that_decided_nothing_is_measured_again_after_max_rounds_too():
     """The last search round's rate is client-bound: a retry round measures it again (as a
     confirmation would be), though the search rounds are spent."""

@@ -17,9 +17,11 @@ Open-loop sweep, per cache state:
   estimate, some not shown). A repeat that decides nothing is set aside when another repeat
   of the rate decides (``set_aside_repeats`` and why; the search measures such a rate again,
   ``capacity_pack.decide.search``): a client-bound one (dispatch lateness p99 over its bound:
-  the client, not the target, was measured) or a superseded one (decided in run under another
-  attainment gate, undecided at the pack's). Reports analyzed before pooling (no time blocks)
-  keep the old rule: every repeat must pass (``inconsistent`` when some do);
+  the client, not the target, was measured), a disturbed one (other processes' CPU or the
+  simulated engine's step lateness beyond their bounds: the host was measured) or a
+  superseded one (decided in run under another attainment gate, undecided at the pack's).
+  Reports analyzed before pooling (no time blocks) keep the old rule: every repeat must
+  pass (``inconsistent`` when some do);
 - the SLO-compliant capacity is the highest tested rate that **meets every gate on its pooled
   estimate** (``pass`` or ``marginal``: :func:`meets_gates`) with every lower tested rate
   meeting them too (one meeting them above a rate that does not is reported as non-monotonic
@@ -85,7 +87,9 @@ def deciding_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The repeats of one rate that decide it. Two kinds of repeat decide nothing and are set
     aside whenever another repeat of the rate decides: a client-bound one (the load generator's
     dispatch lateness p99 over ``client.lateness_bound_ms``: it measured the client falling
-    behind its schedule, not the target) and a superseded one (decided in run under another
+    behind its schedule, not the target), a disturbed one (other processes' CPU or the
+    simulated engine's step lateness beyond their bounds: :mod:`capacity_pack.measure.host`)
+    and a superseded one (decided in run under another
     attainment gate and undecided at the pack's: ``capacity_pack.evidence.analysis``). With
     no deciding repeat they are all kept, and the rate is not shown to pass."""
     valid = [r for r in reports if not void(r)]
@@ -93,7 +97,11 @@ def deciding_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def void(report: dict[str, Any]) -> str | None:
-    """Why a repeat decides nothing (``client-bound`` or ``superseded``), None if it does."""
+    """Why a repeat decides nothing (``client-bound``, ``disturbed`` or ``superseded``), None
+    if it does."""
+    # Disturbed first: a host busy with other work also makes the client fall behind.
+    if report.get("disturbed"):
+        return "disturbed"
     if report.get("client_bound"):
         return "client-bound"
     if report.get("superseded"):

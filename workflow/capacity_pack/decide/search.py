@@ -464,12 +464,21 @@ def _unused_repeats(row: dict[str, Any], limit: int) -> list[int]:
     return [k for k in range(limit) if k not in row["repeats"]]
 
 
+#: Why a void repeat decided nothing, in words (capacity_pack.decide.capacity.void's kinds).
+VOID_WORDS = {
+    "client-bound": "the client fell behind its schedule, no server result",
+    "disturbed": "other work on the host disturbed the point, not the target's result",
+    "superseded": "stopped in run under another gate and undecided at this one",
+}
+
+
 def void_retry(
     rows: Sequence[dict[str, Any]], fail_rps: float | None, repeats: int, extra: int
 ) -> tuple[list[dict[str, Any]], str | None]:
     """(the retry, why): when the bracket's failing end has no repeat that decides it (each
-    client-bound, or superseded by a changed gate), it is measured again at the next repeat
-    index, within ``repeats + extra`` measurements, rather than taken as not passing."""
+    client-bound, disturbed, or superseded by a changed gate), it is measured again at the
+    next repeat index, within ``repeats + extra`` measurements, rather than taken as not
+    passing."""
     if fail_rps is None:
         return [], None
     row = next(r for r in rows if r["offered_rps"] == fail_rps)
@@ -486,13 +495,7 @@ def void_retry(
     listed = ", ".join(f"{k} {row['void_why'][str(k)]}" for k in row["void_repeats"])
     why = (
         f"{fail_rps:g} RPS decided nothing (repeat {listed}: "
-        + (
-            "the client fell behind its schedule, no server result"
-            if kinds == ["client-bound"]
-            else "no server result, or stopped in run under another gate and undecided at this one"
-            if len(kinds) > 1
-            else "stopped in run under another gate and undecided at this one"
-        )
+        + "; ".join(VOID_WORDS.get(k, k) for k in kinds)
         + "): measured again"
     )
     return [{"offered_rps": fail_rps, "repeats": [fresh[0]]}], why

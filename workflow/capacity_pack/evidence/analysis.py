@@ -193,6 +193,12 @@ def analyze_point(
         client_cached_token_fraction=sweep_summary.get("client_cached_token_fraction"),
         prefix_cache_sources=sweep_summary.get("prefix_cache_sources"),
         client_bound=bool(sweep_summary.get("client_bound", False)),
+        # Other work on the host beyond the pack's bounds (capacity_pack.measure.host): the
+        # point measured the host, not the target. Absent from summaries before 2026-12-05.
+        disturbed=bool(sweep_summary.get("disturbed", False)),
+        disturbance_reasons=list(sweep_summary.get("disturbance_reasons") or []),
+        host=sweep_summary.get("host"),
+        engine_step_lateness=sweep_summary.get("engine_step_lateness"),
         # None: one client process, or shards on hosts whose skew could not be measured.
         shard_clock_valid=sweep_summary.get("shard_clock_valid"),
         dispatch_lateness_ms=sweep_summary.get("dispatch_lateness_ms"),
@@ -356,6 +362,10 @@ def _judge(report: dict[str, Any], classes: list[ClassSpec], gates: Gates, shard
     labels: list[str] = []
     if report["client_bound"]:
         labels.append("client-bound: dispatch lateness above its bound, not a server result")
+    if report["disturbed"]:
+        labels.append(
+            "disturbed: " + "; ".join(report["disturbance_reasons"]) + ", not the target's result"
+        )
     if report["shard_clock_valid"] is False:
         labels.append("shard clocks: skew between the client shards beyond its tolerance")
     not_a_server_result = bool(labels)

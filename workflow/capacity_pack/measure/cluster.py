@@ -20,6 +20,16 @@ so the identity errs on the side of merging):
 - ``sim``: the embedded simulated engine, also started by each measurement inside the job: the
   pack name. Two packs' simulators never share a server.
 
+**Isolation** (:func:`local_target`). A target on the pipeline's own host (the simulated engine, a
+managed server, a URL on a loopback address) shares its CPUs with every job beside the
+measurement: an analysis job running beside a point slows the engine and the client and moves
+the measured capacity (measured: a real-engine pack's warm capacity 0.41 RPS against cold 2.8
+with ``--cores 2``). A measurement of a local target therefore asks for every core the
+invocation has (``threads: workflow.cores``, rules/common.smk ``measure_threads``), so no other
+job of this invocation runs beside it whatever ``--cores`` says; what it cannot keep away (other
+programs) it measures (:mod:`capacity_pack.measure.host`). A remote target keeps the pipeline
+parallel: its jobs do not share the target's CPUs.
+
 Snakemake resources are counted by one invocation's scheduler. Two separate invocations against
 one target are serialized by the target lock (:mod:`capacity_pack.measure.lock`, one user on one
 host; see docs/cluster.md), whose key is finer for an endpoint (the URL's path counts) and
@@ -30,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -78,6 +88,23 @@ def target_resource(pack: Pack) -> str:
         digest = hashlib.sha256(target_identity(pack).encode()).hexdigest()[:12]
         name = f"{name[: MAX_NAME_LENGTH - len(digest) - 1]}_{digest}"
     return name
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def local_target(pack: Pack) -> bool:
+    """Whether the pack's target runs on the pipeline's host (:func:`is_local`)."""
+    return is_local(pack.target)
+
+
+def is_local(target: Any) -> bool:
+    """Whether ``target`` runs on this host: a simulated engine, a managed server, or a URL on
+    a loopback address (``127.0.0.0/8``, ``localhost``, ``::1``)."""
+    if target.kind == "sim" or target.managed is not None:
+        return True
+    host = (urlsplit(target.base_url).hostname or "").lower()
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
 def held_target_resources(resources: str) -> list[str]:

@@ -16,18 +16,23 @@ Cache-state facts in the summary:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import pandas as pd
 
 from capacity_pack import engines
 from capacity_pack.io import atomic_path
+from capacity_pack.measure import host
+from capacity_pack.measure.cluster import is_local
 from capacity_pack.measure.inputs import (
     SweepInputs,
     load_settings,
@@ -238,6 +243,79 @@ class ExtensionBlocks:
         return self.blocks.get(block)
 
 
+def starts_target(inputs: SweepInputs) -> bool:
+    """Whether the point starts its own target (simulated engine, managed server)."""
+    return (
+        isinstance(inputs.target, SimTarget) or getattr(inputs.target, "managed", None) is not None
+    )
+
+
+def _lateness(base_url: str, ours: bool) -> dict[float, float] | None:
+    """The simulated engine's step-lateness buckets now, when the point started its target
+    (None: another engine, which has no such histogram, or /metrics did not answer: the point
+    then states no step lateness)."""
+    if not ours:
+        return None
+    try:
+        resp = httpx.get(f"{base_url}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return host.lateness_buckets(resp.text) if resp.status_code == 200 else None
+
+
+def target_processes(inputs: SweepInputs) -> tuple[list[int], str | None]:
+    """The target's processes that are not this job's descendants, and why other processes'
+    CPU is not checked against ``client.other_cpu_bound`` (None: it is). A target the point
+    starts is its descendant; a server on a loopback port is found by its listening socket
+    (/proc/net/tcp), and when it is another user's its CPU would count as other, so the check
+    is off; a remote target's points share this host with the rest of the pipeline by design
+    (its client is checked by its dispatch lateness)."""
+    target = inputs.target
+    if starts_target(inputs):
+        return [], None
+    if not is_local(target):
+        return [], "not checked: a remote target (the client's dispatch lateness is)"
+    url = urlsplit(target.base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    pids = host.listening_pids(port)
+    if not pids:
+        return [], (
+            f"not checked: the process listening on port {port} is not readable by this "
+            "user, so its CPU would count as another process's"
+        )
+    return pids, None
+
+
+def disturbance(
+    inputs: SweepInputs,
+    placement: host.Placement,
+    before: tuple[host.CpuSnapshot, dict[float, float] | None],
+    after_lateness: dict[float, float] | None,
+    roots: tuple[list[int], str | None],
+) -> dict[str, Any]:
+    """The summary's host facts (capacity_pack.measure.host): other processes' CPU over the
+    run, the simulated engine's step lateness, the placement, and whether (and why) the point
+    was disturbed beyond the pack's bounds."""
+    c = inputs.client
+    cpu = host.other_cpu(before[0], host.cpu_snapshot(roots[0]))
+    steps = host.step_lateness(before[1], after_lateness, c.step_lateness_bound_ms)
+    cpu_bound = c.other_cpu_bound if roots[1] is None else None
+    why = host.judge(cpu, steps, cpu_bound, c.step_lateness_bound_ms)
+    return {
+        "host": {
+            **cpu,
+            "other_cpu_bound": cpu_bound,
+            "other_cpu_check": roots[1]
+            or ("checked" if cpu_bound is not None else "not checked: client.other_cpu_bound null"),
+            "target_pids": roots[0],
+            "placement": placement.report(),
+        },
+        "engine_step_lateness": steps,
+        "disturbed": bool(why),
+        "disturbance_reasons": why,
+    }
+
+
 def measure_point(
     pack_or_inputs: Pack | SweepInputs,
     point: Point,
@@ -270,14 +348,21 @@ def measure_point(
     if ground_truth is not None and ground_truth.exists():
         ground_truth.unlink()
     prewarm = prewarm_rows(inputs.schedule, point)
-    with open_target(
-        inputs.target,
-        inputs.model.served_name or inputs.model.id,
-        point.cache_state,
-        ground_truth=ground_truth,
-        log_path=out / "server.log" if is_sim or getattr(inputs.target, "managed", None) else None,
-        expected=inputs,
-    ) as (base_url, facts):
+    placement = host.Placement.plan(starts_target=starts_target(inputs))
+    with contextlib.ExitStack() as stack:
+        stack.callback(placement.restore)
+        placement.bind_target()  # the target's processes inherit its CPUs
+        base_url, facts = stack.enter_context(
+            open_target(
+                inputs.target,
+                inputs.model.served_name or inputs.model.id,
+                point.cache_state,
+                ground_truth=ground_truth,
+                log_path=out / "server.log" if starts_target(inputs) else None,
+                expected=inputs,
+            )
+        )
+        placement.bind_client()
         settings = load_settings(inputs, point, base_url, progress=progress)
         settings.report, settings.label = report, point.key
         settings.token_counter = token_counter(inputs, base_url)
@@ -294,6 +379,8 @@ def measure_point(
             settings.extension_block = ExtensionBlocks(inputs, point)
             settings.sequential = sequential_settings(inputs)
         stop: Interrupted | None = None
+        roots = target_processes(inputs)
+        before = host.cpu_snapshot(roots[0]), _lateness(base_url, starts_target(inputs))
         try:
             if shard_count(inputs, point) > 1:
                 summary = run_sharded(
@@ -311,6 +398,11 @@ def measure_point(
             if not exc.summary:
                 raise
             stop, summary = exc, exc.summary
+        summary.update(
+            disturbance(
+                inputs, placement, before, _lateness(base_url, starts_target(inputs)), roots
+            )
+        )
     records = read_records(records_path)
     series = pd.read_parquet(out / "metrics.parquet")
     summary.update(facts)

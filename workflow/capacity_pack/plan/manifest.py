@@ -530,6 +530,21 @@ class Client(_Model):
         gt=0,
         description="Dispatch-lateness p99 above this marks the point client-bound.",
     )
+    other_cpu_bound: float | None = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="Other processes' CPU (not niced) as a share of all the host's CPUs over a "
+        "point's run, above which the point is disturbed: it decides nothing and a search "
+        "measures the rate again (capacity_pack.measure.host); null: not checked.",
+    )
+    step_lateness_bound_ms: float | None = Field(
+        default=25.0,
+        gt=0,
+        description="Simulated engine only: its step lateness p99 (loop wake-up minus the "
+        "step's deadline) above this marks the point disturbed (the engine was starved of "
+        "CPU); null: not checked.",
+    )
     metrics_interval_seconds: float = Field(
         default=1.0, gt=0, description="Interval of the /metrics scrape and the backlog series."
     )

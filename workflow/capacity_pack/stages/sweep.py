@@ -97,4 +97,6 @@ def run(
         doc["dispatch_lateness_ms"]["p99"] or 0.0,
         " (CLIENT-BOUND)" if doc["client_bound"] else "",
     )
+    for why in doc.get("disturbance_reasons", []):
+        log.warning("%s: DISTURBED: %s", pt.key, why)
     return doc

@@ -102,6 +102,11 @@ def sweep(summary: dict[str, Any]) -> dict[str, Any]:
         "gc_pause_max_ms": summary.get("gc_pause_max_ms"),
         "gc_pauses_over_1ms_count": summary.get("gc_pauses_over_1ms_count"),
         "client_bound": float(summary["client_bound"]),
+        # Other work on the host over the point (capacity_pack.measure.host).
+        "disturbed": float(bool(summary.get("disturbed"))),
+        "host_other_cpu_share": (summary.get("host") or {}).get("other_cpu_share"),
+        "host_other_cpu_s": (summary.get("host") or {}).get("other_cpu_s"),
+        "engine_step_lateness_p99_ms": (summary.get("engine_step_lateness") or {}).get("p99_ms"),
         "server_prefix_hit_rate": summary.get("server_prefix_hit_rate"),
         "client_cached_token_fraction": summary.get("client_cached_token_fraction"),
         "prefix_cache_evictions": summary.get("prefix_cache_evictions"),
@@ -115,7 +120,12 @@ def sweep(summary: dict[str, Any]) -> dict[str, Any]:
         "cache_preparation": summary.get("cache_preparation"),
         "lateness_bound_ms": summary["lateness_bound_ms"],
     }
-    tags = {"capacity_pack.client_bound": str(summary["client_bound"]).lower()}
+    tags = {
+        "capacity_pack.client_bound": str(summary["client_bound"]).lower(),
+        "capacity_pack.disturbed": str(bool(summary.get("disturbed"))).lower(),
+    }
+    if summary.get("host"):  # where the target and the load generator ran
+        tags["capacity_pack.placement"] = summary["host"]["placement"]["detail"]
     if summary.get("thread_placement"):  # the loop and dispatcher threads on CPUs of their own
         tags["capacity_pack.threads_pinned"] = str(summary["thread_placement"]["pinned"]).lower()
     if summary.get("sequential"):
