@@ -476,3 +476,34 @@ def test_decision_metrics_carry_the_bracket_in_rps():
     assert metrics["cold.bracket_pass_rps"] == 24 and metrics["cold.bracket_fail_rps"] == 28
     assert metrics["cold.bracket_width_rps"] == 4
     assert metrics["cold.capacity_per_gpu_nominal_rps"] == 3  # 24 RPS / 8 GPUs under test
+
+
+def test_results_that_contradict_how_a_server_works_are_measurement_faults():
+    from capacity_pack.decide.capacity import measurement_faults
+
+    curve = [
+        {"concurrency": 8, "request_throughput_rps": 20.0, "meets_latency_gates": True},
+        {"concurrency": 32, "request_throughput_rps": 30.0, "meets_latency_gates": False},
+    ]
+    open_loop = {
+        "cold": {"capacity_rps": 36.0, "non_monotonic_passes_rps": []},
+        "warm": {
+            "capacity_rps": 24.0,
+            "non_monotonic_passes_rps": [30.0],
+            "next_rate_up": {"offered_rps": 26.0},
+        },
+    }
+    faults = measurement_faults(open_loop, {"cold": {"curve": curve}})
+    assert [(f["kind"], f["cache_state"]) for f in faults] == [
+        ("warm-below-cold", "warm"),
+        ("above-saturation", "cold"),
+        ("pass-above-failure", "warm"),
+    ]
+    assert "warm capacity 24 RPS is under 0.8 x cold (36 RPS)" in faults[0]["message"]
+    assert "highest request throughput 30 RPS" in faults[1]["message"]
+    assert faults[2]["message"].startswith("warm: 30 RPS met the gates above 26 RPS")
+    # A closed loop still inside its gates at its largest level is no saturation figure; a warm
+    # capacity at 0.8 x cold or more is no fault.
+    curve[-1]["meets_latency_gates"] = True
+    open_loop["warm"] = {"capacity_rps": 30.0, "non_monotonic_passes_rps": []}
+    assert measurement_faults(open_loop, {"cold": {"curve": curve}}) == []

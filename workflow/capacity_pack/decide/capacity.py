@@ -691,10 +691,68 @@ def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
         },
         "open_loop": open_loop,
         "closed_loop": closed,
+        # Physical sanity: results that contradict how a server works (measurement_faults).
+        "measurement_faults": measurement_faults(open_loop, closed),
         "experiments": sorted(
             {r["point"]: r["verdict"] for r in reports if r.get("mode") == "exp"}.items()
         ),
     }
+
+
+#: Warm capacity under this share of cold is a measurement fault: a prefix cache that hits
+#: does not make a server slower (measured: 0.41 RPS warm against 2.8 cold with an analysis job
+#: beside the warm points).
+WARM_FLOOR = 0.8
+#: An open-loop capacity above the closed loop's highest request throughput by more than this
+#: share is a measurement fault: no load pattern carries more than the server's saturation.
+SATURATION_SLACK = 0.05
+
+
+def measurement_faults(open_loop: dict[str, Any], closed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Results that contradict how a server works: each a measurement fault, not a finding.
+
+    - ``warm-below-cold``: the warm capacity under :data:`WARM_FLOOR` x the cold one;
+    - ``above-saturation``: a state's capacity above its closed loop's highest request
+      throughput (1 + :data:`SATURATION_SLACK`) when the closed loop was pushed past its
+      latency gates (its largest level misses them), so that throughput is the server's most;
+    - ``pass-above-failure``: a rate meeting the gates above one that does not (non-monotonic).
+    """
+    faults: list[dict[str, Any]] = []
+    cold = (open_loop.get("cold") or {}).get("capacity_rps")
+    warm = (open_loop.get("warm") or {}).get("capacity_rps")
+    if cold and warm is not None and warm < WARM_FLOOR * cold:
+        faults.append({
+            "kind": "warm-below-cold",
+            "cache_state": "warm",
+            "message": f"warm capacity {warm:g} RPS is under {WARM_FLOOR:g} x cold ({cold:g} "
+            "RPS): a prefix cache that hits does not make a server slower; the warm points "
+            "measured something else (the host, the client, a cache that did not hold)",
+        })  # fmt: skip
+    for state, sel in sorted(open_loop.items()):
+        cap = sel.get("capacity_rps")
+        curve = (closed.get(state) or {}).get("curve") or []
+        if cap is not None and curve and not curve[-1]["meets_latency_gates"]:
+            top = max(p["request_throughput_rps"] or 0.0 for p in curve)
+            if top > 0 and cap > (1 + SATURATION_SLACK) * top:
+                faults.append({
+                    "kind": "above-saturation",
+                    "cache_state": state,
+                    "message": f"{state} capacity {cap:g} RPS is above the closed loop's highest "
+                    f"request throughput {top:.3g} RPS (concurrency pushed past the latency "
+                    "gates): no load carries more than the server's saturation",
+                })  # fmt: skip
+        if sel.get("non_monotonic_passes_rps"):
+            above = ", ".join(f"{r:g}" for r in sel["non_monotonic_passes_rps"])
+            below = (sel.get("next_rate_up") or {}).get("offered_rps")
+            faults.append({
+                "kind": "pass-above-failure",
+                "cache_state": state,
+                "message": f"{state}: {above} RPS met the gates above "
+                + (f"{below:g} RPS" if below is not None else "a rate")
+                + ", which did not: capacity does not come back at a higher load; the evidence "
+                "at these rates is noise or a disturbed host",
+            })  # fmt: skip
+    return faults
 
 
 def mix_p95_context(pack) -> float:

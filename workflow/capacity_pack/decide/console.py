@@ -64,6 +64,8 @@ def console_lines(pack_dir: str | Path) -> list[str]:
     states = sorted(open_loop, key=lambda s: s != primary)
     for state in states:
         lines.append("  decision, " + decision_line(state, open_loop[state]))
+    for fault in capacity.get("measurement_faults") or []:
+        lines.append(f"  MEASUREMENT FAULT ({fault['kind']}): {fault['message']}")
     plan = _read(pack_dir / "plan.json")
     if plan is not None and plan.get("required_replicas") is not None:
         gpus = plan.get("required_gpus")

@@ -611,6 +611,14 @@ def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
             + f", as measured; nominally {_fmt(sel['capacity_per_gpu_nominal_rps'])})."
         )
     lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
+    if faults := capacity.get("measurement_faults"):
+        lines += [
+            "**Measurement faults** (results that contradict how a server works: the pack "
+            "measured something besides the target; not findings):",
+            "",
+            *[f"- {f['message']}" for f in faults],
+            "",
+        ]
     return lines
 
 
