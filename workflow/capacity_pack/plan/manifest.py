@@ -979,9 +979,10 @@ class RateSearch(_Model):
         le=10,
         description="Measurements beyond sweep.repeats the search may spend on an open-loop "
         "rate whose repeats decided nothing (client-bound: the load generator fell behind its "
-        "schedule; or superseded: decided in run under another attainment gate and undecided "
-        "at the pack's): such a rate is measured again at the next repeat index instead of "
-        "being taken as not passing.",
+        "schedule; disturbed: other work on the host beyond client.other_cpu_bound or "
+        "step_lateness_bound_ms; or superseded: decided in run under another attainment gate "
+        "and undecided at the pack's): such a rate is measured again at the next repeat index "
+        "instead of being taken as not passing.",
     )
     concurrency: ConcurrencySearch | None = Field(
         default=None, description="Search the closed loop too (its operating point)."
