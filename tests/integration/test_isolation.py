@@ -71,7 +71,7 @@ def hogged(tmp_path_factory):
     first = str(results / "raw" / "*" / "cold" / "rep0" / "summary.json")
     hog = subprocess.Popen([sys.executable, "-c", HOG, first])
     try:
-        res = run_snakemake(workdir, "results/isolation-test/search/cold/search.json")
+        res = run_snakemake(workdir, "results/isolation-test/search/cold/search.json", alone=True)
     finally:
         hog.kill()
         hog.wait()
