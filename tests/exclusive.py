@@ -5,7 +5,7 @@ time is waiting (a point's load runs in real time; a drill's timeline is seconds
 the pipelines' measurements already take turns through the project's own host-wide target
 lock (capacity_pack.measure.lock). A test marked `exclusive` (and every `real_engine` test)
 runs alone: it measures something the other workers' CPU would move (a real engine's
-capacity on two cores, the default pack's boundary, a twin fitted to measured latencies).
+capacity on two cores, a point beside a CPU hog, a twin fitted to measured latencies).
 
 A readers-writer lock over flock(2) on two files shared by the run's workers: every test
 holds `run.lock` shared from its setup to its teardown (module fixtures included: they are set

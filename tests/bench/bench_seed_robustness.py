@@ -23,6 +23,15 @@ Poisson arrivals in virtual time, bisected to 0.25 RPS). Its own noise: two sets
 0.9603 and 0.9495 (the attainment of long runs is itself correlated), so the model's boundary
 is known to about half an RPS.
 
+At each end of every bracket it also prints, per class, the pooled attainment the search
+decided on, its interval and design effect, beside the engine model's attainment at that rate
+(2 x 120 s in virtual time): whether the measured interval holds the model's truth. This was a
+CI test (tests/e2e/test_default_pack_boundary.py) until it failed in CI on 2026-12-05: a 30-s
+cold point at 35 RPS read interactive attainment with an interval from 0.980, where the model's
+long-run attainment is 0.963 (a short window with fewer congestion bursts than the long run
+reads high, and its blocks then show little of the correlation). One run's coverage of a
+95 % interval is a statistic, not an invariant: it is measured here, over seeds.
+
 Targets (issue 40): the runs' brackets within one resolution step (2 RPS) of each other, each
 bracket containing or touching the model's boundary, each pack under 11 minutes on 2 cores.
 The results are printed as a Markdown table for docs/performance.md and written as JSON to
@@ -77,7 +86,40 @@ def run_pack(seed: int, workdir: Path) -> dict:
             "fail_status": b.get("fail_status"),
             "shown_to_pass_rps": sel.get("shown_to_pass_rps"),
             "rates": {f"{r['offered_rps']:g}": r["status"] for r in sel["rates"]},
+            "ends": bracket_evidence(results, state, (b["pass_rps"], b["fail_rps"])),
         }
+    return out
+
+
+def bracket_evidence(results: Path, state: str, rates) -> dict[str, dict]:
+    """Per end of the bracket: its status and, per class, the pooled attainment, its interval
+    and design effect (capacity_pack.decide.capacity.pooled_attainment: what the search
+    decided on)."""
+    from capacity_pack.decide.capacity import (
+        deciding_reports,
+        pooled_attainment,
+        rate_status,
+        void,
+    )
+    from capacity_pack.plan.schedule import Point
+
+    out = {}
+    for rate in rates:
+        if rate is None:
+            continue
+        point = Point(mode="open", rate_rps=rate, cache_state=state, repeat=0).point_id
+        reports = [
+            json.loads(path.read_text())
+            for path in sorted((results / "reports" / point / state).glob("rep*/slo-report.json"))
+        ]
+        deciding = deciding_reports(reports)
+        entry = {"status": rate_status(deciding), "classes": {}}
+        if deciding and not all(void(r) for r in deciding):
+            for name, e in pooled_attainment(deciding).items():
+                entry["classes"][name] = {
+                    k: e[k] for k in ("attainment", "ci", "design_effect", "blocks", "successful")
+                }
+        out[f"{rate:g}"] = entry
     return out
 
 
@@ -112,6 +154,46 @@ def model(states: list[str], seeds: int, duration: float) -> dict[str, dict]:
         out[state] = b.to_dict() | {"cpu_s": time.process_time() - t}
         print(f"model {state}: [{b.meets_rps:g}, {b.misses_rps:g}) RPS", flush=True)
     return out
+
+
+#: The engine model's attainment at a bracket end: 2 x 120 s in virtual time (its own noise
+#: about a point of attainment, :data:`MODEL_NOISE`), as the retired CI check did.
+MODEL_S, MODEL_SEEDS, MODEL_NOISE = 120.0, (0, 1), 0.01
+
+
+def interval_coverage(runs: list[dict]) -> list[dict]:
+    """Whether each bracket end's measured interval (widened by :data:`MODEL_NOISE`) holds the
+    engine model's long-run attainment at that rate, per class: a 95 % interval that respects
+    the outcomes' correlation should miss about one time in twenty (more often at a short
+    point whose window saw fewer congestion bursts than the long run)."""
+    from capacity_pack.plan.manifest import validate_pack
+    from capacity_pack.sim.profile import load_profile
+    from capacity_pack.sim.virtual import attainment_at
+    from capacity_pack.twin.boundary import shared_prefixes, virtual_classes
+
+    pack = validate_pack(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), "pack")
+    profile = load_profile(pack.target.profile)
+    truth: dict[tuple[str, str], dict] = {}
+    rows = []
+    for run in runs:
+        for state, sel in run["states"].items():
+            for rate, end in sel.get("ends", {}).items():
+                key = (state, rate)
+                if key not in truth:
+                    truth[key] = attainment_at(
+                        profile, virtual_classes(pack), float(rate), MODEL_S, MODEL_SEEDS,
+                        prefixes=shared_prefixes(pack, state),
+                    )  # fmt: skip
+                for name, e in end["classes"].items():
+                    low, high = e["ci"]
+                    model = truth[key][name]
+                    rows.append({
+                        "seed": run["seed"], "state": state, "rate": rate,
+                        "status": end["status"], "class": name, "measured": e["attainment"],
+                        "ci": e["ci"], "design_effect": e["design_effect"], "model": model,
+                        "covered": low - MODEL_NOISE <= model <= high + MODEL_NOISE,
+                    })  # fmt: skip
+    return rows
 
 
 def touches(state: dict, boundary: dict) -> bool | None:
@@ -182,9 +264,23 @@ def main() -> None:
             runs_s = f"{args.model_seeds} x {args.model_duration:g} s"
             print(f"{state}: model boundary [{b['meets_rps']:g}, {b['misses_rps']:g}) RPS "
                   f"({runs_s}, {b['cpu_s']:.0f} s CPU)")  # fmt: skip
+    coverage = [] if args.skip_model else interval_coverage(runs)
+    if coverage:
+        print("\n| seed | state | rate | status | class | measured | interval | deff | model |")
+        print("|---:|---|---:|---|---|---:|---|---:|---:|")
+        for c in coverage:
+            mark = "" if c["covered"] else " (outside)"
+            print(
+                f"| {c['seed']} | {c['state']} | {c['rate']} | {c['status']} | {c['class']} | "
+                f"{c['measured']:.3f} | [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] | "
+                f"{c['design_effect']:.1f} | {c['model']:.3f}{mark} |"
+            )
+        missed = sum(not c["covered"] for c in coverage)
+        held = len(coverage) - missed
+        print(f"intervals holding the model's attainment: {held} of {len(coverage)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     (args.workdir / "seed-robustness.json").write_text(
-        json.dumps({"runs": runs, "model": boundaries}, indent=1)
+        json.dumps({"runs": runs, "model": boundaries, "coverage": coverage}, indent=1)
     )
 
 
