@@ -47,27 +47,17 @@ METHODS = ("point", "oracle", "point-upper")
 
 def outcomes(run, classes, start_s: float, end_s: float) -> dict[str, tuple[list, list]]:
     """Per class: (met flags, send times in ns) of the requests sent in [start_s, end_s)."""
+    from capacity_pack.sim.virtual import meets_slo
+
     out: dict[str, tuple[list, list]] = {c.label: ([], []) for c in classes}
     cut = {c.label: c for c in classes}
     for r in sorted(run.results, key=lambda r: r.arrival_s):
         if not start_s <= r.arrival_s < end_s:
             continue
-        c = cut[r.label]
         met, sent = out[r.label]
-        met.append(r.ttft_s <= c.ttft_cutoff_s and r.tpot_s <= c.tpot_cutoff_s)
+        met.append(meets_slo(r, cut[r.label]))
         sent.append(round(r.arrival_s * 1e9))
     return out
-
-
-def runs(pack, profile, classes, rate: float, duration_s: float, seeds, prefixes):
-    from capacity_pack.sim.virtual import poisson_arrivals, simulate, with_shared_prefixes
-
-    mixes = [(c.mix, c.input_tokens, c.output_tokens, c.label) for c in classes]
-    for seed in seeds:
-        arrivals = poisson_arrivals(rate, duration_s, mixes, seed=seed)
-        if prefixes is not None:
-            arrivals = with_shared_prefixes(arrivals, prefixes, seed)
-        yield simulate(profile, arrivals, seed)
 
 
 def upper_deff(n_j, k_j, confidence: float = 0.95) -> float:
@@ -102,6 +92,7 @@ def main() -> None:
     )
     from capacity_pack.plan.manifest import validate_pack
     from capacity_pack.sim.profile import load_profile
+    from capacity_pack.sim.virtual import poisson_runs
     from capacity_pack.twin.boundary import shared_prefixes, virtual_classes
 
     pack = validate_pack(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), "pack")
@@ -119,7 +110,7 @@ def main() -> None:
         n_all = {c.label: 0 for c in classes}
         blocks = {c.label: ([], []) for c in classes}
         seeds = range(args.truth_runs)
-        for run in runs(pack, profile, classes, rate, args.truth_s, seeds, prefixes):
+        for run in poisson_runs(profile, classes, rate, args.truth_s, seeds, prefixes):
             for name, (met, sent) in outcomes(run, classes, warmup, args.truth_s).items():
                 k_all[name] += sum(met)
                 n_all[name] += len(met)
@@ -135,7 +126,7 @@ def main() -> None:
         }
         seeds = range(10_000, 10_000 + args.windows)
         end = warmup + args.point_s
-        for run in runs(pack, profile, classes, rate, end, seeds, prefixes):
+        for run in poisson_runs(profile, classes, rate, end, seeds, prefixes):
             for name, (met, sent) in outcomes(run, classes, warmup, end).items():
                 if not met:
                     continue

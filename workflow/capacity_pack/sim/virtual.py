@@ -207,18 +207,37 @@ def attainment_at(
     A request meets its SLO when TTFT <= its class's TTFT cutoff and TPOT <= its TPOT cutoff
     (the pack's joint predicate, on the engine's own times); arrivals in the first
     ``warmup_s`` are left out, as a point's warm-up is."""
-    mixes = [(c.mix, c.input_tokens, c.output_tokens, c.label) for c in classes]
     shares: dict[str, list[float]] = {c.label: [] for c in classes}
+    for run in poisson_runs(profile, classes, rate_rps, duration_s, seeds, prefixes):
+        for c in classes:
+            rs = [r for r in run.results if r.label == c.label and r.arrival_s >= warmup_s]
+            met = sum(meets_slo(r, c) for r in rs)
+            shares[c.label].append(met / len(rs) if rs else 0.0)
+    return {label: sum(v) / len(v) for label, v in shares.items()}
+
+
+def meets_slo(result: VirtualResult, c: VirtualClass) -> bool:
+    """The pack's joint predicate on the engine's own times: TTFT <= the class's TTFT cutoff
+    and TPOT <= its TPOT cutoff."""
+    return result.ttft_s <= c.ttft_cutoff_s and result.tpot_s <= c.tpot_cutoff_s
+
+
+def poisson_runs(
+    profile: Profile,
+    classes: list[VirtualClass],
+    rate_rps: float,
+    duration_s: float,
+    seeds,
+    prefixes: SharedPrefixes | None = None,
+):
+    """One run per seed of ``duration_s`` seconds of Poisson arrivals of ``classes`` at
+    ``rate_rps`` on a fresh engine (unique prompts, or ``prefixes``), lazily."""
+    mixes = [(c.mix, c.input_tokens, c.output_tokens, c.label) for c in classes]
     for seed in seeds:
         arrivals = poisson_arrivals(rate_rps, duration_s, mixes, seed=seed)
         if prefixes is not None:
             arrivals = with_shared_prefixes(arrivals, prefixes, seed)
-        run = simulate(profile, arrivals, seed)
-        for c in classes:
-            rs = [r for r in run.results if r.label == c.label and r.arrival_s >= warmup_s]
-            met = sum(r.ttft_s <= c.ttft_cutoff_s and r.tpot_s <= c.tpot_cutoff_s for r in rs)
-            shares[c.label].append(met / len(rs) if rs else 0.0)
-    return {label: sum(v) / len(v) for label, v in shares.items()}
+        yield simulate(profile, arrivals, seed)
 
 
 def slo_boundary(
