@@ -27,6 +27,7 @@ from capacity_pack.measure.cluster import (
     target_resource,
 )
 from capacity_pack.plan.manifest import validate_pack
+from tests.conftest import pack_data
 from tests.paths import ROOT
 
 DEFAULT_PACK = ROOT / "config" / "config.yaml"
@@ -46,7 +47,7 @@ K8S_ENV = {"MLFLOW_TRACKING_URI": "http://mlflow.invalid:5000"}
 
 
 def pack_with(target: dict | None = None, name: str | None = None):
-    data = yaml.safe_load(DEFAULT_PACK.read_text())
+    data = pack_data()
     if target is not None:
         data["target"] = target
     if name is not None:

@@ -9,7 +9,6 @@ import secrets
 from pathlib import Path
 
 import pytest
-import yaml
 from starlette.responses import JSONResponse
 
 from capacity_pack.io import write_json_atomic
@@ -22,7 +21,8 @@ from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, freeze, validate_pack
 from capacity_pack.track import tracking
 from capacity_pack.track.records import sweep as sweep_record
-from tests.paths import DEFAULT, ROOT
+from tests.conftest import pack_data
+from tests.paths import ROOT
 from tests.processes import stop_group
 from tests.unit.engines.test_engines import MODEL, Fake, expected, openai, point_facts, serve, vllm
 from tests.unit.measure.test_loadgen import constant_schedule
@@ -49,7 +49,7 @@ def test_a_measured_and_tracked_point_never_stores_the_key(tmp_path, key):
     name, secret = key
     results = tmp_path / "results"
     with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
-        data = yaml.safe_load(DEFAULT.read_text())
+        data = pack_data()
         data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "vllm",
                           "api_key_env": name}  # fmt: skip
         data["client"].update(initial_scheduled_requests=20, minimum_duration_seconds=1,

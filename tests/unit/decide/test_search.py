@@ -470,7 +470,9 @@ def test_auto_derives_round_one_from_the_closed_loop_throughput():
 
 
 def pack_with_search(**search):
+    """The default pack with declared round-1 rates and ``search``."""
     data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    data["sweep"]["open_loop_rps"] = [30, 40, 50]
     data["sweep"]["search"] = search
     return data
 
@@ -524,10 +526,91 @@ def test_searched_points_are_not_fixed_but_are_found():
         sched.find_point(searched, "closed-c129", "cold", 0)
 
 
-def test_the_default_pack_searches_from_its_declared_rates():
+def test_the_default_pack_searches_from_the_predicted_bracket():
     pack = validate_pack(yaml.safe_load(DEFAULT_CONFIG.read_text()), "default")
     inp = S.SearchInputs.of(pack)
-    assert inp.initial_rps == [30, 40, 50] and inp.resolution_rps <= 2
+    assert inp.predicted and inp.initial_rps is None and inp.resolution_rps <= 2
+    # Round 1 is the closed loop; the open loop starts in round 2 from the preflight file.
     assert [p.point_id for p in S.first_round(inp, "cold")] == [
-        "open-r30", "open-r40", "open-r50", "closed-c1", "closed-c8", "closed-c32",
+        "closed-c1", "closed-c8", "closed-c32",
     ]  # fmt: skip
+
+
+def run_predicted(start: list[float], oracle: Oracle, max_rounds: int = 8):
+    """:func:`run` of a search that starts from the predicted rates ``start``."""
+    inp = inputs(initial_rps=None, predicted=True, closed_levels=[])
+    docs, measured, order = [], {}, []
+    while True:
+        plans = S.plan_rounds(docs, inp, max_rounds, "cold")
+        if len(plans) == len(docs):
+            return docs, plans, order
+        for p in plans[-1]["points"]:
+            assert p.key not in measured, f"{p.key} measured twice"
+            measured[p.key] = oracle(p)
+            order.append(p.key)
+        doc = S.decide_round(
+            list(measured.values()), inp, "cold", len(docs) + 1, predicted_rps=start
+        )
+        docs.append(doc)
+
+
+def test_a_predicted_bracket_within_the_resolution_is_measured_at_its_ends_only():
+    doc = {"brackets": [{"cache_state": "cold", "pass_rps": 35.0, "fail_rps": 36.5}]}
+    assert S.predicted_rates(doc, "cold", 2.0) == [35.0, 36.5]
+    assert S.predicted_rates(doc, "cold", 1.0) == [35.0, 35.8, 36.5]
+    assert S.predicted_rates(doc, "cold") == [35.0, 35.8, 36.5]
+
+
+@pytest.mark.parametrize(
+    ("boundary", "path"),
+    [
+        (36.0, [[], [35, 36.5]]),  # the prediction holds: no step out of it
+        (40.0, [[], [35, 36.5], [38], [42], [40]]),  # +2 (to 2 digits), then +4, then bisect
+        (30.0, [[], [35, 36.5], [33], [29], [31]]),  # -2, then -4, then bisect
+        (12.0, [[], [35, 36.5], [33], [29], [21], [5], [15], [10], [12]]),
+    ],
+)
+def test_a_predicted_search_steps_out_one_resolution_then_doubles(boundary, path):
+    docs, plans, _ = run_predicted([35.0, 36.5], knee(boundary), max_rounds=12)
+    assert [rates_of(p) for p in plans] == path
+    b = docs[-1]["open"]["bracket"]
+    assert b["pass_rps"] < boundary <= b["fail_rps"] and b["width_rps"] <= 2
+    assert {d["open"]["search"]["direction"] for d in docs[1:-1]} <= {"up", "down", "bisect"}
+
+
+def test_pooled_steps_measure_every_repeat_of_a_new_rate_at_once():
+    """With pooled_steps each rate the search measures runs repeats 0 and 1 in one round and is
+    decided on them pooled, so there is no confirmation round."""
+
+    def oracle(p):
+        # 46.5 passes on repeat 0 only: pooled with repeat 1 it does not meet the gate.
+        passes = p.rate_rps < 46.5 or (p.rate_rps == 46.5 and p.repeat == 0)
+        return report(p, passes)
+
+    inp = inputs(initial_rps=None, predicted=True, closed_levels=[], repeats=2, pooled_steps=True)
+    docs, measured = [], {}
+    while True:
+        plans = S.plan_rounds(docs, inp, 8, "cold")
+        if len(plans) == len(docs):
+            break
+        for p in plans[-1]["points"]:
+            assert p.key not in measured
+            measured[p.key] = oracle(p)
+        docs.append(
+            S.decide_round(
+                list(measured.values()), inp, "cold", len(docs) + 1, predicted_rps=[45.0, 46.5]
+            )
+        )
+    assert [sorted(p.key for p in plan["points"]) for plan in plans] == [
+        [],
+        [
+            "open-r45/cold/rep0",
+            "open-r45/cold/rep1",
+            "open-r46.5/cold/rep0",
+            "open-r46.5/cold/rep1",
+        ],
+    ]
+    b = docs[-1]["open"]["bracket"]
+    assert (b["pass_rps"], b["fail_rps"]) == (45, 46.5) and docs[-1]["open"]["confirm"] == []
+    assert '"pooled_steps":true' in inp.canonical_json()
+    assert "pooled_steps" not in inputs().canonical_json()

@@ -6,13 +6,12 @@ import logging
 
 import httpx
 import pytest
-import yaml
 
 from capacity_pack.measure.sweep import measure_point
 from capacity_pack.measure.target import SimProcess, reset_prefix_cache, verify_cold
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget, validate_pack
-from tests.paths import DEFAULT
+from tests.conftest import pack_data
 
 
 def test_openai_target_cold_point_resets_and_verifies(tmp_path, monkeypatch):
@@ -22,7 +21,7 @@ def test_openai_target_cold_point_resets_and_verifies(tmp_path, monkeypatch):
             httpx.post(f"{sim.base_url}/v1/completions",
                        json={"model": "sim-small", "prompt": "same words " * 40, "max_tokens": 2},
                        timeout=30)  # fmt: skip
-        data = yaml.safe_load(DEFAULT.read_text())
+        data = pack_data()
         data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "vllm",
                           "api_key_env": "CAPACITY_PACK_TEST_KEY"}  # fmt: skip
         data["client"].update(initial_scheduled_requests=30, minimum_duration_seconds=1,
@@ -63,7 +62,7 @@ def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path, prepa
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
-        data = yaml.safe_load(DEFAULT.read_text())
+        data = pack_data()
         data["target"] = {"kind": "openai", "base_url": sim.base_url, "cache_reset": "none",
                           "tokenizer_path": str(path)}  # fmt: skip
         data["sweep"]["cache_states"] = ["warm"]

@@ -16,11 +16,12 @@ from capacity_pack.plan import schedule as S
 from capacity_pack.plan import schedule_table as T
 from capacity_pack.plan.manifest import ManifestError, load_pack, validate_pack
 from capacity_pack.tables import TableValidationError
+from tests.conftest import pack_data
 from tests.paths import DEFAULT, ROOT, TUTORIAL
 
 
 def data(path: Path = DEFAULT) -> dict:
-    return yaml.safe_load(path.read_text())
+    return pack_data() if path == DEFAULT else yaml.safe_load(path.read_text())
 
 
 def open_point(rate: float, cache: str = "cold", repeat: int = 0) -> S.Point:

@@ -26,7 +26,10 @@ tested rate lies strictly inside the bracket. The next rate of the search:
   the search's lower bound (``min_rps``, default round 1's lowest rate / 8);
 - *up* when every tested rate passes: twice the highest (2 significant digits), not above the
   upper bound (``max_rps``, default 4 x round 1's highest rate) - an exponential search
-  (Bentley and Yao, "An almost optimal algorithm for unbounded searching", 1976);
+  (Bentley and Yao, "An almost optimal algorithm for unbounded searching", 1976). A search
+  that starts from a prediction (``initial: predicted``) steps from it instead: one resolution
+  below the lowest tested rate (above the highest), doubling the step each time it misses
+  again (:func:`gallop`);
 - none when the bracket is within the resolution, a bound is reached, or no new rate fits.
 
 With ``initial: auto`` round 1 measures only the closed loop and round 2's rates are 0.5, 0.75
@@ -34,15 +37,21 @@ and 1 x its saturation request throughput (the highest ``request_throughput_rps`
 closed-loop points of the cache state), each to 2 significant digits. With ``initial:
 predicted`` (a simulated target) round 1 likewise measures only the closed loop (if any), and
 round 2's rates are the cache state's predicted bracket from the preflight prediction
-(:mod:`capacity_pack.twin.preflight`, ``preflight/preflight.json``): its two ends and the tidy
-rate near its midpoint, given to :func:`decide_round` by the round's stage.
+(:mod:`capacity_pack.twin.preflight`, ``preflight/preflight.json``): its two ends, and the tidy
+rate near its midpoint when the bracket is wider than the resolution, given to
+:func:`decide_round` by the round's stage.
 
 **Repeats where they decide.** Search points run repeat 0. When the search has converged (or has
 run ``max_rounds`` search rounds), a *confirmation* round measures repeats 1..R-1
 (``sweep.repeats`` = R) of both ends of the bracket, the failing end unless its status is
 ``fail`` (shown to fail, or another gate failed). A repeat is a new schedule seed and the rate
 is decided on its repeats pooled, so a confirmation can move the bracket either way; the search
-then continues from the new bracket, again within ``max_rounds``.
+then continues from the new bracket, again within ``max_rounds``. With ``pooled_steps`` a search
+step measures repeats 0..R-1 of each new rate at once, so every rate is decided on its pooled
+repeats when it is first measured and no confirmation is left to do: for a search that starts
+at the predicted boundary, where every rate it measures is near the answer, this spends the
+same points in fewer rounds and never walks on one repeat's luck (a rate passing on repeat 0
+sends the search up, and its confirmation brings it back a round later).
 
 **A point that decides nothing is measured again, not bisected below.** A repeat whose load
 generator fell behind its schedule (client-bound: dispatch lateness p99 over
@@ -132,6 +141,9 @@ class SearchInputs(BaseModel):
         default=False,
         description="'predicted': the first open-loop rates are the preflight prediction's.",
     )
+    pooled_steps: bool = Field(
+        default=False, description="A search step measures every repeat of its rates."
+    )
     resolution_rps: float | None
     resolution_rel: float | None
     min_rps: float | None
@@ -151,6 +163,7 @@ class SearchInputs(BaseModel):
         return cls(
             initial_rps=sweep.search_initial_rps,
             predicted=search.initial == "predicted",
+            pooled_steps=search.pooled_steps,
             resolution_rps=search.resolution_rps,
             resolution_rel=search.resolution_rel,
             min_rps=search.min_rps,
@@ -164,11 +177,10 @@ class SearchInputs(BaseModel):
         )
 
     def canonical_json(self) -> str:
-        # Without 'predicted' the params are as they were before it existed: no search round
-        # of an existing pack reruns for it.
-        return canonical_json(
-            self.model_dump(mode="json", exclude=None if self.predicted else {"predicted"})
-        )
+        # Without 'predicted' and 'pooled_steps' the params are as they were before they
+        # existed: no search round of an existing pack reruns for them.
+        unset = {k for k in ("predicted", "pooled_steps") if not getattr(self, k)}
+        return canonical_json(self.model_dump(mode="json", exclude=unset or None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,15 +353,24 @@ def rate_step(
         assert high is not None
         if high <= low_bound:
             return [], "none", f"the lowest allowed rate ({low_bound:g} RPS) does not pass"
-        rate = max(tidy(high / 2), low_bound)
+        rate = tidy(high / 2)
+        if inputs.predicted:
+            rate = gallop(high, -1, sum(r < min(first) for r in tested), inputs)
         return _fresh(
-            [rate], tested, "down", f"the lowest tested rate ({high:g} RPS) does not pass"
+            [max(rate, low_bound)],
+            tested,
+            "down",
+            f"the lowest tested rate ({high:g} RPS) does not pass",
         )
     if high is None:
         if low >= high_bound:
             return [], "none", f"the highest allowed rate ({high_bound:g} RPS) passes"
-        rate = min(tidy(low * 2), high_bound)
-        return _fresh([rate], tested, "up", f"every tested rate passes, up to {low:g} RPS")
+        rate = tidy(low * 2)
+        if inputs.predicted:
+            rate = gallop(low, +1, sum(r > max(first) for r in tested), inputs)
+        return _fresh(
+            [min(rate, high_bound)], tested, "up", f"every tested rate passes, up to {low:g} RPS"
+        )
     width, res = high - low, resolution_of(inputs, low)
     assert res is not None
     if width <= res + 1e-9:
@@ -359,6 +380,21 @@ def rate_step(
         return [], "none", f"no rate with 6 decimals lies inside [{low:g}, {high:g})"
     why = f"the bracket [{low:g}, {high:g}) is wider than the resolution ({res:g} RPS)"
     return _fresh([mid], tested, "bisect", why)
+
+
+def gallop(rate: float, sign: int, steps: int, inputs: SearchInputs) -> float:
+    """A predicted search's step out of its start: ``rate`` +- resolution x 2^steps (``steps``:
+    the rates already tested beyond round 1's on that side), to 2 significant digits, never
+    through zero. The prediction puts the boundary near round 1's rates, so the search first
+    looks one resolution step away and doubles the step only while it keeps missing (an
+    exponential search from a guess: Bentley and Yao 1976); halving a rate that just failed,
+    the step of a search with no prior, would throw the prediction away."""
+    res = resolution_of(inputs, rate)
+    assert res is not None
+    step = res * 2**steps
+    if sign < 0 and rate - step <= 0:
+        return tidy(rate / 2)
+    return tidy(rate + sign * step)
 
 
 def _fresh(values: list[float], tested: set, direction: str, why: str):
@@ -403,17 +439,22 @@ def auto_rates(levels: Sequence[dict[str, Any]]) -> tuple[list[float], str]:
     return rates, f"{fractions} x the closed-loop saturation throughput {best:.4g} RPS"
 
 
-def predicted_rates(preflight: dict[str, Any], cache_state: str) -> list[float]:
+def predicted_rates(
+    preflight: dict[str, Any], cache_state: str, resolution_rps: float | None = None
+) -> list[float]:
     """``initial: predicted``: round 1's rates from a preflight file
     (:mod:`capacity_pack.twin.preflight`): the cache state's predicted bracket's ends and the
-    tidy rate near its midpoint (:func:`tidy_between`); with one end only, that end and half
-    (below a failing end) or twice (above a passing one) it; none without a bracket."""
+    tidy rate near its midpoint (:func:`tidy_between`), the ends only when the bracket is
+    already within ``resolution_rps`` (a midpoint there would measure a rate the search never
+    needs); with one end only, that end and half (below a failing end) or twice (above a
+    passing one) it; none without a bracket."""
     entry = next(
         (b for b in preflight.get("brackets") or [] if b["cache_state"] == cache_state), {}
     )
     low, high = entry.get("pass_rps"), entry.get("fail_rps")
     if low is not None and high is not None:
-        rates = [low, tidy_between(low, high), high]
+        within = resolution_rps is not None and high - low <= resolution_rps + 1e-9
+        rates = [low, high] if within else [low, tidy_between(low, high), high]
     elif high is not None:
         rates = [max(MIN_OPEN_LOOP_RPS, tidy(high / 2)), high]
     elif low is not None:
@@ -625,7 +666,9 @@ def first_round(inputs: SearchInputs, cache_state: str) -> list[Point]:
     return pts
 
 
-def _step_points(doc: dict[str, Any], loop: Loop, kind: str) -> list[Point]:
+def _step_points(doc: dict[str, Any], loop: Loop, kind: str, repeats: int = 1) -> list[Point]:
+    """The points of ``loop``'s step ``kind`` in round file ``doc``; a search step's new
+    open-loop rates at repeats 0..``repeats``-1."""
     part = doc[loop]
     cache = doc["cache_state"]
     retries = [
@@ -638,8 +681,9 @@ def _step_points(doc: dict[str, Any], loop: Loop, kind: str) -> list[Point]:
     if kind == "search":
         if loop == "open":
             return [
-                Point(mode="open", rate_rps=r, cache_state=cache, repeat=0)
+                Point(mode="open", rate_rps=r, cache_state=cache, repeat=k)
                 for r in part["search"]["rates"]
+                for k in range(repeats)
             ] + retries
         return [
             Point(mode="closed", concurrency=c, cache_state=cache, repeat=0)
@@ -685,7 +729,7 @@ def plan_rounds(
             kind = _kind(doc.get(loop) or {}, loop, searched[loop] < max_rounds)
             kinds[loop] = kind
             if kind is not None:
-                pts += _step_points(doc, loop, kind)
+                pts += _step_points(doc, loop, kind, inputs.repeats if inputs.pooled_steps else 1)
         if pts and k < max_rounds + MAX_EXTRA_ROUNDS:
             for loop, kind in kinds.items():
                 searched[loop] += int(kind == "search")

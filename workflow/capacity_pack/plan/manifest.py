@@ -984,6 +984,14 @@ class RateSearch(_Model):
         "and undecided at the pack's): such a rate is measured again at the next repeat index "
         "instead of being taken as not passing.",
     )
+    pooled_steps: bool = Field(
+        default=False,
+        description="Each open-loop search step measures every repeat (sweep.repeats) of its "
+        "new rates in one round, so a rate is decided on its pooled repeats as soon as it is "
+        "measured; false: repeat 0 only, the other repeats confirming the final bracket's ends. "
+        "For a search that starts near the boundary ('predicted'), where every rate it "
+        "measures decides.",
+    )
     concurrency: ConcurrencySearch | None = Field(
         default=None, description="Search the closed loop too (its operating point)."
     )

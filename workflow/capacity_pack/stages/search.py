@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.decide.search import SearchInputs, decide_round, predicted_rates, summarize
+from capacity_pack.decide.search import (
+    SearchInputs,
+    decide_round,
+    predicted_rates,
+    resolution_of,
+    summarize,
+)
 from capacity_pack.io import write_json_atomic
 
 
@@ -36,7 +42,10 @@ def run_round(
     docs = [json.loads(Path(p).read_text()) for p in reports]
     predicted = None
     if preflight is not None:
-        predicted = predicted_rates(json.loads(Path(preflight).read_text()), cache_state)
+        doc = json.loads(Path(preflight).read_text())
+        entry = next((b for b in doc.get("brackets") or [] if b["cache_state"] == cache_state), {})
+        res = resolution_of(inputs, entry.get("pass_rps"))
+        predicted = predicted_rates(doc, cache_state, res)
     doc = decide_round(docs, inputs, cache_state, int(round_index), predicted_rps=predicted)
     write_json_atomic(round_file, doc)
     for loop, unit in (("open", "rates"), ("closed", "levels")):
