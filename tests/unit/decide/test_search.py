@@ -65,8 +65,15 @@ def knee(rate_rps: float | None = None, level: int | None = None, tps=None) -> O
     return oracle
 
 
-def run(inp: S.SearchInputs, oracle: Oracle, max_rounds: int = 6, cache: str = "cold"):
-    """The rounds as the pipeline runs them: measure a round's points, decide its file."""
+def run(
+    inp: S.SearchInputs,
+    oracle: Oracle,
+    max_rounds: int = 6,
+    cache: str = "cold",
+    predicted_rps: list[float] | None = None,
+):
+    """The rounds as the pipeline runs them: measure a round's points, decide its file
+    (``predicted_rps``: the preflight's rates a predicted search starts from)."""
     docs, measured, order = [], {}, []
     while True:
         plans = S.plan_rounds(docs, inp, max_rounds, cache)
@@ -76,7 +83,11 @@ def run(inp: S.SearchInputs, oracle: Oracle, max_rounds: int = 6, cache: str = "
             assert p.key not in measured, f"{p.key} measured twice"
             measured[p.key] = oracle(p)
             order.append(p.key)
-        docs.append(S.decide_round(list(measured.values()), inp, cache, len(docs) + 1))
+        docs.append(
+            S.decide_round(
+                list(measured.values()), inp, cache, len(docs) + 1, predicted_rps=predicted_rps
+            )
+        )
 
 
 def void_at(rate: float, repeats: set[int] | None, **flags) -> Oracle:
@@ -539,19 +550,7 @@ def test_the_default_pack_searches_from_the_predicted_bracket():
 def run_predicted(start: list[float], oracle: Oracle, max_rounds: int = 8):
     """:func:`run` of a search that starts from the predicted rates ``start``."""
     inp = inputs(initial_rps=None, predicted=True, closed_levels=[])
-    docs, measured, order = [], {}, []
-    while True:
-        plans = S.plan_rounds(docs, inp, max_rounds, "cold")
-        if len(plans) == len(docs):
-            return docs, plans, order
-        for p in plans[-1]["points"]:
-            assert p.key not in measured, f"{p.key} measured twice"
-            measured[p.key] = oracle(p)
-            order.append(p.key)
-        doc = S.decide_round(
-            list(measured.values()), inp, "cold", len(docs) + 1, predicted_rps=start
-        )
-        docs.append(doc)
+    return run(inp, oracle, max_rounds, predicted_rps=start)
 
 
 def test_a_predicted_bracket_within_the_resolution_is_measured_at_its_ends_only():
@@ -588,19 +587,7 @@ def test_pooled_steps_measure_every_repeat_of_a_new_rate_at_once():
         return report(p, passes)
 
     inp = inputs(initial_rps=None, predicted=True, closed_levels=[], repeats=2, pooled_steps=True)
-    docs, measured = [], {}
-    while True:
-        plans = S.plan_rounds(docs, inp, 8, "cold")
-        if len(plans) == len(docs):
-            break
-        for p in plans[-1]["points"]:
-            assert p.key not in measured
-            measured[p.key] = oracle(p)
-        docs.append(
-            S.decide_round(
-                list(measured.values()), inp, "cold", len(docs) + 1, predicted_rps=[45.0, 46.5]
-            )
-        )
+    docs, plans, _ = run(inp, oracle, 8, predicted_rps=[45.0, 46.5])
     assert [sorted(p.key for p in plan["points"]) for plan in plans] == [
         [],
         [
