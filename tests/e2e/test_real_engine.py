@@ -103,6 +103,8 @@ def test_managed_llama_server_answers_like_the_pack_needs(tmp_path):
 def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     """``--cores 2``: a measurement of this loopback server takes both cores (nothing runs
     beside it) and the analysis jobs between points run two at a time."""
+    from capacity_pack.decide.capacity import meets_gates
+
     pack = shipped_pack(tmp_path)
     shipped = yaml.safe_load(PACK.read_text())
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -156,12 +158,14 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     assert capacity["warm"]["bracket"]["reached"], capacity["warm"]["bracket"]
 
     def hit_rates(state: str, key: str) -> list[float]:
-        # At the rates that pass (past the knee every slot is busy and a warm slot's prefix is
-        # more often evicted, as it would be in production).
+        # At the rates that meet the gates, shown or on the estimate (past the knee every slot
+        # is busy and a warm slot's prefix is more often evicted, as it would be in
+        # production). Not only 'pass': a fresh-clone CI run on 2026-12-06 met the gate warm at
+        # 2.9 RPS with its bound at 0.849 against 0.85 ('marginal'), and no warm rate was left.
         return [
             p[key]
             for r in capacity[state]["rates"]
-            if r["status"] == "pass"
+            if meets_gates(r["status"])
             for p in r["per_repeat"]
             if p.get(key) is not None
         ]
