@@ -14,6 +14,8 @@ rule analyze:
         repeat=lambda w: int(w.repeat),
         # Cutoffs, fixed lengths and gates: a changed gate re-analyzes, it does not re-measure.
         spec=lambda w: ANALYSIS_SPEC_JSON,
+        # A simulated target's engine model, as the attainment's control variate.
+        control=control_inputs_json,
         code=stage_code_hash("analyze"),
     conda:
         "../workflow/envs/capacity-pack.yaml"

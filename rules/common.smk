@@ -113,6 +113,16 @@ def schedule_inputs_json(wildcards):
     return schedule_lib.ScheduleInputs.for_point(PACK, wildcard_point(wildcards)).canonical_json()
 
 
+def control_inputs_json(wildcards):
+    """The engine model's part in one point's analysis (capacity_pack.twin.control: a
+    simulated target's open-loop point gets the model as control variate), as canonical JSON;
+    "" where it does not apply. Imported here, not at the top: most packs never need it."""
+    from capacity_pack.twin import control as control_lib
+
+    inputs = control_lib.ControlInputs.for_point(PACK, wildcard_point(wildcards))
+    return "" if inputs is None else inputs.canonical_json()
+
+
 def results_root(wildcards, output):
     """The results root (MLflow store location) above this pack's output folder."""
     return output[0].split(f"/{PACK.pack.name}/")[0]

@@ -7,6 +7,7 @@ with job_logging(snakemake.log[0]) as log:
     p, i = snakemake.params, snakemake.input
     entry("analyze")(
         spec=p.spec,
+        control=p.control,
         point=p.point,
         cache_state=p.cache_state,
         repeat=p.repeat,

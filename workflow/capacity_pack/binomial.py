@@ -132,6 +132,44 @@ def design_effect(outcomes, sent_ns) -> float:
     return cluster_design_effect(n_j, k_j)
 
 
+def control_variate_interval(
+    n_j,
+    d_j,
+    disagreements: int,
+    long_run: float,
+    long_run_var: float,
+    confidence: float = 0.95,
+) -> tuple[float, tuple[float, float]]:
+    """(estimate, interval) of an attainment by a control variate (capacity_pack.twin.control):
+    mu + dbar, dbar = sum d_j / N the mean difference live - model over N = sum n_j requests in
+    blocks of n_j holding differences summing to d_j, mu = ``long_run`` known with variance
+    ``long_run_var``.
+
+    var(dbar) is the larger of the blocks' batch-means variance,
+    m / (m - 1) sum_j (d_j - dbar n_j)^2 / N^2 (m blocks, as :func:`cluster_design_effect`),
+    and the independent-outcomes one, (D2 / N - dbar^2) / (N - 1) with D2 = ``disagreements``
+    (each d_i is -1, 0 or 1, so sum d_i^2 counts the requests the two disagree on): a few
+    blocks under-state a variance, never the other way. The interval is the normal one,
+    estimate +- z sqrt(var(dbar) + long_run_var), z = Phi^-1(1/2 + c/2), intersected with
+    [0, 1]: a fixed-sample interval at one look (the rate's decision), not a confidence
+    sequence."""
+    import numpy as np
+
+    n = np.asarray(n_j, dtype=float)
+    d = np.asarray(d_j, dtype=float)
+    total = float(n.sum())
+    if total <= 0:
+        raise ValueError("no requests")
+    dbar = float(d.sum()) / total
+    m = int(n.size)
+    batch = m / (m - 1) * float(((d - dbar * n) ** 2).sum()) / total**2 if m > 1 else 0.0
+    iid = max(0.0, (disagreements / total - dbar * dbar) / (total - 1)) if total > 1 else 0.0
+    var = max(batch, iid) + max(0.0, long_run_var)
+    estimate = long_run + dbar
+    half = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(var)
+    return estimate, (max(0.0, estimate - half), min(1.0, estimate + half))
+
+
 def effective_counts(passed: int, n: int, deff: float) -> tuple[float, float]:
     """(passed / deff, n / deff): the sample the bounds are taken at (module docstring)."""
     return passed / deff, n / deff

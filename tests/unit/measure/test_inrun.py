@@ -136,6 +136,11 @@ def test_a_look_fails_only_after_the_minimum_sample():
     assert out["reason"].startswith("x: attainment upper bound 0.65")
     assert "after 20 requests" in out["reason"]
     assert out["looks"] == 2
+    # No stop before the minimum duration, a fail included.
+    d = _decider(minimum_duration_s=5.0)
+    _feed(d, "x", 20, passing=False)
+    assert d.look(4 * NS) == "undecided"
+    assert d.look(5 * NS) == "fail"
 
 
 def test_a_look_passes_with_every_class_its_sample_gate_and_the_minimum_duration():
@@ -173,8 +178,7 @@ def test_a_class_that_cannot_meet_the_gate_by_the_maximum_duration_stops_the_poi
     reason = d.summary()["reason"]
     assert reason.startswith("futile: x cannot meet the gate by the maximum duration 20 s")
     assert "at 80 requests would be 0.9250" in reason
-    # Futility does not wait for the minimum duration: at 8 s, 94 of 100 at best. At 4 s the
-    # same counts project 200 requests, 194 at best: the point goes on.
+    # At 8 s, 94 of 100 at best. At 4 s, before the minimum duration, the point goes on.
     d = decider_with_x_at_085()
     assert d.look(8 * NS) == "futile"
     assert "at 100 requests" in d.summary()["reason"]

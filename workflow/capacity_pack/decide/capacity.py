@@ -77,7 +77,11 @@ from typing import Any
 
 import numpy as np
 
-from capacity_pack.binomial import cluster_design_effect, confidence_sequence
+from capacity_pack.binomial import (
+    cluster_design_effect,
+    confidence_sequence,
+    control_variate_interval,
+)
 from capacity_pack.decide.contexts import sent_contexts
 from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
@@ -156,23 +160,46 @@ def pooled_attainment(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]
         deff = cluster_design_effect(n_j, k_j)
         ci = confidence_sequence(k / deff, n / deff, confidence, gate) if n else None
         low, high = ci if ci is not None else (0.0, 1.0)
+        estimate = k / n if n else None
+        method = "pooled"
+        cv = [e.get("control_variate") for e in entries]
+        if n and all(cv):
+            # The engine model as a control variate (capacity_pack.twin.control): the estimate
+            # and its interval come from the live - model differences on the same requests.
+            estimate, (low, high) = control_variate_interval(
+                n_j,
+                [v for c in cv for v in c["diff_blocks"]],
+                sum(int(c["disagreements"]) for c in cv),
+                float(cv[0]["long_run"]),
+                float(cv[0]["long_run_var"]),
+                confidence,
+            )
+            method = "control variate"
         per_repeat = [e.get("attainment") for e in entries]
         known = [a for a in per_repeat if a is not None]
         out[name] = {
             "passing": k,
             "successful": n,
-            "attainment": k / n if n else None,
+            "attainment": estimate,
+            "measured_attainment": k / n if n else None,
+            "method": method,
             "design_effect": deff,
             "blocks": len(n_j),
             "ci": [low, high],
             "confidence": confidence,
             "gate": gate,
             "sample_gate": sample_gate,
-            "meets": bool(n and k / n >= gate),
+            "meets": bool(n and estimate >= gate),
             "evidence": SHOWN_PASS if low >= gate else SHOWN_FAIL if high < gate else UNDECIDED,
             "per_repeat": per_repeat,
             "between_repeats": (max(known) - min(known)) if len(known) > 1 else None,
         }
+        if method == "control variate":
+            out[name]["control_variate"] = {
+                "long_run": float(cv[0]["long_run"]),
+                "model_attainment": sum(int(c["model_passing"]) for c in cv) / n,
+                "disagreements": sum(int(c["disagreements"]) for c in cv),
+            }
     return out
 
 
@@ -540,6 +567,16 @@ def _class_evidence(name: str, e: dict[str, Any]) -> str:
         if len(e["per_repeat"]) > 1
         else ""
     )
+    cv = e.get("control_variate")
+    if cv:
+        # measured, model on the same requests, model's long run: the estimate is
+        # long run + (measured - model).
+        return (
+            f"{name} {att:.4f} [{low:.4f}, {high:.4f}] at {e['confidence']:.0%} by the engine "
+            f"model as control variate (measured {e['measured_attainment']:.4f}, model on the "
+            f"same {e['successful']:,} requests {cv['model_attainment']:.4f}, model's long run "
+            f"{cv['long_run']:.4f}{spread}): {e['evidence']}"
+        )
     return (
         f"{name} {att if att is None else f'{att:.4f}'} [{low:.4f}, {high:.4f}] at "
         f"{e['confidence']:.0%} over {e['successful']:,} requests (design effect "

@@ -22,10 +22,15 @@ effect of the class's outcomes over blocks of send time
 (:func:`capacity_pack.binomial.design_effect`): requests that share a queue miss together,
 and a burst of misses counted as independent trials would decide a point on one burst.
 
+No look stops a point before the minimum duration (warm-up plus
+``client.minimum_duration_seconds``), whatever it shows: the minimum is the least window any
+point's verdict rests on, so a point that decides a bracket end has at least that much of the
+target's time behind it (on a real engine, where a host's hiccup of a few seconds can sink a
+short window, the shipped llama.cpp pack asks 60 s). From then on:
+
 - some class ``fail`` (its upper bound below the gate): the point stops, **fail**;
-- every class ``pass`` (lower bound at or above the gate), every class at its sample gate
-  (``min_successful_samples_per_class``) and the minimum duration (warm-up plus
-  ``client.minimum_duration_seconds``) passed: the point stops, **pass**;
+- every class ``pass`` (lower bound at or above the gate) and every class at its sample gate
+  (``min_successful_samples_per_class``): the point stops, **pass**;
 - no class ``fail``, but some class cannot even *meet* the gate by the maximum duration
   (**futile**, judged from the warm-up's end, as ``fail`` is): at the rate it has run so far
   it would have n_c' = n_c (T - w) / (t - w) requests by then (T the maximum duration, w the
@@ -104,7 +109,7 @@ class SequentialSettings(BaseModel):
     attainment_min: float = Field(gt=0, le=1, description="acceptance.class_slo_attainment_min.")
     confidence: float = Field(gt=0, lt=1, description="acceptance.attainment_confidence.")
     minimum_duration_s: float = Field(
-        ge=0, description="No early pass before this many seconds from the clock's start."
+        ge=0, description="No stop, either way, before this many seconds from the clock's start."
     )
     min_samples: int = Field(
         default=MIN_LOOK_SAMPLES, ge=1, description="Successful requests before a class is judged."
@@ -195,12 +200,12 @@ class Decider:
             self.deff[name] = deff
         self.seen = seen
         outcomes = [o for _, _, o in seen.values()]
-        if "fail" in outcomes:
+        if offset_ns < s.minimum_duration_s * NS:
+            self.decision = "undecided"  # no stop, either way, before the minimum window
+        elif "fail" in outcomes:
             self.decision = "fail"
-        elif (
-            all(o == "pass" for o in outcomes)
-            and all(n >= (self.sample_gate or 0) for n, _, _ in seen.values())
-            and offset_ns >= s.minimum_duration_s * NS
+        elif all(o == "pass" for o in outcomes) and all(
+            n >= (self.sample_gate or 0) for n, _, _ in seen.values()
         ):
             self.decision = "pass"
         elif self._futile(offset_ns):

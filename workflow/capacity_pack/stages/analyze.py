@@ -35,20 +35,29 @@ def run(
     sweep: str | Path,
     report: str | Path,
     log: logging.Logger,
+    control: str | None = None,
 ) -> dict[str, Any]:
-    """Write the point's ``slo-report.json`` from its tables and sweep summary; return it."""
+    """Write the point's ``slo-report.json`` from its tables and sweep summary; return it.
+    ``control`` (JSON of :class:`capacity_pack.twin.control.ControlInputs`; empty where it does
+    not apply): each class also gets the engine model as its attainment's control variate."""
     pt = Point.parse(point, cache_state, int(repeat))
     if isinstance(spec, str):
         spec = AnalysisSpec.model_validate_json(spec)
     table, series = pd.read_parquet(requests), pd.read_parquet(metrics)
+    summary = json.loads(Path(sweep).read_text())
     doc = analyze_point(
         table,
         pd.read_parquet(chunks),
         series,
-        json.loads(Path(sweep).read_text()),
+        summary,
         spec.classes(),
         spec.gates(),
     )
+    if control:
+        from capacity_pack.twin.control import ControlInputs, annotate
+
+        blocks = int(summary.get("extension_blocks") or 0)  # the extension blocks it sent
+        annotate(doc, table, ControlInputs.model_validate_json(control), pt, blocks)
     attribute(doc, table, series, spec)
     lengths_and_throughput(doc, table, spec)
     doc.update(

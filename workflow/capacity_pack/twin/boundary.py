@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from capacity_pack.plan.manifest import Pack, SimTarget, sample_lengths
+from capacity_pack.plan.schedule import ScheduleInputs
 from capacity_pack.sim.profile import load_profile
 from capacity_pack.sim.virtual import SharedPrefixes, VirtualClass, attainment_at
 
@@ -73,8 +74,9 @@ def length_pool(spec: Any, seed: int = 0) -> int | tuple[int, ...]:
     return tuple(int(v) for v in sample_lengths(spec, np.random.default_rng(seed), POOL))
 
 
-def virtual_classes(pack: Pack) -> list[VirtualClass]:
-    """The pack's workload classes for :func:`capacity_pack.sim.virtual.attainment_at`."""
+def virtual_classes(pack: Pack | ScheduleInputs) -> list[VirtualClass]:
+    """The workload classes of a pack (or of a point's schedule inputs) for
+    :func:`capacity_pack.sim.virtual.attainment_at`."""
     return [
         VirtualClass(
             c.name,
@@ -88,7 +90,7 @@ def virtual_classes(pack: Pack) -> list[VirtualClass]:
     ]
 
 
-def shared_prefixes(pack: Pack, cache_state: str) -> SharedPrefixes | None:
+def shared_prefixes(pack: Pack | ScheduleInputs, cache_state: str) -> SharedPrefixes | None:
     """The warm cache's shared prefixes (None cold)."""
     if cache_state != "warm":
         return None
