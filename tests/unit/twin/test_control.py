@@ -13,7 +13,15 @@ from capacity_pack.binomial import control_variate_interval
 from capacity_pack.decide.capacity import pooled_attainment, rate_evidence
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.plan.schedule import Point, build_schedule
-from capacity_pack.twin.control import ControlInputs, annotate, long_run, model_outcomes
+from capacity_pack.sim.profile import load_profile
+from capacity_pack.twin.control import (
+    ControlInputs,
+    annotate,
+    long_run,
+    long_run_bracket,
+    model_outcomes,
+    worst_long_run,
+)
 from tests.conftest import pack_data
 
 POINT = Point(mode="open", rate_rps=30.0, cache_state="cold", repeat=0)
@@ -126,3 +134,34 @@ def test_differences_move_the_estimate_and_widen_the_interval():
     iid = (6 / 160 - dbar**2) / 159
     assert (high - low) / 2 >= 1.959964 * math.sqrt(iid) - 1e-9
     assert 0 <= low < est < high <= 1
+
+
+def test_the_first_bracket_is_centred_on_the_models_long_run_boundary():
+    pack = validate_pack(pack_data(), "pack.yaml")
+    profile = load_profile(pack.target.profile)
+    gate = pack.acceptance.class_slo_attainment_min
+    # From a short-window bracket wholly below the boundary: step up, then narrow.
+    found = long_run_bracket(pack, profile, "cold", 30.0, 32.0, 2.0)
+    assert found is not None
+    assert found.fail_rps - found.pass_rps == pytest.approx(2.0)
+    assert found.pass_rps < found.boundary_rps < found.fail_rps
+    assert found.pass_rps + 1.0 == pytest.approx(round(found.boundary_rps * 2) / 2)
+    seen = dict(found.attainment)
+    below = [a for r, a in seen.items() if r <= found.boundary_rps]
+    above = [a for r, a in seen.items() if r > found.boundary_rps]
+    assert below and above and min(below) >= gate > max(above)
+    # Both ends are clear of the gate on the model's long run, each on its side.
+    inputs = ControlInputs.for_point(pack, POINT)
+    assert worst_long_run(inputs, found.pass_rps, "cold") > gate + 0.005
+    assert worst_long_run(inputs, found.fail_rps, "cold") < gate - 0.005
+    # A relative resolution: the width is rel x pass_rps at most.
+    rel = long_run_bracket(pack, profile, "cold", found.pass_rps, found.fail_rps, None, 0.05)
+    assert rel is not None and rel.pass_rps < rel.boundary_rps < rel.fail_rps
+    assert rel.fail_rps - rel.pass_rps <= 0.05 * rel.pass_rps
+
+
+def test_no_centred_bracket_where_the_control_variate_does_not_apply():
+    data = pack_data()
+    data["target"] = {"kind": "openai", "base_url": "http://127.0.0.1:9", "cache_reset": "none"}
+    pack = validate_pack(data, "pack.yaml")
+    assert long_run_bracket(pack, load_profile("small-fast"), "cold", 30.0, 32.0, 2.0) is None

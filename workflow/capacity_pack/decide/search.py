@@ -37,8 +37,9 @@ and 1 x its saturation request throughput (the highest ``request_throughput_rps`
 closed-loop points of the cache state), each to 2 significant digits. With ``initial:
 predicted`` (a simulated target) round 1 likewise measures only the closed loop (if any), and
 round 2's rates are the cache state's predicted bracket from the preflight prediction
-(:mod:`capacity_pack.twin.preflight`, ``preflight/preflight.json``): its two ends, and the tidy
-rate near its midpoint when the bracket is wider than the resolution, given to
+(:mod:`capacity_pack.twin.preflight`, ``preflight/preflight.json``; re-centred there on the
+engine model's long-run boundary where the control variate judges the points): its two ends,
+and the tidy rate near its midpoint when the bracket is wider than the resolution, given to
 :func:`decide_round` by the round's stage.
 
 **Repeats where they decide.** Search points run repeat 0. When the search has converged (or has

@@ -16,7 +16,7 @@ from capacity_pack.twin.preflight import write
 def run(*, pack: str, preflight: str | Path, log: logging.Logger) -> dict[str, Any]:
     """Write ``preflight.json`` (the prediction, its profile and sha256, its cap); return it."""
     validated = validate_pack(json.loads(pack), "preflight params")
-    doc = predict(validated)
+    doc = predict(validated, long_run=True)
     write(doc, preflight)
     if doc.unavailable:
         log.info("preflight: %s", doc.unavailable)

@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from capacity_pack.decide.capacity import meets_gates
-from capacity_pack.decide.search import SearchInputs, bracket, rate_step
+from capacity_pack.decide.search import SearchInputs, bracket, rate_step, resolution_of
 from capacity_pack.io import sha256_of_obj
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import Pack, SimTarget
+from capacity_pack.twin.control import long_run_bracket
 from capacity_pack.twin.virtual_point import (
     DEFAULT_MAX_REQUESTS,
     PointPrediction,
@@ -69,6 +70,10 @@ class PredictedBracket:
     resolution_rps: float | None
     why: str
     probes: tuple[PointPrediction, ...] = ()
+    #: Where the bracket is centred on the model's long-run boundary (``long_run``): that
+    #: boundary and the (rate, worst-class long-run attainment) pairs it was found from.
+    boundary_rps: float | None = None
+    long_run: tuple[tuple[float, float], ...] = ()
 
     def text(self) -> str:
         """The bracket in words: ``[0.5, 0.56) RPS``, ``below 0.001 RPS``, ``at least 64 RPS``."""
@@ -148,12 +153,16 @@ def preflight(
     *,
     max_requests: int | None = DEFAULT_MAX_REQUESTS,
     search: Literal["always", "findings"] = "always",
+    long_run: bool = False,
 ) -> Preflight:
     """Predict every planned open-loop point of ``pack`` and its bracket per cache state
     (module docstring); ``profile`` as :func:`target_profile` takes it. ``search="findings"``
     searches beyond the planned rates only for a cache state whose planned rates do not
     straddle the boundary (a finding names its bracket); elsewhere the bracket is the planned
-    rates' own (a lint's cheaper prediction)."""
+    rates' own (a lint's cheaper prediction). ``long_run``: where the pack's points are judged
+    by the engine model as control variate (:func:`capacity_pack.twin.control.applies`), each
+    bracket is then re-centred on the model's long-run boundary
+    (:func:`capacity_pack.twin.control.long_run_bracket`), where the live search will find it."""
     cpu0 = time.process_time()
     found = target_profile(pack, profile)
     name = pack.pack.name
@@ -197,6 +206,7 @@ def preflight(
                     max_requests,
                     search=search == "always" or not straddles,
                     hint=(hint.pass_rps, hint.fail_rps) if hint else (),
+                    long_run=long_run,
                 )
             )
     except VirtualPointError as err:
@@ -250,10 +260,12 @@ def predicted_bracket(
     *,
     search: bool = True,
     hint: tuple[float | None, ...] = (),
+    long_run: bool = False,
 ) -> PredictedBracket:
     """The bracket of ``cache_state`` by the open-loop search on predicted statuses, from the
     predictions ``known`` (a start at 1 RPS per replica when there are none) and the rates of
-    ``hint`` (predicted first); without ``search``, the bracket of ``known`` alone."""
+    ``hint`` (predicted first); without ``search``, the bracket of ``known`` alone; with
+    ``long_run``, re-centred on the model's long-run boundary where that applies."""
     preds = {p.rate_rps: p for p in known}
     if not preds:
         replicas = (
@@ -287,6 +299,21 @@ def predicted_bracket(
     res = inputs.resolution_rps
     if res is None and low is not None and inputs.resolution_rel is not None:
         res = inputs.resolution_rel * low
+    if long_run and low is not None and high is not None:
+        centred = long_run_bracket(
+            pack, profile, cache_state, low, high, inputs.resolution_rps, inputs.resolution_rel
+        )
+        if centred is not None:
+            return PredictedBracket(
+                cache_state,
+                centred.pass_rps,
+                centred.fail_rps,
+                resolution_of(inputs, centred.pass_rps),
+                f"{centred.why}; the schedule's own windows predicted [{low:g}, {high:g}) ({why})",
+                tuple(probes),
+                centred.boundary_rps,
+                centred.attainment,
+            )
     return PredictedBracket(cache_state, low, high, res, why, tuple(probes))
 
 
