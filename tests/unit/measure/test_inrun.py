@@ -12,6 +12,7 @@ import pytest
 from capacity_pack.binomial import quick_outcome, sequential_outcome
 from capacity_pack.evidence.gates import requests_meeting_slo
 from capacity_pack.evidence.normalize import normalize, normalize_point
+from capacity_pack.measure import inputs as inputs_module
 from capacity_pack.measure import run as run_module
 from capacity_pack.measure.arrivals import BlocksAhead
 from capacity_pack.measure.records import Attempt, read_records, records_frame
@@ -275,6 +276,16 @@ def test_blocks_ahead_builds_before_the_clock_to_its_span_then_a_lead_ahead():
 # -- real runs ------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _stops_as_for_a_target_without_a_model(request, monkeypatch):
+    """The simulated engine stands in for a target the engine model does not judge (a real
+    server): there the in-run decision stops a point early. Where the model judges the rate
+    (a simulated target of one replica), no look stops a point before its maximum duration
+    (tests named ``..._engine_model_...`` check that)."""
+    if "engine_model" not in request.node.name:
+        monkeypatch.setattr(inputs_module, "judged_by_engine_model", lambda *_: False)
+
+
 def _pack(rate_requests: int, *, workload=None, gate: int = 80, attainment=None, **client):
     d = pack_data()
     d["client"].pop("class_schedule_counts")
@@ -453,3 +464,16 @@ def test_a_clearly_passing_rate_is_not_stopped_before_its_sample_gate(tmp_path):
     facts = _normalized(pack, point, schedule, tmp_path, summary)["reconciliation"]
     assert facts["unsent_after_early_stop"] == summary["unsent_requests"]
     json.dumps(summary)  # the summary is plain JSON
+
+
+def test_where_the_engine_model_judges_the_rate_no_look_stops_the_point_early(tmp_path):
+    workload = [{**w, "request_ttft_cutoff_ms": 0.01} for w in pack_data()["workload"]]
+    pack = _pack(40, workload=workload, maximum_duration_seconds=3)
+    point = S.Point(mode="open", rate_rps=20, cache_state="cold", repeat=0)
+    summary = measure_point(pack, point, S.build_schedule(pack, point), tmp_path)
+    seq = summary["sequential"]
+    # Certain to fail from its first looks, it runs to its maximum duration all the same,
+    # extended block by block; the last look's verdict is recorded.
+    assert not summary["stopped_early"] and summary["unsent_requests"] == 0
+    assert summary["extension_blocks"] >= 1 and seq["decision"] == "fail"
+    assert seq["at_offset_ns"] >= 3.5e9

@@ -26,7 +26,9 @@ No look stops a point before the minimum duration (warm-up plus
 ``client.minimum_duration_seconds``), whatever it shows: the minimum is the least window any
 point's verdict rests on, so a point that decides a bracket end has at least that much of the
 target's time behind it (on a real engine, where a host's hiccup of a few seconds can sink a
-short window, the shipped llama.cpp pack asks 60 s). From then on:
+short window, the shipped llama.cpp pack asks 60 s). Where the engine model judges the rate as
+control variate, the minimum is the maximum duration: no look stops the point
+(:func:`capacity_pack.measure.inputs.sequential_settings`). From then on:
 
 - some class ``fail`` (its upper bound below the gate): the point stops, **fail**;
 - every class ``pass`` (lower bound at or above the gate) and every class at its sample gate

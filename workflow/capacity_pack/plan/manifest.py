@@ -1015,6 +1015,20 @@ class RateSearch(_Model):
         return search_rate_bounds(self.min_rps, self.max_rps, first_round)
 
 
+def judged_by_engine_model(target: Any, client: Any, workload: Sequence[Any]) -> bool:
+    """Whether a pack's open-loop rate points are judged by the engine model as control variate
+    (:mod:`capacity_pack.twin.control`): a simulated target of one replica (its profile is the
+    model, whose long run is computed for one engine) and independent requests (no trace
+    replay, no multi-turn sessions). Such a point measures to its maximum duration, no in-run
+    stop (:func:`capacity_pack.measure.inputs.sequential_settings`)."""
+    return (
+        isinstance(target, SimTarget)
+        and target.replicas == 1
+        and client.arrival_pattern != "trace"
+        and all(c.session is None for c in workload)
+    )
+
+
 def search_rate_bounds(
     min_rps: float | None, max_rps: float | None, first_round: Sequence[float]
 ) -> tuple[float, float]:

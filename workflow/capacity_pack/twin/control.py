@@ -31,9 +31,13 @@ target behaves as its model on the same requests, d is 0 almost everywhere and t
 luck cancels. A rate's repeats pool their differences' blocks.
 
 **Where it applies.** A simulated target of one replica (the model's long run is computed for
-one engine), open-loop points of independent requests (no trace replay, no sessions). A real
-target has no model of its own and keeps the plain pooled attainment; a calibrated twin could
-play the model's part there (not yet done).
+one engine), open-loop points of independent requests (no trace replay, no sessions:
+:func:`capacity_pack.plan.manifest.judged_by_engine_model`). Such points measure to their
+maximum duration (no in-run stop: the in-run looks judge the live attainment, not this
+estimate; :func:`capacity_pack.measure.inputs.sequential_settings`), and the search's first
+rates are centred on mu's boundary (:func:`long_run_bracket`). A real target has no model of
+its own and keeps the plain pooled attainment; a calibrated twin could play the model's part
+there (not yet done).
 
 **Cost.** The point's own schedule in virtual time (0.2 s of CPU for 500 requests) and the
 long run at the rate (:data:`LONG_RUN_SEEDS` x :data:`LONG_RUN_S` s: 3.9 s of CPU at 36 RPS on
@@ -59,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from capacity_pack.binomial import block_counts
 from capacity_pack.evidence.analysis import MEASURED_PHASES
 from capacity_pack.evidence.gates import cutoff_checks
-from capacity_pack.plan.manifest import Pack, SimTarget
+from capacity_pack.plan.manifest import Pack, SimTarget, judged_by_engine_model
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, prewarm_rows
 from capacity_pack.sim.profile import Profile, load_profile
 from capacity_pack.sim.virtual import VirtualRequest, meets_slo, poisson_runs, simulate
@@ -107,13 +111,8 @@ class ControlInputs(BaseModel):
 
 def applies(pack: Pack) -> bool:
     """Whether a pack's open-loop points get a control variate: a simulated target of one
-    replica, independent requests."""
-    return (
-        isinstance(pack.target, SimTarget)
-        and pack.target.replicas == 1
-        and pack.client.arrival_pattern != "trace"
-        and all(c.session is None for c in pack.workload)
-    )
+    replica, independent requests (:func:`capacity_pack.plan.manifest.judged_by_engine_model`)."""
+    return judged_by_engine_model(pack.target, pack.client, pack.workload)
 
 
 def long_run(inputs: ControlInputs, rate_rps: float, cache_state: str) -> dict[str, dict]:
