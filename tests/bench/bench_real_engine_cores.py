@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
+from pack_runs import bracket_row, read_capacity, run_snakemake
 
 ROOT = Path(__file__).resolve().parents[2]
 PACK = ROOT / "config" / "packs" / "llamacpp-smollm2.yaml"
@@ -44,30 +42,14 @@ PACK = ROOT / "config" / "packs" / "llamacpp-smollm2.yaml"
 def run_pack(cores: int, workdir: Path) -> dict:
     """The shipped real-engine pack with ``--cores cores`` in ``workdir``: what it decided."""
     name = yaml.safe_load(PACK.read_text())["pack"]["name"]
-    workdir.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env["PYTHONPATH"] = str(ROOT / "workflow")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-           str(workdir), "--configfile", str(PACK), "--cores", str(cores)]  # fmt: skip
-    start = time.monotonic()
-    with (workdir / "snakemake.out").open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
-    out: dict = {"cores": cores, "rc": rc, "wall_s": time.monotonic() - start, "states": {}}
+    rc, wall = run_snakemake(workdir, PACK, cores)
+    out: dict = {"cores": cores, "rc": rc, "wall_s": wall, "states": {}}
     results = workdir / "results" / name
-    path = results / "pack" / "capacity.json"
-    if rc != 0 or not path.exists():
+    capacity = read_capacity(results)
+    if rc != 0 or capacity is None:
         return out
-    capacity = json.loads(path.read_text())
     for state, sel in capacity["open_loop"].items():
-        b = sel["bracket"]
-        out["states"][state] = {
-            "pass_rps": b["pass_rps"],
-            "fail_rps": b["fail_rps"],
-            "resolution_rps": b.get("resolution_rps"),
-            "pass_status": b.get("pass_status"),
-            "fail_status": b.get("fail_status"),
-            "rates": {f"{r['offered_rps']:g}": r["status"] for r in sel["rates"]},
-        }
+        out["states"][state] = bracket_row(sel)
     out["faults"] = [f["message"] for f in capacity.get("measurement_faults") or []]
     out["points"] = point_sizes(results)
     validation = results / "pack" / "twin-validation.json"

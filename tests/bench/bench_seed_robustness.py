@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+from pack_runs import bracket_row, read_capacity, run_snakemake
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "workflow"))
@@ -62,30 +61,17 @@ def run_pack(seed: int, workdir: Path) -> dict:
     data["client"]["request_schedule_seed"] = seed
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "pack.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env["PYTHONPATH"] = str(ROOT / "workflow")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory",
-           str(workdir), "--configfile", str(workdir / "pack.yaml"), "--cores", "2"]  # fmt: skip
-    start = time.monotonic()
-    with (workdir / "snakemake.out").open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-    wall = time.monotonic() - start
+    rc, wall = run_snakemake(workdir, workdir / "pack.yaml", 2)
     out = {"seed": seed, "rc": rc, "wall_s": wall, "states": {}}
     results = workdir / "results" / data["pack"]["name"]
     out["host"] = host_facts(results)
-    path = results / "pack" / "capacity.json"
-    if rc != 0 or not path.exists():
+    capacity = read_capacity(results)
+    if rc != 0 or capacity is None:
         return out
-    capacity = json.loads(path.read_text())
     for state, sel in capacity["open_loop"].items():
         b = sel["bracket"]
         out["states"][state] = {
-            "pass_rps": b["pass_rps"],
-            "fail_rps": b["fail_rps"],
-            "pass_status": b.get("pass_status"),
-            "fail_status": b.get("fail_status"),
-            "shown_to_pass_rps": sel.get("shown_to_pass_rps"),
-            "rates": {f"{r['offered_rps']:g}": r["status"] for r in sel["rates"]},
+            **bracket_row(sel),
             "ends": bracket_evidence(results, state, (b["pass_rps"], b["fail_rps"])),
         }
     return out
