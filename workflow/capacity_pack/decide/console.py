@@ -66,6 +66,8 @@ def console_lines(pack_dir: str | Path) -> list[str]:
         lines.append("  decision, " + decision_line(state, open_loop[state]))
     for fault in capacity.get("measurement_faults") or []:
         lines.append(f"  MEASUREMENT FAULT ({fault['kind']}): {fault['message']}")
+    for note in capacity.get("measurement_notes") or []:
+        lines.append(f"  note ({note['kind']}): {note['message']}")
     plan = _read(pack_dir / "plan.json")
     if plan is not None and plan.get("required_replicas") is not None:
         gpus = plan.get("required_gpus")

@@ -619,6 +619,9 @@ def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
             *[f"- {f['message']}" for f in faults],
             "",
         ]
+    if notes := capacity.get("measurement_notes"):
+        lines += ["**Checks the brackets cannot settle** (at this resolution):", "",
+                  *[f"- {n['message']}" for n in notes], ""]  # fmt: skip
     return lines
 
 
