@@ -13,7 +13,9 @@ parallelism (with ``--cores 2`` the analysis jobs run two at a time; a measuring
 host's target lock whole either way) and the host's own noise, not the schedules.
 
 Per run and cache state it prints the bracket [pass_rps, fail_rps), its resolution and its
-ends' statuses, the capacity's ratio warm / cold, the measurement faults the pack flagged, the
+ends' statuses, the capacity's ratio warm / cold (passing ends) and the range the two brackets
+allow (warm pass / cold fail to warm fail / cold pass), the measurement faults the pack flagged
+and its notes (a warm floor the brackets cannot settle), the
 smallest open-loop point (requests measured and seconds of measured window: the pack asks for at
 least 100 requests over at least 60 s), the points marked disturbed, and the twin's capacity
 error against the measured bracket (docs/twin.md). Then per cache state whether the two runs
@@ -51,6 +53,7 @@ def run_pack(cores: int, workdir: Path) -> dict:
     for state, sel in capacity["open_loop"].items():
         out["states"][state] = bracket_row(sel)
     out["faults"] = [f["message"] for f in capacity.get("measurement_faults") or []]
+    out["notes"] = [n["message"] for n in capacity.get("measurement_notes") or []]
     out["points"] = point_sizes(results)
     validation = results / "pack" / "twin-validation.json"
     if validation.exists():
@@ -90,8 +93,8 @@ def agree(a: dict, b: dict) -> dict:
 
 def markdown(runs: list[dict]) -> str:
     lines = [
-        "| --cores | wall | cold | warm | warm / cold | smallest point | disturbed | faults "
-        "| twin error cold / warm |",
+        "| --cores | wall | cold | warm | warm / cold (brackets allow) | smallest point "
+        "| disturbed | faults / notes | twin error cold / warm |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -103,13 +106,17 @@ def markdown(runs: list[dict]) -> str:
         ratio = "-"
         if s.get("cold", {}).get("pass_rps") and s.get("warm", {}).get("pass_rps") is not None:
             ratio = f"{s['warm']['pass_rps'] / s['cold']['pass_rps']:.2f}"
+            if s["cold"].get("fail_rps") and s["warm"].get("fail_rps"):
+                lo = s["warm"]["pass_rps"] / s["cold"]["fail_rps"]
+                ratio += f" ({lo:.2f}-{s['warm']['fail_rps'] / s['cold']['pass_rps']:.2f})"
         p = r.get("points", {})
         tw = r.get("twin_error_rel", {})
         lines.append(
             f"| {r['cores']} | {r['wall_s'] / 60:.0f} min {r['wall_s'] % 60:.0f} s "
             f"| {bracket(s, 'cold')} | {bracket(s, 'warm')} | {ratio} "
             f"| {p.get('min_requests')} req, {p.get('min_wall_s') or 0:.0f} s "
-            f"| {len(p.get('disturbed', []))} | {len(r.get('faults', []))} "
+            f"| {len(p.get('disturbed', []))} "
+            f"| {len(r.get('faults', []))} / {len(r.get('notes', []))} "
             f"| {tw.get('cold')} / {tw.get('warm')} |"
         )
     return "\n".join(lines)

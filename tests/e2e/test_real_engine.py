@@ -23,7 +23,7 @@ from tests.paths import ROOT
 
 PACK = ROOT / "config" / "packs" / "llamacpp-smollm2.yaml"
 #: The test tier's size: the shipped pack measures every open-loop point for at least 100
-#: requests over at least 60 s (about a quarter of an hour in all on a 2-core VM, measured in
+#: requests over at least 60 s (16-21 minutes in all on a 2-core VM, measured in
 #: docs/performance.md); CI runs it at the smallest size that still decides (44 requests: 22
 #: successes per class reach the gate), 20-30 s a point.
 TEST_SIZE = {"minimum_duration_seconds": 5, "initial_scheduled_requests": 44}
@@ -89,6 +89,7 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     measurement of this loopback server takes both cores (nothing runs beside it) and the
     analysis jobs between points run two at a time."""
     from capacity_pack.decide.capacity import meets_gates
+    from capacity_pack.decide.report import BRACKET_WORDS
 
     pack = sized_pack(tmp_path)
     shipped = yaml.safe_load(PACK.read_text())
@@ -112,7 +113,13 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     assert bracket["width_rps"] <= resolution + 1e-9, bracket
     assert cold["capacity_rps"] == bracket["pass_rps"]
     readme = (results / "pack" / "README.md").read_text()
-    assert f"between {bracket['pass_rps']:g} RPS (passes)" in readme
+    # The passing end in the README's words: shown at the confidence ("passes") or, where a
+    # 44-request point's correlated outcomes leave the interval over the gate, met on the
+    # estimate (on a 2026-12-06 host: chat 25 of 27 within the SLO, design effect 2.1, 0.926
+    # [0.692, 0.997] at 80 %: "cannot decide at this sample size"). Both meet the gates.
+    assert meets_gates(bracket["pass_status"]), bracket
+    words = BRACKET_WORDS[bracket["pass_status"]]
+    assert f"between {bracket['pass_rps']:g} RPS ({words}" in readme
     assert "No SLO-compliant capacity" not in readme
     # The passing rate passed on the whole sample the gate asks for, every class.
     passing = next(r for r in cold["rates"] if r["offered_rps"] == bracket["pass_rps"])
