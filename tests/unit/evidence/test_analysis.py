@@ -19,9 +19,9 @@ from capacity_pack.evidence.statistics import (
     little_estimate,
     littles_law,
     mann_kendall,
-    nearest_rank,
     trend_of,
 )
+from capacity_pack.vocab.percentile import nearest_rank
 from tests.paths import ROOT
 
 HEADER = "request_id,class,ttft_ms,tpot_ms,e2e_ms,output_tokens,status"

@@ -4,7 +4,6 @@ on crafted statistics, and the README's gate table rendered from the registry.""
 from __future__ import annotations
 
 import ast
-import math
 import re
 
 import numpy as np
@@ -166,37 +165,6 @@ def test_holds_is_elementwise():
     values = pd.Series([0.9, 0.95, np.nan, 1.0])
     assert g.CLASS_ATTAINMENT.holds(values, 0.95).tolist() == [False, True, False, True]
     assert g.CLASS_ATTAINMENT.holds(None, 0.95) is False
-
-
-# -- the SLO predicate -------------------------------------------------------------------------
-
-
-def test_meets_slo_is_joint_inclusive_and_nan_meets_nothing():
-    ttft = np.array([100.0, 250.0, 251.0, 100.0, math.nan, 10.0])
-    tpot = np.array([10.0, 25.0, 10.0, 25.5, 10.0, math.nan])
-    assert g.meets_slo(ttft, tpot, 250.0, 25.0).tolist() == [True, True, False, False, False, False]
-    ok = np.array([True, False, True, True, True, True])
-    assert g.meets_slo(ttft, tpot, 250.0, 25.0, ok).tolist() == [True, False] + [False] * 4
-    within = g.cutoff_checks(ttft, tpot, 250.0, 25.0)
-    assert within.ttft.tolist() == [True, True, False, True, False, True]
-    assert within.tpot.tolist() == [True, True, True, False, True, False]
-    assert (within.met == g.meets_slo(ttft, tpot, 250.0, 25.0)).all()
-
-
-def test_requests_meeting_slo_uses_each_class_cutoffs():
-    req = pd.DataFrame(
-        {
-            "class": ["chat", "chat", "long", "long", "other", "chat"],
-            "status": ["ok", "ok", "ok", "ok", "ok", "timeout"],
-            "ttft_ms": [200.0, 300.0, 900.0, 1100.0, 1.0, 1.0],
-            "tpot_ms": [20.0, 20.0, 40.0, 40.0, 1.0, 1.0],
-        }
-    )
-    cutoffs = {"chat": (250.0, 25.0), "long": (1000.0, 50.0)}
-    met = g.requests_meeting_slo(req, cutoffs)
-    assert met.dtype == bool
-    # A class without cutoffs meets none; a failed request meets none.
-    assert met.tolist() == [True, False, True, False, False, False]
 
 
 # -- the docs follow the registry --------------------------------------------------------------

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from capacity_pack.binomial import quick_outcome, sequential_outcome
-from capacity_pack.evidence.gates import requests_meeting_slo
 from capacity_pack.evidence.normalize import normalize, normalize_point
 from capacity_pack.measure import inputs as inputs_module
 from capacity_pack.measure import run as run_module
@@ -30,6 +29,7 @@ from capacity_pack.measure.sweep import measure_point
 from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S
 from capacity_pack.plan.manifest import SimTarget, validate_pack
+from capacity_pack.vocab.slo import requests_meeting_slo
 from tests.conftest import pack_data
 
 NS = 1_000_000_000

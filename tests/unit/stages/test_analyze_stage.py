@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from capacity_pack.evidence.analysis import AnalysisSpec
-from capacity_pack.evidence.gates import requests_meeting_slo
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.stages import analyze
+from capacity_pack.vocab.slo import requests_meeting_slo
 from tests.paths import ROOT
 
 FIXTURE = ROOT / "tests" / "data" / "autopsy"

@@ -75,7 +75,7 @@ def _report_of(model: pd.DataFrame, inputs: ControlInputs) -> tuple[dict, pd.Dat
         sent_ns=schedule.loc[model["request_id"], "scheduled_offset_ns"].to_numpy(np.int64),
     )
     from capacity_pack.binomial import block_counts
-    from capacity_pack.evidence.gates import cutoff_checks
+    from capacity_pack.vocab.slo import cutoff_checks
 
     doc = {"classes": {}, "attainment_gate": {"min": 0.95}, "besides_attainment": {}}
     measured = table[table["phase"] != "warmup"]

@@ -65,7 +65,8 @@ import pyarrow as pa
 import pyarrow.json as paj
 
 from capacity_pack.evidence.analysis import MEASURED_PHASES
-from capacity_pack.evidence.gates import cutoff_checks
+from capacity_pack.vocab import slo
+from capacity_pack.vocab.slo import cutoff_checks
 
 NS_PER_MS = 1e6
 POINT_KEYS = ("point", "cache_state", "repeat")
@@ -135,10 +136,7 @@ def class_cutoffs(source: Any) -> dict[str, tuple[float, float]]:
     class to a (ttft, tpot) pair or to {"ttft_ms"|"request_ttft_cutoff_ms": .., ...}."""
     workload = getattr(source, "workload", source)
     if not isinstance(workload, Mapping):
-        return {
-            c.name: (float(c.request_ttft_cutoff_ms), float(c.request_tpot_cutoff_ms))
-            for c in workload
-        }
+        return slo.class_cutoffs(workload)
     out = {}
     for name, v in workload.items():
         if isinstance(v, Mapping):

@@ -64,11 +64,12 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from capacity_pack.decide.report import pyplot, save_figure
-from capacity_pack.evidence.gates import requests_meeting_slo
-from capacity_pack.evidence.statistics import mann_kendall, nearest_rank
+from capacity_pack.evidence.statistics import mann_kendall
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.manifest import Experiment
 from capacity_pack.plan.schedule import RateProfile, experiment_profile
+from capacity_pack.vocab.percentile import nearest_rank
+from capacity_pack.vocab.slo import class_cutoffs, requests_meeting_slo
 
 MEASURED = ("measure", "extension")
 #: Fewest attempts of a class in a window for its attainment there to be judged.
@@ -102,9 +103,7 @@ class ShapesInputs(BaseModel):
     def of(cls, pack: Any) -> ShapesInputs:
         return cls(
             experiments=list(pack.experiments),
-            cutoffs={
-                c.name: (c.request_ttft_cutoff_ms, c.request_tpot_cutoff_ms) for c in pack.workload
-            },
+            cutoffs=class_cutoffs(pack.workload),
             attainment_gate=pack.acceptance.class_slo_attainment_min,
             error_rate_max=pack.acceptance.error_rate_max,
         )

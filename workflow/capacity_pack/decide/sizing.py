@@ -61,6 +61,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack.vocab.percentile import rank_index
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -275,7 +277,7 @@ def context_tail(contexts: np.ndarray, kv_bytes_token: float) -> ContextTail:
         raise ValueError("no contexts to size from")
 
     def rank(p: float) -> int:
-        return int(v[max(0, math.ceil(round(p * v.size, 9)) - 1)])
+        return int(v[rank_index(p, v.size)])
 
     return ContextTail(
         requests=int(v.size),
@@ -352,7 +354,7 @@ def kv_at_concurrency(
         picks = rng.choice(c, size=int(n.sum()), p=weights)
         owner = np.repeat(np.arange(n.size), n)
         sums[lo : lo + block] = np.bincount(owner, weights=picks, minlength=n.size)
-    rank = max(0, math.ceil(round(quantile * resamples, 9)) - 1)
+    rank = rank_index(quantile, resamples)
     kv_tokens = float(np.partition(sums, rank)[rank])
     return ConcurrencyKV(
         rate_per_replica_rps=rate_per_replica_rps,

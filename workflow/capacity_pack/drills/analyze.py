@@ -14,7 +14,7 @@ What a drill measures:
   end of the warm-up), so a request cut by the fault counts in the incident, not in the healthy
   window it was sent in. A request meets its SLO when it succeeded with TTFT <= its class's
   ``request_ttft_cutoff_ms`` and TPOT <= ``request_tpot_cutoff_ms`` (the one predicate,
-  :func:`capacity_pack.evidence.gates.requests_meeting_slo`); a window's attainment is
+  :func:`capacity_pack.vocab.slo.requests_meeting_slo`); a window's attainment is
   meets / successful requests (``attainment``, among successful requests), its
   ``all_attempt_attainment`` meets / (attempted - cancelled) (over all attempts: a failed,
   rejected, lost or timed-out request is a miss), its failure share (errors + timeouts +
@@ -58,9 +58,11 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.drills.plan import CONSEQUENCES, MECHANISM, NS, SYMPTOMS, DrillPlan
-from capacity_pack.evidence.gates import CLASS_ATTAINMENT, ERROR_RATE, Gate, requests_meeting_slo
+from capacity_pack.evidence.gates import CLASS_ATTAINMENT, ERROR_RATE, Gate
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.manifest import Failure, Pack, PackInfo, WorkloadClass
+from capacity_pack.vocab.percentile import nearest_rank
+from capacity_pack.vocab.slo import class_cutoffs, requests_meeting_slo
 
 # The gates a drill holds its windows and its after phase to: (gate, the window column and the
 # phase key of the statistic it reads there, the statistic in words). All classes are pooled (a
@@ -108,10 +110,6 @@ class DrillAnalysisSpec(BaseModel):
 
 
 def _pct(values: np.ndarray, p: float) -> float | None:
-    from capacity_pack.evidence.statistics import nearest_rank
-
-    if not len(values):
-        return None
     return nearest_rank(np.sort(values), p / 100)
 
 
@@ -139,8 +137,7 @@ def request_frame(records_path: Path, spec: DrillAnalysisSpec, name: str) -> pd.
         fixed_output=fixed,
         source=str(records_path),
     )
-    cutoffs = {c.name: (c.request_ttft_cutoff_ms, c.request_tpot_cutoff_ms) for c in spec.workload}
-    req["meets_slo"] = requests_meeting_slo(req, cutoffs)
+    req["meets_slo"] = requests_meeting_slo(req, class_cutoffs(spec.workload))
     req["failed"] = req["status"].isin(["error", "timeout", "rejected"])
     # Where a request lands in time: when it ended. A request cut by the fault belongs to the
     # incident, not to the healthy window in which it happened to be sent.

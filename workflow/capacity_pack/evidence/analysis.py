@@ -61,7 +61,7 @@ from capacity_pack.binomial import (
     effective_counts,
 )
 from capacity_pack.evidence import sessions
-from capacity_pack.evidence.gates import Gates, cutoff_checks, pack_gates
+from capacity_pack.evidence.gates import Gates, pack_gates
 from capacity_pack.evidence.slo_report import (
     STATUSES,
     AnalysisError,
@@ -72,12 +72,12 @@ from capacity_pack.evidence.slo_report import (
 from capacity_pack.evidence.statistics import (
     early_stopping_min_samples,
     littles_law,
-    nearest_rank,
-    percentiles,
     trend_of,
 )
 from capacity_pack.evidence.trace_replay import under_sampled_reasons
 from capacity_pack.plan.manifest import Acceptance, WorkloadClass
+from capacity_pack.vocab.percentile import nearest_rank, percentiles
+from capacity_pack.vocab.slo import cutoff_checks
 
 MEASURED_PHASES = ("measure", "extension")
 

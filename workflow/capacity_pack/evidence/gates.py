@@ -1,13 +1,7 @@
-"""The gates of a pack, one object each, and the one SLO predicate.
+"""The gates of a pack, one object each.
 
-**The SLO predicate.** A request meets its class SLO when its status is ``ok`` and, jointly,
-TTFT <= the class's ``request_ttft_cutoff_ms`` and TPOT <= its ``request_tpot_cutoff_ms``
-(TTFT from the send; TPOT = (E2E - TTFT) / (O - 1)). A latency that is not a number meets no
-cutoff. The manifest sets no E2E limit, so E2E is not part of it. From it:
-attainment_c = requests of class c meeting it / successful requests of c, and goodput = requests
-meeting it / T: the rate of requests that meet their SLO, as DistServe defines goodput (Zhong
-et al., OSDI 2024). :func:`cutoff_checks` is the predicate over arrays, :func:`requests_meeting_slo`
-over a requests table.
+The SLO predicate they count (a request within its class's TTFT and TPOT cutoffs) is
+:mod:`capacity_pack.vocab.slo`'s.
 
 **The gates.** Each :class:`Gate` carries the ``acceptance`` field of the manifest it reads (its
 threshold), the :class:`Statistic` it judges (what is measured, its unit, how it is estimated),
@@ -40,12 +34,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
-
-import numpy as np
-
-if TYPE_CHECKING:
-    import pandas as pd  # annotations only: the analyzer's import path stays free of pandas
+from typing import Any, Literal
 
 PASS, MARGINAL, FAIL, INCONCLUSIVE = "pass", "marginal", "fail", "inconclusive"
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -53,62 +42,6 @@ _OPS: dict[str, Callable[[Any, Any], Any]] = {
     "<=": operator.le,
     "==": operator.eq,
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# The SLO predicate
-# ---------------------------------------------------------------------------------------------
-
-
-class CutoffChecks(NamedTuple):
-    """Per request: TTFT within its cutoff, TPOT within its cutoff; ``met`` is both."""
-
-    ttft: np.ndarray
-    tpot: np.ndarray
-
-    @property
-    def met(self) -> np.ndarray:
-        return self.ttft & self.tpot
-
-
-def cutoff_checks(
-    ttft_ms: Any, tpot_ms: Any, ttft_cutoff_ms: Any, tpot_cutoff_ms: Any
-) -> CutoffChecks:
-    """TTFT <= its cutoff and TPOT <= its cutoff, elementwise (scalars or arrays of cutoffs).
-
-    NaN (a missing latency or a missing cutoff) is within no cutoff."""
-    with np.errstate(invalid="ignore"):
-        return CutoffChecks(
-            np.asarray(ttft_ms, dtype=float) <= np.asarray(ttft_cutoff_ms, dtype=float),
-            np.asarray(tpot_ms, dtype=float) <= np.asarray(tpot_cutoff_ms, dtype=float),
-        )
-
-
-def meets_slo(
-    ttft_ms: Any,
-    tpot_ms: Any,
-    ttft_cutoff_ms: Any,
-    tpot_cutoff_ms: Any,
-    ok: np.ndarray | None = None,
-) -> np.ndarray:
-    """The SLO predicate over arrays: ``ok`` (None: every row succeeded) and both cutoffs met."""
-    met = cutoff_checks(ttft_ms, tpot_ms, ttft_cutoff_ms, tpot_cutoff_ms).met
-    return met if ok is None else met & np.asarray(ok, dtype=bool)
-
-
-def requests_meeting_slo(
-    requests: pd.DataFrame, cutoffs: Mapping[str, tuple[float, float]]
-) -> np.ndarray:
-    """The SLO predicate over a requests table (columns class, status, ttft_ms, tpot_ms);
-    ``cutoffs``: {class: (TTFT cutoff ms, TPOT cutoff ms)}. A class without cutoffs meets none."""
-    cls = requests["class"]
-    return meets_slo(
-        requests["ttft_ms"].to_numpy(float),
-        requests["tpot_ms"].to_numpy(float),
-        cls.map({k: v[0] for k, v in cutoffs.items()}).to_numpy(float),
-        cls.map({k: v[1] for k, v in cutoffs.items()}).to_numpy(float),
-        ok=(requests["status"] == "ok").to_numpy(),
-    )
 
 
 # ---------------------------------------------------------------------------------------------

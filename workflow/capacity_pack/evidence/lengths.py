@@ -50,13 +50,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from capacity_pack.evidence.statistics import nearest_rank
 from capacity_pack.plan.manifest import (
     EmpiricalLength,
     LengthSpec,
     LognormalLength,
     length_stats,
 )
+from capacity_pack.vocab.percentile import nearest_rank
 
 FAMILY_ALPHA = 0.01
 QUANTILES = (0.50, 0.95, 0.99)

@@ -53,6 +53,7 @@ from capacity_pack.errors import StatedError
 from capacity_pack.measure.records import STATUSES, RecordsError, records_frame
 from capacity_pack.measure.shards import ShardError, check_merge
 from capacity_pack.tables import validate_table
+from capacity_pack.vocab import latency
 
 NS_PER_MS = 1e6
 PHASES = ("prewarm", "warmup", "measure", "extension")
@@ -273,10 +274,9 @@ def normalize(
     last = pd.to_numeric(r["last_token_ns"], errors="coerce").to_numpy(dtype=float)
     out = r["output_tokens"].to_numpy(dtype=np.int64)
     ok = (r["status"] == "ok").to_numpy()
-    ttft = (first - sent) / NS_PER_MS
-    e2e = (last - sent) / NS_PER_MS
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), 0.0)
+    ttft = latency.ttft_ms(sent, first)
+    e2e = latency.e2e_ms(sent, last)
+    tpot = latency.tpot_ms(e2e, ttft, out)
     # Failed rows carry zeros, never a partial latency; their raw stamps stay.
     ttft = np.where(ok, ttft, 0.0)
     e2e = np.where(ok, e2e, 0.0)

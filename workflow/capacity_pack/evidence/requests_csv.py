@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from capacity_pack.evidence.gates import Gates, meets_slo
+from capacity_pack.evidence.gates import Gates
 from capacity_pack.evidence.slo_report import (
     STATUSES,
     AnalysisError,
@@ -53,6 +53,7 @@ from capacity_pack.evidence.slo_report import (
     summary_report,
     tutorial_classes,
 )
+from capacity_pack.vocab.slo import meets_slo
 
 if TYPE_CHECKING:
     import pandas as pd  # annotations only: the analyzer's import path stays free of pandas

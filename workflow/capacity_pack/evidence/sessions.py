@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from capacity_pack.evidence.gates import meets_slo
-from capacity_pack.evidence.statistics import nearest_rank
+from capacity_pack.vocab.percentile import nearest_rank
+from capacity_pack.vocab.slo import meets_slo
 
 MEASURED = ("measure", "extension")
 RATE_UNIT = "sessions/s (a session counts once, at its turn 0; other classes: requests/s)"

@@ -35,9 +35,9 @@ from capacity_pack.evidence.gates import (
     CLASS_GATES,
     POINT_GATES,
     Gates,
-    meets_slo,
 )
-from capacity_pack.evidence.statistics import nearest_ranks
+from capacity_pack.vocab.percentile import nearest_ranks
+from capacity_pack.vocab.slo import meets_slo
 
 STATUSES = ("ok", "error", "timeout", "rejected", "cancelled")
 # The classes of the tutorial request log, analysed when no manifest is given.

@@ -1,8 +1,6 @@
 """The statistics of the SLO analysis: percentiles, intervals, early stopping, trend, Little's Law.
 
-- **Nearest-rank percentile.** The p-quantile of n sorted values x_(1) <= ... <= x_(n) is
-  x_(k) with k = max(1, ceil(p n)) (index max(0, ceil(p n) - 1) from 0): always an observed
-  value, never interpolated.
+- Percentiles are the nearest rank of :mod:`capacity_pack.vocab.percentile`.
 - Bounds on an attainment (Wilson's interval, the confidence sequence) are in
   :mod:`capacity_pack.binomial`.
 - **Early stopping** (MLPerf LoadGen's rule for tail-latency percentiles): with h of n requests
@@ -32,36 +30,6 @@ from capacity_pack.binomial import least_n
 
 if TYPE_CHECKING:
     import pandas as pd  # annotations only: the analyzer's import path stays free of pandas
-
-
-def nearest_rank(sorted_values: np.ndarray, p: float) -> float | None:
-    """The nearest-rank p-quantile of an already sorted array (None when it is empty)."""
-    n = sorted_values.size
-    if n == 0:
-        return None
-    return float(sorted_values[max(0, math.ceil(p * n) - 1)])
-
-
-def nearest_ranks(values: np.ndarray, ps: tuple[float, ...]) -> list[float | None]:
-    """:func:`nearest_rank` at each p of an unsorted array, by one partition instead of a sort
-    (O(n)); ``values`` is reordered in place."""
-    n = values.size
-    if n == 0:
-        return [None] * len(ps)
-    ranks = [max(0, math.ceil(p * n) - 1) for p in ps]
-    values.partition(sorted(set(ranks)))
-    return [float(values[k]) for k in ranks]
-
-
-def percentiles(values: np.ndarray, withhold_p99: bool) -> dict[str, float | None]:
-    """Nearest-rank P50, P95, P99 (None when withheld) and the maximum of the finite values."""
-    s = np.sort(values[np.isfinite(values)])
-    return {
-        "p50": nearest_rank(s, 0.50),
-        "p95": nearest_rank(s, 0.95),
-        "p99": None if withhold_p99 else nearest_rank(s, 0.99),
-        "max": float(s[-1]) if s.size else None,
-    }
 
 
 def early_stopping_min_samples(

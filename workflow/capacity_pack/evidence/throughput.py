@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from capacity_pack.evidence.statistics import nearest_rank
+from capacity_pack.vocab.percentile import nearest_rank
 
 MEASURED = ("measure", "extension")
 METHOD = (

@@ -43,6 +43,7 @@ from capacity_pack.plan.manifest import (
 )
 from capacity_pack.plan.prompts import FileTokenizerCounter
 from capacity_pack.plan.schedule import Point, ScheduleInputs
+from capacity_pack.vocab.slo import class_cutoffs
 
 
 class AttainmentGate(BaseModel):
@@ -198,10 +199,7 @@ def sequential_settings(inputs: SweepInputs) -> SequentialSettings | None:
     if judged_by_engine_model(inputs.target, c, inputs.schedule.workload):
         minimum_s = c.warmup_seconds + c.maximum_duration_seconds
     return SequentialSettings(
-        cutoffs={
-            w.name: (w.request_ttft_cutoff_ms, w.request_tpot_cutoff_ms)
-            for w in inputs.schedule.workload
-        },
+        cutoffs=class_cutoffs(inputs.schedule.workload),
         attainment_min=gate.class_slo_attainment_min,
         confidence=gate.attainment_confidence,
         minimum_duration_s=minimum_s,

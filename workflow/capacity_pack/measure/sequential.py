@@ -3,7 +3,7 @@
 While the point runs, each class c keeps two counts over its finished *measured* requests
 (phases ``measure`` and ``extension``; warm-up and prewarm rows never count): n_c, the
 successful ones (status ``ok``), and k_c, those that also meet the class SLO, the predicate of
-:func:`capacity_pack.evidence.gates.meets_slo` computed on the client's own stamps exactly as
+:func:`capacity_pack.vocab.slo.meets_slo` computed on the client's own stamps exactly as
 :mod:`capacity_pack.measure.records` defines the latencies (s = send, f = first token, e = last
 token, O = output tokens):
 
@@ -84,6 +84,8 @@ from capacity_pack.binomial import (
     quick_outcome,
 )
 from capacity_pack.measure.records import Attempt
+from capacity_pack.vocab import latency
+from capacity_pack.vocab.slo import cutoff_checks
 
 NS = 1_000_000_000
 #: A look's verdict on the point: the class outcomes' plus ``futile`` (cannot pass in time).
@@ -129,11 +131,10 @@ def meets_slo(a: Attempt, cutoffs: tuple[float, float]) -> bool:
     """The SLO predicate on one request's client stamps (the module docstring's formula)."""
     if a.status != "ok" or a.first_token_ns is None or a.last_token_ns is None:
         return False
-    out = sum(a.chunk_tokens)
-    ttft = (a.first_token_ns - a.sent_ns) / 1e6
-    e2e = (a.last_token_ns - a.sent_ns) / 1e6
-    tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
-    return ttft <= cutoffs[0] and tpot <= cutoffs[1]
+    ttft = latency.ttft_ms(a.sent_ns, a.first_token_ns)
+    e2e = latency.e2e_ms(a.sent_ns, a.last_token_ns)
+    tpot = latency.tpot_ms(e2e, ttft, sum(a.chunk_tokens))
+    return bool(cutoff_checks(ttft, tpot, *cutoffs).met)
 
 
 @dataclass

@@ -78,6 +78,7 @@ from capacity_pack.plan.limits import (
 from capacity_pack.plan.traces import check_classes, read_trace, trace_summary, verbatim_rates
 from capacity_pack.plan.yamlfile import TextInputError, decode_utf8, parse_yaml, shorten
 from capacity_pack.redact import watch_env
+from capacity_pack.vocab.percentile import rank_index
 
 FROZEN_FORMAT = "capacity-pack/frozen-manifest/v1"
 Z_95 = NormalDist().inv_cdf(0.95)
@@ -250,7 +251,7 @@ class EmpiricalLength(_Model):
         v = np.sort(self.values)
 
         def q(p: float) -> int:
-            return int(v[max(0, math.ceil(p * v.size) - 1)])
+            return int(v[rank_index(p, v.size)])
 
         return LengthStats(
             mean=float(v.mean()), p50=q(0.5), p95=q(0.95), p99=q(0.99), max=int(v[-1]), fixed=False

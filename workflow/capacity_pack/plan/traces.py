@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.errors import StatedError
+from capacity_pack.vocab.percentile import rank_index
 
 FORMATS = ("capacity-pack", "mooncake", "azure")
 # Mooncake's released traces hash prompts in blocks of 512 tokens.
@@ -317,10 +318,6 @@ def check_classes(trace: pd.DataFrame, names: Sequence[str], path: str | Path, f
         )
 
 
-def _nearest_rank(values: np.ndarray, p: float) -> int:
-    return int(values[max(0, math.ceil(p * values.size) - 1)])
-
-
 def trace_summary(trace: pd.DataFrame, names: Sequence[str]) -> dict[str, Any]:
     """What the frozen manifest shows of a trace: rows, span, own rate, and per class its
     requests and the lengths it sends (mean and nearest-rank p50/p95/p99/max), or None for a
@@ -336,7 +333,7 @@ def trace_summary(trace: pd.DataFrame, names: Sequence[str]) -> dict[str, Any]:
             v = np.sort(rows[col].to_numpy(np.int64))
             entry[col] = {
                 "mean": float(v.mean()),
-                **{f"p{q}": _nearest_rank(v, q / 100) for q in (50, 95, 99)},
+                **{f"p{q}": int(v[rank_index(q / 100, v.size)]) for q in (50, 95, 99)},
                 "max": int(v[-1]),
             }
         classes[c] = entry

@@ -62,13 +62,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.binomial import block_counts
 from capacity_pack.evidence.analysis import MEASURED_PHASES
-from capacity_pack.evidence.gates import cutoff_checks
 from capacity_pack.plan.manifest import Pack, SimTarget, judged_by_engine_model
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, prewarm_rows
 from capacity_pack.sim.profile import Profile, load_profile
 from capacity_pack.sim.virtual import VirtualRequest, meets_slo, poisson_runs, simulate
 from capacity_pack.twin.boundary import shared_prefixes, virtual_classes
 from capacity_pack.twin.requests import fleet_requests
+from capacity_pack.vocab.slo import cutoff_checks
 
 #: Seconds of Poisson arrivals per long run, and the runs' seeds (fixed: every pack run, every
 #: schedule seed, sees the same mu at a rate).

@@ -68,6 +68,7 @@ from capacity_pack.plan.schedule import (
     prewarm_rows,
 )
 from capacity_pack.twin.requests import NS, fleet_requests
+from capacity_pack.vocab import latency
 
 #: At most this many samples of the queue-depth series: the trend test (Mann-Kendall and the
 #: Theil-Sen slope) builds n x n pairwise matrices, 32 MB at 2,000 samples.
@@ -290,9 +291,9 @@ def requests_table(schedule: pd.DataFrame, results: list[Any], shift_s: float) -
     sent = np.array([r.sent_ns for r in results], dtype=np.int64) - shift
     end = np.array([r.end_ns for r in results], dtype=np.int64) - shift
     ok = status == "ok"
-    ttft = np.where(ok, (first - shift - sent) / 1e6, 0.0)
-    e2e = np.where(ok, (last - shift - sent) / 1e6, 0.0)
-    tpot = np.where(ok & (out > 1), (e2e - ttft) / np.maximum(out - 1, 1), 0.0)
+    ttft = np.where(ok, latency.ttft_ms(sent, first - shift), 0.0)
+    e2e = np.where(ok, latency.e2e_ms(sent, last - shift), 0.0)
+    tpot = np.where(ok, latency.tpot_ms(e2e, ttft, out), 0.0)
     due = schedule["scheduled_offset_ns"].to_numpy(np.int64)
     return pd.DataFrame(
         {
