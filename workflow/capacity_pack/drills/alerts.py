@@ -58,13 +58,13 @@ from capacity_pack.drills.queries import (
     agg,
     any_of,
     duration,
+    histogram_cutoff,
     le,
     num,
     pack_metrics,
     rate,
     round_up,
     sel,
-    strictest,
 )
 from capacity_pack.engines.metric_map import (
     ROUTER_ADMISSION_REJECTED,
@@ -459,28 +459,24 @@ def error_rate(r: RuleFile) -> None:
 # names in a group).
 def slo_burn_ttft(r: RuleFile) -> None:
     """Symptom: first tokens slower than the strictest class TTFT cutoff."""
-    _slo_burn(r, "SLOBurnTTFT", r.m.ttft_hist, r.m.ttft_buckets, "request_ttft_cutoff_ms")
+    _slo_burn(r, "SLOBurnTTFT", r.m.ttft_hist, r.m.ttft_buckets, "ttft")
 
 
 def slo_burn_tpot(r: RuleFile) -> None:
     """Symptom: inter-token gaps slower than the loosest class TPOT cutoff."""
-    _slo_burn(r, "SLOBurnTPOT", r.m.itl_hist, r.m.itl_buckets, "request_tpot_cutoff_ms")
+    _slo_burn(r, "SLOBurnTPOT", r.m.itl_hist, r.m.itl_buckets, "itl")
 
 
 def _slo_burn(
-    r: RuleFile, alert: str, hist: str | None, bounds: tuple[float, ...] | None, field: str
+    r: RuleFile, alert: str, hist: str | None, bounds: tuple[float, ...] | None, metric: str
 ) -> None:
     t = r.t
     # The error budget of the attainment gate: the share of requests allowed to miss their SLO.
     attainment_min = CLASS_ATTAINMENT.threshold(r.pack.acceptance)
     burn = t.burn_factor * (1.0 - attainment_min)
-    # A request's TPOT is the mean of its gaps, and the gaps' tail is heavier than the means'
-    # (a prefill in the batch stretches a few gaps of every request): against the strictest
-    # cutoff, per-gap shares burn at a point whose requests all meet their TPOT. So the gaps
-    # are held to the loosest class TPOT cutoff.
-    tpot = alert == "SLOBurnTPOT"
+    tpot = metric == "itl"
     what = "inter-token gaps" if tpot else "first tokens"
-    cutoff_ms, classes = strictest(r.pack, field, loosest=tpot)
+    cutoff_ms, classes = histogram_cutoff(r.pack, metric)
     if hist is None or bounds is None:
         r.skip(alert, "slo", f"no {'ITL' if tpot else 'TTFT'} histogram with bounds")
         return

@@ -13,10 +13,12 @@ Scheduler and queue, KV and GPU, Distributed; every panel's description says whi
 (queue saturation, KV pressure, GPU/replica failure, network/transfer degradation) its signal
 points to. Engine series are filtered by the dashboard's ``$replica`` variable on the map's
 replica label, router series on ``replica``; rates use Grafana's ``$__rate_interval``. Latency
-panels are ``histogram_quantile`` of the summed bucket rates; the "share within the strictest
-cutoff" panel is ``rate(bucket{le=bound}) / rate(count)`` with the strictest class cutoff
-rounded up to a bucket bound (:func:`~capacity_pack.drills.queries.round_up`). GPU panels read
-dcgm-exporter's fields (:data:`DCGM_METRICS`), present only where it runs beside the engine.
+panels are ``histogram_quantile`` of the summed bucket rates; the "share within the SLO-burn
+cutoff" panel is ``rate(bucket{le=bound}) / rate(count)`` with the cutoff the SLO-burn alerts
+use (:func:`~capacity_pack.drills.queries.histogram_cutoff`: the strictest class TTFT cutoff,
+the loosest class TPOT cutoff for the inter-token gaps) rounded up to a bucket bound
+(:func:`~capacity_pack.drills.queries.round_up`). GPU panels read dcgm-exporter's fields
+(:data:`DCGM_METRICS`), present only where it runs beside the engine.
 
 To change a panel: its :class:`PanelSpec` in :data:`ROWS` (a new target shape: a target builder
 beside the others).
@@ -33,13 +35,13 @@ from typing import Any
 
 from capacity_pack.drills.queries import (
     agg,
+    histogram_cutoff,
     le,
     num,
     pack_metrics,
     rate,
     round_up,
     sel,
-    strictest,
 )
 from capacity_pack.engines.metric_map import (
     ROUTER_ADMISSION_REJECTED,
@@ -186,15 +188,16 @@ def tokens(s: Scope) -> list[tuple[str, str]]:
 
 
 def within_cutoffs(s: Scope) -> list[tuple[str, str]]:
-    """Share of first tokens (and gaps) at or below the strictest class cutoff's bucket."""
+    """Share of first tokens (and gaps) at or below the bucket of the cutoff the SLO-burn
+    alerts hold them to (:func:`~capacity_pack.drills.queries.histogram_cutoff`)."""
     m, targets = s.m, []
-    for hist, bounds, field, label in (
-        (m.ttft_hist, m.ttft_buckets, "request_ttft_cutoff_ms", "TTFT"),
-        (m.itl_hist, m.itl_buckets, "request_tpot_cutoff_ms", "TPOT (ITL gaps)"),
+    for hist, bounds, metric, label in (
+        (m.ttft_hist, m.ttft_buckets, "ttft", "TTFT"),
+        (m.itl_hist, m.itl_buckets, "itl", "TPOT (ITL gaps)"),
     ):
         if hist is None or bounds is None:
             continue
-        cutoff_ms, _ = strictest(s.pack, field)
+        cutoff_ms, _ = histogram_cutoff(s.pack, metric)
         bound = round_up(cutoff_ms / 1000.0, bounds)
         if bound is None:
             continue
@@ -324,14 +327,16 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 empty="engine map has no prompt_tokens or generation_tokens",
             ),
             PanelSpec(
-                "Share within the strictest TTFT / TPOT cutoff",
+                "Share within the SLO-burn TTFT / TPOT cutoff",
                 "percentunit",
-                "Share of first tokens (and of inter-token gaps) at or below the strictest class "
-                "cutoff, rounded up to a histogram bucket bound (engine histograms carry no class "
-                "label). A drop marks an SLO symptom; the other rows tell "
+                "Share of first tokens at or below the strictest class TTFT cutoff, and of "
+                "inter-token gaps at or below the loosest class TPOT cutoff (the SLO-burn "
+                "alerts' cutoffs: a request's TPOT is the mean of its gaps, whose tail is "
+                "heavier), each rounded up to a histogram bucket bound (engine histograms carry "
+                "no class label). A drop marks an SLO symptom; the other rows tell "
                 f"{_QUEUE}, {_KV}, {_GPU} and {_NET} apart.",
                 within_cutoffs,
-                empty="no TTFT/ITL histogram with a bucket at or above the strictest cutoff",
+                empty="no TTFT/ITL histogram with a bucket at or above its cutoff",
                 min_max=UNIT,
             ),
             PanelSpec(

@@ -108,3 +108,18 @@ def strictest(pack: Any, field: str, loosest: bool = False) -> tuple[float, list
     pick = max if loosest else min
     cutoff = pick(getattr(c, field) for c in pack.workload)
     return cutoff, [c.name for c in pack.workload if getattr(c, field) == cutoff]
+
+
+def histogram_cutoff(pack: Any, metric: str) -> tuple[float, list[str]]:
+    """The cutoff (ms) an engine histogram is held to, for the SLO-burn alerts and the
+    dashboard's "within cutoff" panel alike, and the classes that have it. The histograms carry
+    no class label: first tokens (``ttft``) are held to the strictest class TTFT cutoff; the
+    inter-token gaps (``itl``) to the loosest class TPOT cutoff, because a request's TPOT is the
+    mean of its gaps and the gaps' tail is heavier than the means' (a prefill in the batch
+    stretches a few gaps of every request): against the strictest cutoff, per-gap shares fall at
+    a point whose requests all meet their TPOT."""
+    if metric == "ttft":
+        return strictest(pack, "request_ttft_cutoff_ms")
+    if metric == "itl":
+        return strictest(pack, "request_tpot_cutoff_ms", loosest=True)
+    raise ValueError(f"metric: expected 'ttft' or 'itl', got {metric!r}")
