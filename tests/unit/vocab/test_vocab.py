@@ -97,3 +97,16 @@ def test_requests_meeting_slo_uses_each_class_cutoffs():
     assert met.dtype == bool
     # A class without cutoffs meets none; a failed request meets none.
     assert met.tolist() == [True, False, True, False, False, False]
+
+
+def test_one_requests_numbers_take_the_same_formulas_and_predicate_as_a_table():
+    from capacity_pack.vocab.slo import within_cutoffs
+
+    sent, first, last = 1_000_000_000, 1_250_000_000, 1_950_000_000
+    ttft, e2e = latency.ttft_ms(sent, first), latency.e2e_ms(sent, last)
+    tpot = latency.tpot_ms(e2e, ttft, 8)
+    assert isinstance(tpot, float) and (ttft, e2e, tpot) == (250.0, 950.0, 100.0)
+    assert latency.tpot_ms(e2e, ttft, 1) == 0.0
+    for cut in ((250.0, 100.0), (249.0, 100.0), (250.0, 99.0), (float("nan"), 100.0)):
+        assert within_cutoffs(ttft, tpot, cut) == bool(cutoff_checks(ttft, tpot, *cut).met)
+    assert not within_cutoffs(float("nan"), tpot, (250.0, 100.0))

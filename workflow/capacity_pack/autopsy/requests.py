@@ -66,7 +66,6 @@ import pyarrow.json as paj
 
 from capacity_pack.evidence.analysis import MEASURED_PHASES
 from capacity_pack.vocab import slo
-from capacity_pack.vocab.slo import cutoff_checks
 
 NS_PER_MS = 1e6
 POINT_KEYS = ("point", "cache_state", "repeat")
@@ -282,7 +281,7 @@ def attribute_misses(
     m = m.copy()
     m["ttft_cutoff_ms"] = m["class"].map({k: v[0] for k, v in cut.items()}).astype(float)
     m["tpot_cutoff_ms"] = m["class"].map({k: v[1] for k, v in cut.items()}).astype(float)
-    within = cutoff_checks(m["ttft_ms"], m["tpot_ms"], m["ttft_cutoff_ms"], m["tpot_cutoff_ms"])
+    within = slo.cutoff_checks(m["ttft_ms"], m["tpot_ms"], m["ttft_cutoff_ms"], m["tpot_cutoff_ms"])
     miss_ttft, miss_tpot, meets = ~within.ttft, ~within.tpot, within.met
     if meets.all():
         return _empty_attribution()

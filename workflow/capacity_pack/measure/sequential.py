@@ -85,7 +85,7 @@ from capacity_pack.binomial import (
 )
 from capacity_pack.measure.records import Attempt
 from capacity_pack.vocab import latency
-from capacity_pack.vocab.slo import cutoff_checks
+from capacity_pack.vocab.slo import within_cutoffs
 
 NS = 1_000_000_000
 #: A look's verdict on the point: the class outcomes' plus ``futile`` (cannot pass in time).
@@ -134,7 +134,7 @@ def meets_slo(a: Attempt, cutoffs: tuple[float, float]) -> bool:
     ttft = latency.ttft_ms(a.sent_ns, a.first_token_ns)
     e2e = latency.e2e_ms(a.sent_ns, a.last_token_ns)
     tpot = latency.tpot_ms(e2e, ttft, sum(a.chunk_tokens))
-    return bool(cutoff_checks(ttft, tpot, *cutoffs).met)
+    return within_cutoffs(ttft, tpot, cutoffs)
 
 
 @dataclass

@@ -10,7 +10,9 @@ request sent at ``sent``, its first token at ``first``, its last at ``last``, O 
 - ITL (ms): the gap between consecutive streamed chunks of one request (the first chunk has
   none), per chunk (:func:`capacity_pack.evidence.normalize.chunks_frame`).
 
-Each function takes scalars or numpy arrays (NaN stamps give NaN latencies).
+Each function takes Python numbers or numpy arrays (NaN stamps give NaN latencies); numbers
+stay plain Python arithmetic, because the in-run look applies them to every finished request
+on the load generator's event loop (about 0.3 us a request, against 11 us through numpy).
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ NS_PER_MS = 1e6
 
 def ttft_ms(sent_ns: Any, first_token_ns: Any) -> Any:
     """Time to first token. Formula: (first - sent) / 1e6, in ms."""
-    return (np.asarray(first_token_ns, dtype=float) - np.asarray(sent_ns, dtype=float)) / NS_PER_MS
+    return (first_token_ns - sent_ns) / NS_PER_MS
 
 
 def e2e_ms(sent_ns: Any, last_token_ns: Any) -> Any:
     """End-to-end latency. Formula: (last - sent) / 1e6, in ms."""
-    return (np.asarray(last_token_ns, dtype=float) - np.asarray(sent_ns, dtype=float)) / NS_PER_MS
+    return (last_token_ns - sent_ns) / NS_PER_MS
 
 
 def tpot_ms(e2e: Any, ttft: Any, output_tokens: Any) -> Any:
     """Time per output token after the first. Formula: (E2E - TTFT) / (O - 1) for O > 1, else 0,
     in ms per token."""
+    if isinstance(output_tokens, int | float):
+        return (e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0
     out = np.asarray(output_tokens, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(

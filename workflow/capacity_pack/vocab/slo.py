@@ -48,6 +48,12 @@ def cutoff_checks(
         )
 
 
+def within_cutoffs(ttft_ms: float, tpot_ms: float, cutoffs: tuple[float, float]) -> bool:
+    """:func:`cutoff_checks`' ``met`` for one request's numbers, in plain Python (the in-run look
+    judges every finished request on the load generator's event loop). NaN is within none."""
+    return ttft_ms <= cutoffs[0] and tpot_ms <= cutoffs[1]
+
+
 def meets_slo(
     ttft_ms: Any,
     tpot_ms: Any,
