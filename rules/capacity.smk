@@ -1,4 +1,6 @@
-rule capacity:
+# A checkpoint: the drills read its numbers as params once it has run (rules/failure.smk), so
+# that a rerun decision that lands where it was re-measures no drill.
+checkpoint capacity:
     """Capacity per cache state across repeats, the closed-loop operating point, the plan."""
     priority: CHAIN_PRIORITY
     input:

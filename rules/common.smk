@@ -10,6 +10,7 @@
 # inputs) skips the job's own params check entirely. The MLflow child runs of a stage are logged
 # by a cheap `track_<stage>` job that does depend on the frozen manifest, so every new parent run
 # gets a child per job while the measurements themselves are reused.
+import glob
 import json
 
 from capacity_pack import codehash
@@ -23,7 +24,7 @@ from capacity_pack.twin import calibrate as twin_calibrate_lib
 from capacity_pack.plan import schedule as schedule_lib
 from capacity_pack.plan import prepared as prepared_lib
 from capacity_pack.measure import inputs as sweep_inputs_lib
-from capacity_pack.io import canonical_json
+from capacity_pack.io import canonical_json, sha256_hex
 from capacity_pack import stages as stages_lib
 
 RESULTS_ROOT = "results"
@@ -222,6 +223,57 @@ TWIN_ABSENT = twin_calibrate_lib.twin_absent_reason(PACK)
 def drill_inputs_json(wildcards):
     inputs = drill_plan_lib.DrillInputs.for_drill(PACK, wildcards.drill, TWIN_ABSENT)
     return inputs.canonical_json()
+
+
+def capacity_decided(wildcards=None):
+    """Nothing, once the capacity checkpoint has run (rules/capacity.smk); until then Snakemake
+    holds back the asking job (checkpoints.capacity.get() raises).
+
+    A drill reads the decision's numbers (drill_numbers_json), not its files: a decision rerun
+    by an analysis edit re-measures a drill only if its numbers moved. A dry run cannot know
+    what a rerun decision will say: where the decision on disk was made on the pack settings of
+    this invocation (capacity.json's inputs_sha256), it judges the drills on that decision, so
+    `snakemake -n` after an analysis-code edit lists no drill; after a settings change it lists
+    every drill as pending the checkpoint. A re-measurement by a measuring-code edit is the
+    gap: the dry run shows the drills as they stand, the run re-judges them on the new
+    decision."""
+    if not (workflow.dryrun and decided_on_these_settings()):
+        checkpoints.capacity.get()
+    return []
+
+
+def decided_on_these_settings():
+    decided = [Path(stage_output("capacity", "capacity")), Path(stage_output("capacity", "plan"))]
+    if not all(p.exists() for p in decided):
+        return False
+    try:
+        digest = json.loads(decided[0].read_text()).get("inputs_sha256")
+    except (ValueError, AttributeError):
+        return False
+    return digest == sha256_hex(CAPACITY_INPUTS_JSON)
+
+
+def decided_open_reports():
+    """The open-loop SLO reports the decision read: the search's points once its checkpoints
+    have run; in a dry run on a finished pack, those on disk (the rounds may be pending)."""
+    if workflow.dryrun:
+        pattern = stage_output("analyze", "report", point="open-r*", cache="*", repeat="*")
+        return sorted(glob.glob(pattern))
+    return open_report_targets()
+
+
+def drill_numbers_json(wildcards):
+    """The numbers drill `wildcards.drill` takes from the decision, as canonical JSON
+    (capacity_pack.drills.plan.DrillNumbers)."""
+    capacity_decided()
+    inputs = drill_plan_lib.DrillInputs.for_drill(PACK, wildcards.drill, TWIN_ABSENT)
+    numbers = drill_plan_lib.DrillNumbers.from_files(
+        inputs,
+        stage_output("capacity", "capacity"),
+        decided_open_reports(),
+        stage_output("capacity", "plan"),
+    )
+    return numbers.canonical_json()
 
 
 def plan_drill_twin(wildcards):

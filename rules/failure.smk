@@ -22,14 +22,15 @@ rule failure_drill:
     priority: CHAIN_PRIORITY
     input:
         unpack(plan_drill_twin),
-        capacity=stage_output("capacity", "capacity"),
-        plan=stage_output("capacity", "plan"),
-        reports=lambda w: open_report_targets(),
+        # No file of the decision: it waits for the capacity checkpoint and takes its numbers.
+        decided=capacity_decided,
     output:
         **stage_outputs("failure_drill"),
     params:
         # The drill's settings plus what any measurement reads (target, client, prompts).
         inputs=drill_inputs_json,
+        # The decision's numbers: the rate, the in-flight basis of admission, the plan.
+        numbers=drill_numbers_json,
         code=stage_code_hash("failure_drill", *SIM_ENGINE),
     # Alone on the host when the target is local (measure_threads).
     threads: lambda w: measure_threads()

@@ -6,12 +6,11 @@ from capacity_pack.stages import entry
 with job_logging(snakemake.log[0]) as log:
     entry("failure_drill")(
         inputs=snakemake.params.inputs,
-        capacity=snakemake.input.capacity,
-        plan=snakemake.input.plan,
+        # The decision's numbers (rules/failure.smk reads them once capacity has run).
+        numbers=snakemake.params.numbers,
         # The plan drill of a real target that the pack calibrates (rules/failure.smk).
         twin_profile=snakemake.input.get("twin_profile"),
         twin_validation=snakemake.input.get("twin_validation"),
-        reports=list(snakemake.input.reports),
         drill=snakemake.output.drill,
         log=log,
         # This invocation's target-lock settings (--config target_lock_wait=false ...).

@@ -31,7 +31,6 @@ from capacity_pack.drills.plan import (
     DrillError,
     DrillInputs,
     drill_schedule,
-    plan_drill,
 )
 from capacity_pack.drills.render import failure_test, failure_test_markdown
 from capacity_pack.drills.run import run_drill
@@ -39,6 +38,7 @@ from capacity_pack.engines.metric_map import ROUTER_OUTSTANDING
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.track import records
 from tests.conftest import pack_data
+from tests.drills import plan_at
 
 NS = 1_000_000_000
 
@@ -66,35 +66,43 @@ def test_plan_uses_the_selected_capacity_and_littles_law():
     pack = make_pack()
     inputs = DrillInputs.for_drill(pack, "replica_kill")
     reports = {"a": report(15, 10.0), "b": report(15, 12.5), "c": report(20, 30.0)}
-    plan = plan_drill(inputs, capacity_doc(15.0), reports)
+    plan = plan_at(inputs, capacity_doc(15.0), reports, None, None)
     assert plan.replicas == 2 and plan.scope == "capacity_point"
     assert plan.rate_rps == 30.0 and plan.rate_after_rps == 30.0
     assert "15 RPS per replica" in plan.rate_source
     # 2 x the larger in-flight count measured at 15 RPS (not at 20 RPS).
     assert plan.admission_max_outstanding == 25
     assert plan.inject_at_s == 8 and plan.restore_at_s is None
-    cold = plan_drill(DrillInputs.for_drill(pack, "cold_replica"), capacity_doc(15.0), reports)
+    cold = plan_at(
+        DrillInputs.for_drill(pack, "cold_replica"), capacity_doc(15.0), reports, None, None
+    )
     assert cold.rate_after_rps == 30.0  # the default pack keeps the load steady (2-core host)
     stepped = make_pack(lambda d: d["failure"]["drills"][1].pop("rate_multiplier"))
-    cold = plan_drill(DrillInputs.for_drill(stepped, "cold_replica"), capacity_doc(15.0), reports)
+    cold = plan_at(
+        DrillInputs.for_drill(stepped, "cold_replica"), capacity_doc(15.0), reports, None, None
+    )
     assert cold.rate_after_rps == pytest.approx(45.0)  # (N + 1) / N: the autoscaler's trigger
-    kv = plan_drill(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(15.0), reports)
+    kv = plan_at(
+        DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(15.0), reports, None, None
+    )
     assert kv.restore_at_s == 16
     # Past this host's live limit the router, not the mechanism, would be measured: capped.
-    capped = plan_drill(inputs, capacity_doc(30.0), reports)
+    capped = plan_at(inputs, capacity_doc(30.0), reports, None, None)
     assert capped.rate_rps == 40.0 and "capped at this host's live limit" in capped.rate_source
 
 
 def test_plan_without_a_capacity_point_falls_back_and_says_so():
     inputs = DrillInputs.for_drill(make_pack(), "replica_kill")
-    plan = plan_drill(inputs, capacity_doc(None), {"a": report(20, 10.0), "b": report(40, 9)})
+    plan = plan_at(
+        inputs, capacity_doc(None), {"a": report(20, 10.0), "b": report(40, 9)}, None, None
+    )
     assert plan.rate_rps == 40.0  # lowest tested rate (20 on one replica) x 2 replicas
     assert "no capacity point selected" in plan.rate_source
     configured = make_pack(lambda d: d["failure"].update(rate_rps=12, admission_max_outstanding=5))
-    plan = plan_drill(DrillInputs.for_drill(configured, "replica_kill"), None, {})
+    plan = plan_at(DrillInputs.for_drill(configured, "replica_kill"), None, {}, None, None)
     assert plan.rate_rps == 12 and plan.admission_max_outstanding == 5
     with pytest.raises(DrillError, match="set failure.rate_rps"):
-        plan_drill(inputs, None, {})
+        plan_at(inputs, None, {}, None, None)
 
 
 def test_real_target_without_commands_is_skipped_with_a_reason():
@@ -102,11 +110,11 @@ def test_real_target_without_commands_is_skipped_with_a_reason():
         d["target"] = {"kind": "openai", "base_url": "http://127.0.0.1:9", "cache_reset": "none"}
 
     pack = make_pack(real)
-    plan = plan_drill(DrillInputs.for_drill(pack, "replica_kill"), capacity_doc(30.0), {})
+    plan = plan_at(DrillInputs.for_drill(pack, "replica_kill"), capacity_doc(30.0), {}, None, None)
     assert not plan.runnable
     assert "needs failure.drills[].commands" in plan.skip_reason
     # Cancellations are the client's own doing: they need no command.
-    plan = plan_drill(DrillInputs.for_drill(pack, "cancellation"), capacity_doc(30.0), {})
+    plan = plan_at(DrillInputs.for_drill(pack, "cancellation"), capacity_doc(30.0), {}, None, None)
     assert plan.runnable
 
 
@@ -119,13 +127,13 @@ def test_bad_drill_settings_are_refused_with_the_field():
         )
     pack = make_pack(lambda d: d["failure"]["drills"][2].update(fault_s=30))
     with pytest.raises(DrillError, match="after the schedule"):
-        plan_drill(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), {})
+        plan_at(DrillInputs.for_drill(pack, "kv_pressure"), capacity_doc(30.0), {}, None, None)
 
 
 def test_cancellation_schedule_cancels_only_inside_the_fault_window():
     pack = make_pack()
     inputs = DrillInputs.for_drill(pack, "cancellation")
-    plan = plan_drill(inputs, capacity_doc(30.0), {})
+    plan = plan_at(inputs, capacity_doc(30.0), {}, None, None)
     frame, start = drill_schedule(inputs, plan)
     again, _ = drill_schedule(inputs, plan)
     pd.testing.assert_frame_equal(frame, again)  # seeded
@@ -250,7 +258,7 @@ def run_all(pack, out_dir: Path) -> dict[str, dict]:
     out = {}
     for d in pack.failure.drills:
         inputs = DrillInputs.for_drill(pack, d.name)
-        plan = plan_drill(inputs, None, {})
+        plan = plan_at(inputs, None, {}, None, None)
         run_drill(inputs, plan, out_dir / d.name)
         out[d.name] = analyze_drill(out_dir / d.name, rules, spec)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from capacity_pack.decide.capacity import build_plan
-from capacity_pack.drills.plan import DrillInputs
+from capacity_pack.drills.plan import DrillInputs, DrillNumbers
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from capacity_pack.stages import entry
 from capacity_pack.twin.calibrate import twin_absent_reason
@@ -57,12 +57,12 @@ def plan_drill(pack, out: Path, per_replica: float = 30.0, **twin: Path) -> dict
     (out / "capacity.json").write_text(json.dumps(cap))
     (out / "plan.json").write_text(json.dumps(build_plan(cap, [], pack)))
     drill = out / PLAN_DRILL / "drill.json"
+    # As the rule gives them: with why the pack has no validated twin, where it has none.
+    inputs = DrillInputs.for_drill(pack, PLAN_DRILL, twin_absent_reason(pack))
+    plan = json.loads((out / "plan.json").read_text())
     entry("failure_drill")(
-        # As the rule gives them: with why the pack has no validated twin, where it has none.
-        inputs=DrillInputs.for_drill(pack, PLAN_DRILL, twin_absent_reason(pack)).canonical_json(),
-        capacity=out / "capacity.json",
-        plan=out / "plan.json",
-        reports=[],
+        inputs=inputs.canonical_json(),
+        numbers=DrillNumbers.of(inputs, cap, {}, plan).canonical_json(),
         drill=drill,
         log=LOG,
         **twin,
@@ -199,7 +199,7 @@ def test_live_and_virtual_plan_drills_agree(tmp_path):
 
 
 def test_no_plan_no_plan_drill_and_the_choice_of_live_or_virtual():
-    from capacity_pack.drills.plan import plan_drill as plan_of
+    from tests.drills import plan_at as plan_of
 
     pack = make_pack(60, 0.75, 1, "auto")
     inputs = DrillInputs.for_drill(pack, PLAN_DRILL)

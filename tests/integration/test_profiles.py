@@ -129,8 +129,8 @@ def snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.
 def jobs(dry_run_stdout: str) -> list[tuple[str, str]]:
     """(rule, resources line) of every job a dry run printed."""
     out = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", dry_run_stdout):
-        rule = re.match(r"(?:local)?rule (\w+):", block.strip())
+    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", dry_run_stdout):
+        rule = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block.strip())
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
         if rule:
             out.append((rule.group(1), res.group(1) if res else ""))

@@ -179,7 +179,7 @@ def run_snakemake(repo: Path, *args: str) -> str:
 def planned_rules(repo: Path) -> list[str]:
     """The rules of the jobs a dry run would execute, one entry per job."""
     out = run_snakemake(repo, "--dry-run")
-    jobs = re.findall(r"^(?:local)?rule (\w+):$", out, flags=re.MULTILINE)
+    jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", out, flags=re.MULTILINE)
     return sorted(j for j in jobs if j != "all")
 
 
@@ -188,7 +188,11 @@ def tiny_pack() -> dict:
     data["pack"]["name"] = "reruns-test"
     # One point: a dozen jobs, each mostly its imports.
     data["sweep"].update(open_loop_rps=[10], closed_loop_concurrency=[], cache_states=["cold"])
-    data.pop("failure")  # no drill: the measurement rules are sweep and failure_drill alike
+    # One short drill whose rate and admission limit come from the decision (capacity.json and
+    # the SLO report at its rate), so that an analysis edit reaches the drill's numbers; the
+    # plan drill (plan.json's fleet, in virtual time) beside it.
+    failure = data["failure"]
+    del failure["rate_rps"], failure["admission_max_outstanding"]
     return data
 
 
@@ -233,6 +237,27 @@ def test_an_analysis_only_edit_reruns_analysis_side_jobs_and_never_measures(repo
     assert set(jobs) >= {"analyze", "capacity", "report", "track", "autopsy"}
     assert jobs.count("analyze") == 1
     assert not {"sweep", "schedule", "normalize", "failure_drill"} & set(jobs)
+
+
+@pytest.mark.slow
+def test_a_rerun_decision_that_lands_where_it_was_runs_no_drill(repo):
+    """Not the dry run's guess but the run: the decision is made again (its code changed) and,
+    its numbers unchanged, every drill keeps its measurement."""
+    drills = sorted((repo / "work" / "results").glob("*/failure/*/drill.json"))
+    assert len(drills) == 2  # the capacity-point drill and the plan drill
+    decision = next((repo / "work" / "results").glob("*/capacity/capacity.json"))
+    decided, before = decision.stat().st_mtime_ns, {p: p.stat().st_mtime_ns for p in drills}
+    path = repo / "workflow" / "capacity_pack" / "decide" / "capacity.py"
+    original = path.read_text()
+    path.write_text(original + "\nRERUN_PROBE = 1\n")
+    try:
+        run_snakemake(repo)
+    finally:
+        path.write_text(original)
+    assert decision.stat().st_mtime_ns > decided
+    assert {p: p.stat().st_mtime_ns for p in drills} == before
+    # The decision's code is back as it was: one more decision, still no drill.
+    assert "failure_drill" not in planned_rules(repo)
 
 
 @pytest.mark.slow

@@ -680,7 +680,7 @@ def drill(
     The drill holds its target as a measured point does (see ``load``: --no-wait).
     """
     from capacity_pack.drills.analyze import DrillAnalysisSpec
-    from capacity_pack.drills.plan import DrillError, DrillInputs
+    from capacity_pack.drills.plan import DrillError, DrillInputs, DrillNumbers
     from capacity_pack.drills.queries import DashboardError
     from capacity_pack.measure.lock import LockError, TargetBusy
     from capacity_pack.plan.manifest import load_pack
@@ -698,14 +698,13 @@ def drill(
     else:
         _check_twin(*twin_paths)
     try:
+        inputs = DrillInputs.for_drill(pack, name, absent)
         _stage("failure_drill")(
-            inputs=DrillInputs.for_drill(pack, name, absent),
-            capacity=capacity_path,
-            reports=report_paths,
+            inputs=inputs,
+            numbers=DrillNumbers.from_files(inputs, capacity_path, report_paths, plan_path),
             drill=drill_json,
             log=log,
             lock=_lock_settings(no_wait, lock_timeout),
-            plan=plan_path,
             twin_profile=profile,
             twin_validation=validation,
         )

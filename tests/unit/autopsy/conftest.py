@@ -27,7 +27,7 @@ from tests.paths import DATA
 
 FIXTURE = DATA / "autopsy"
 PACK = "autopsy-fixture"
-RULE_LINE = re.compile(r"^(?:local)?rule (\w+):$", re.M)
+RULE_LINE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):$", re.M)
 
 
 @dataclass(frozen=True)

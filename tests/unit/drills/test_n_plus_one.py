@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 
 from capacity_pack.drills.analyze import DrillAnalysisSpec, n_plus_one
-from capacity_pack.drills.plan import DrillInputs, plan_drill
+from capacity_pack.drills.plan import DrillInputs
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from tests.conftest import pack_data
+from tests.drills import plan_at
 
 NS = 1_000_000_000
 INJ, CLEARED, END, BASE = 5 * NS, 9 * NS, 12 * NS, 2 * NS
@@ -18,9 +19,12 @@ INJ, CLEARED, END, BASE = 5 * NS, 9 * NS, 12 * NS, 2 * NS
 @pytest.fixture(scope="module")
 def setup():
     pack = validate_pack(pack_data(), "test pack")
-    plan = plan_drill(
+    plan = plan_at(
         DrillInputs.for_drill(pack, PLAN_DRILL),
-        plan_doc={"required_replicas": 2, "replicas_for_load": 1, "redundancy_replicas": 1},
+        None,
+        {},
+        {"required_replicas": 2, "replicas_for_load": 1, "redundancy_replicas": 1},
+        None,
     )
     return DrillAnalysisSpec.of(pack), plan, [c.name for c in pack.workload]
 

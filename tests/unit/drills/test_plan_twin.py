@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capacity_pack.drills.plan import DrillInputs, plan_drill
+from capacity_pack.drills.plan import DrillInputs
 from capacity_pack.drills.virtual import REAL_TARGET_POLICY, run_virtual_drill
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
 from capacity_pack.sim.profile import load_profile
@@ -24,6 +24,7 @@ from capacity_pack.twin.calibrate import twin_absent_reason
 from capacity_pack.twin.trust import ValidatedTwin
 from capacity_pack.twin.validate import validate
 from tests.conftest import pack_data, real_calibratable
+from tests.drills import plan_at
 
 # The plan: 4 replicas (3 for the load at 0.75 + 1 redundancy) at the default pack's 60 RPS
 # peak, beyond its live limit of 2 replicas and 40 RPS.
@@ -70,7 +71,7 @@ def test_a_trusted_twin_predicts_a_plan_too_large_to_run_live(profile):
     assert inputs.twin_absent is None
     # Predicted [38, 40), measured [36, 38): 1 RPS from the bracket, 1 / 36 = 2.8 %.
     trusted = twin(profile, (38, 40), (36, 38))
-    plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN, trusted)
+    plan = plan_at(inputs, capacity(36, 38), {}, BIG_PLAN, trusted)
     assert plan.runnable and plan.execution == "virtual"
     assert plan.replicas == 4 and plan.rate_rps == 60
     reason = plan.execution_reason
@@ -80,7 +81,7 @@ def test_a_trusted_twin_predicts_a_plan_too_large_to_run_live(profile):
     assert plan.twin is not None and plan.twin["profile"] == str(profile)
     assert plan.twin["trusted"] and plan.twin["capacity_error_rel"] == pytest.approx(1 / 36)
     # Configured virtual: the same prediction, whatever the size.
-    forced = plan_drill(
+    forced = plan_at(
         DrillInputs.for_drill(real_pack(mode="virtual"), PLAN_DRILL),
         capacity(36, 38),
         {},
@@ -96,7 +97,7 @@ def test_an_untrusted_twin_is_not_used_and_the_drill_says_its_error(profile):
     inputs = DrillInputs.for_drill(real_pack(), PLAN_DRILL)
     # Predicted [50, 60), measured [36, 38): 55 is 17 RPS above 38, 17 / 36 = 47.2 %.
     untrusted = twin(profile, (50, 60), (36, 38))
-    plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN, untrusted)
+    plan = plan_at(inputs, capacity(36, 38), {}, BIG_PLAN, untrusted)
     assert not plan.runnable and plan.execution == "live"
     assert "the calibrated twin that could predict it is untrusted" in plan.skip_reason
     assert "47.2% from the measured bracket (cold), tolerance 15%" in plan.skip_reason
@@ -112,18 +113,19 @@ def test_without_a_twin_the_drill_is_skipped_saying_why_there_is_none():
     inputs = drill_inputs(real_pack(architecture=False))
     assert inputs.twin_absent is not None
     assert inputs.twin_absent.startswith("the pack cannot be calibrated (a real target without")
-    plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN)
+    plan = plan_at(inputs, capacity(36, 38), {}, BIG_PLAN, None)
     assert not plan.runnable
     assert plan.skip_reason.startswith(
         "the plan drill of a real target runs live, or in virtual time on its calibrated twin: "
         "4 replicas at 60 RPS"
     )
     assert "and there is no calibrated twin: the pack cannot be calibrated" in plan.skip_reason
-    forced = plan_drill(
+    forced = plan_at(
         drill_inputs(real_pack(architecture=False, mode="virtual")),
         capacity(36, 38),
         {},
         BIG_PLAN,
+        None,
     )
     assert not forced.runnable and forced.skip_reason.startswith(
         "configured: mode virtual, which for a real target runs on its calibrated twin, and there "
@@ -137,7 +139,7 @@ def test_without_a_twin_the_drill_is_skipped_saying_why_there_is_none():
 
 def test_a_real_plan_that_fits_live_runs_live_whatever_the_twin(profile):
     inputs = DrillInputs.for_drill(real_pack(peak=40), PLAN_DRILL)
-    plan = plan_drill(inputs, capacity(36, 38), {}, SMALL_PLAN, twin(profile, (38, 40), (36, 38)))
+    plan = plan_at(inputs, capacity(36, 38), {}, SMALL_PLAN, twin(profile, (38, 40), (36, 38)))
     assert plan.runnable and plan.execution == "live" and plan.twin is None
     assert plan.execution_reason.startswith("auto: 2 replicas at 40 RPS")
 
@@ -169,7 +171,7 @@ def test_a_virtual_plan_drill_of_a_real_target_runs_on_the_calibrated_profile(pr
         update={"failure": inputs.failure.model_copy(update={"duration_s": 8, "baseline_s": 3})}
     )
     trusted = twin(profile, (38, 40), (36, 38))
-    plan = plan_drill(small, capacity(36, 38), {}, BIG_PLAN, trusted)
+    plan = plan_at(small, capacity(36, 38), {}, BIG_PLAN, trusted)
     plan = plan.model_copy(update={"rate_rps": 20.0, "rate_after_rps": 20.0})
     out = tmp_path / "drill"
     facts = run_virtual_drill(small, plan, out)
@@ -195,7 +197,7 @@ def test_a_twin_compared_with_nothing_is_untrusted_and_says_so(profile):
     blind = ValidatedTwin(str(profile), validate(prediction, capacity(36, 38)))
     assert not blind.trusted and blind.worst is None
     inputs = DrillInputs.for_drill(real_pack(), PLAN_DRILL)
-    plan = plan_drill(inputs, capacity(36, 38), {}, BIG_PLAN, blind)
+    plan = plan_at(inputs, capacity(36, 38), {}, BIG_PLAN, blind)
     assert not plan.runnable
     assert "its prediction was compared with no measured bracket" in plan.skip_reason
     assert "no cache state has both a predicted and a measured bracket" in plan.skip_reason

@@ -63,7 +63,10 @@ pack cancels the same requests.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -224,67 +227,128 @@ class DrillPlan(BaseModel):
     )
 
 
-def _selected_rate(
-    inputs: DrillInputs, capacity: dict[str, Any] | None, reports: dict[str, dict[str, Any]]
-) -> tuple[float | None, str, list[dict[str, Any]]]:
-    """Per-replica rate and the SLO reports of that rate."""
-    f = inputs.failure
-    n_test = inputs.replicas_under_test
-    open_loop = (capacity or {}).get("open_loop") or {}
-    primary = (capacity or {}).get("primary_cache_state")
-    per = None
-    source = ""
-    for state in [primary, "warm", "cold"]:
-        sel = open_loop.get(state) if state else None
-        if sel and sel.get("capacity_per_replica_rps"):
-            per = float(sel["capacity_per_replica_rps"])
-            source = (
-                f"selected capacity ({state} cache): {per:g} RPS per replica "
-                f"(capacity.json open_loop.{state})"
-            )
-            break
-    rates = sorted(
-        {float(r["offered_rps"]) for r in reports.values() if r.get("offered_rps") is not None}
+class DrillNumbers(BaseModel):
+    """The numbers a drill takes from the pack's decision, and only those: the selected capacity
+    per replica, the in-flight averages measured at it, and (plan drill) plan.json's figures.
+
+    They are the drill rule's params (rules/failure.smk), read once the capacity decision has
+    run: a drill reruns when one of these numbers changes, never because the analysis code that
+    produced them did (an analysis edit that leaves capacity as it was re-measures nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_replica_rps: float | None = Field(
+        description="Selected capacity per replica, else the configured fallback, else the "
+        "lowest tested rate / replicas under test (None: nothing to take a rate from)."
     )
-    if per is None:
-        if f.fallback_rate_per_replica_rps is not None:
-            per = f.fallback_rate_per_replica_rps
-            source = f"no capacity point selected: configured fallback {per:g} RPS per replica"
-        elif rates:
-            per = rates[0] / n_test
-            source = (
-                f"no capacity point selected: the lowest tested rate, {rates[0]:g} RPS on "
-                f"{n_test} replica(s)"
-            )
-    at_rate = [
-        r
-        for r in reports.values()
-        if per is not None
-        and r.get("offered_rps") is not None
-        and abs(float(r["offered_rps"]) - per * n_test) < 1e-9
-    ]
-    return per, source, at_rate
+    rate_source: str = Field(description="Where per_replica_rps came from.")
+    inflight_at_rate: list[float] = Field(
+        default_factory=list,
+        description="Little's-law average requests in flight of each SLO report at "
+        "per_replica_rps x replicas under test (the admission limit's basis).",
+    )
+    planned: dict[str, Any] | None = Field(
+        default=None, description="plan scope: the plan's numbers (plan.json) the drill checks."
+    )
+
+    @classmethod
+    def of(
+        cls,
+        inputs: DrillInputs,
+        capacity: dict[str, Any] | None,
+        reports: dict[str, dict[str, Any]] | None = None,
+        plan_doc: dict[str, Any] | None = None,
+    ) -> DrillNumbers:
+        """From ``capacity`` (capacity.json; None: none decided), the open-loop SLO
+        ``reports`` by path and, for the plan drill, ``plan_doc`` (plan.json)."""
+        f = inputs.failure
+        n_test = inputs.replicas_under_test
+        reports = reports or {}
+        open_loop = (capacity or {}).get("open_loop") or {}
+        primary = (capacity or {}).get("primary_cache_state")
+        per = None
+        source = ""
+        for state in [primary, "warm", "cold"]:
+            sel = open_loop.get(state) if state else None
+            if sel and sel.get("capacity_per_replica_rps"):
+                per = float(sel["capacity_per_replica_rps"])
+                source = (
+                    f"selected capacity ({state} cache): {per:g} RPS per replica "
+                    f"(capacity.json open_loop.{state})"
+                )
+                break
+        rates = sorted(
+            {float(r["offered_rps"]) for r in reports.values() if r.get("offered_rps") is not None}
+        )
+        if per is None:
+            if f.fallback_rate_per_replica_rps is not None:
+                per = f.fallback_rate_per_replica_rps
+                source = f"no capacity point selected: configured fallback {per:g} RPS per replica"
+            elif rates:
+                per = rates[0] / n_test
+                source = (
+                    f"no capacity point selected: the lowest tested rate, {rates[0]:g} RPS on "
+                    f"{n_test} replica(s)"
+                )
+        inflight = [
+            float(r["littles_law"]["average_in_flight"])
+            for _, r in sorted(reports.items())
+            if per is not None
+            and r.get("offered_rps") is not None
+            and abs(float(r["offered_rps"]) - per * n_test) < 1e-9
+            and (r.get("littles_law") or {}).get("average_in_flight")
+        ]
+        return cls(
+            per_replica_rps=per,
+            rate_source=source,
+            inflight_at_rate=inflight,
+            planned=_planned(plan_doc) if inputs.scope == "plan" else None,
+        )
+
+    @classmethod
+    def from_files(
+        cls,
+        inputs: DrillInputs,
+        capacity: str | Path | None,
+        reports: Iterable[str | Path] = (),
+        plan: str | Path | None = None,
+    ) -> DrillNumbers:
+        """:meth:`of` on the decision's files (``plan`` is read for the plan drill only)."""
+
+        def read(path: str | Path) -> dict[str, Any]:
+            try:
+                doc = json.loads(Path(path).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise DrillError(f"{path}: expected a JSON document ({err})") from None
+            if not isinstance(doc, dict):
+                raise DrillError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+            return doc
+
+        return cls.of(
+            inputs,
+            read(capacity) if capacity is not None else None,
+            {str(p): read(p) for p in reports},
+            read(plan) if plan is not None and inputs.scope == "plan" else None,
+        )
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
 
 
 def plan_drill(
-    inputs: DrillInputs,
-    capacity: dict[str, Any] | None = None,
-    reports: dict[str, dict[str, Any]] | None = None,
-    plan_doc: dict[str, Any] | None = None,
-    twin: ValidatedTwin | None = None,
+    inputs: DrillInputs, numbers: DrillNumbers, twin: ValidatedTwin | None = None
 ) -> DrillPlan:
-    """The drill's rate, admission limit and timeline from the capacity decision (and, for the
-    plan drill, from ``plan_doc``: the plan's ``plan.json``, and, for a real target, ``twin``:
-    the pack's calibrated twin and its validation, when it has one)."""
+    """The drill's rate, admission limit and timeline from the decision's ``numbers`` (and, for
+    a real target's plan drill, ``twin``: the pack's calibrated twin and its validation, when it
+    has one)."""
     f, d = inputs.failure, inputs.drill
-    reports = reports or {}
     target = inputs.sweep.target
     real = isinstance(target, OpenAITarget)
     managed = real and target.managed is not None
-    per, source, at_rate = _selected_rate(inputs, capacity, reports)
+    per, source = numbers.per_replica_rps, numbers.rate_source
     planned = None
     if inputs.scope == "plan":
-        planned = _planned(plan_doc)
+        planned = numbers.planned or _planned(None)
         n = int(planned.get("required_replicas") or 1)
         assert inputs.peak_rps is not None
         rate = inputs.peak_rps
@@ -321,11 +385,7 @@ def plan_drill(
             )
     k, k_source = f.admission_max_outstanding, "configured failure.admission_max_outstanding"
     if k is None:
-        inflight = [
-            float(r["littles_law"]["average_in_flight"])
-            for r in at_rate
-            if (r.get("littles_law") or {}).get("average_in_flight")
-        ]
+        inflight = numbers.inflight_at_rate
         if inflight:
             per_replica = max(inflight) / inputs.replicas_under_test
             k = max(1, math.ceil(f.admission_headroom * per_replica))
