@@ -60,20 +60,22 @@ prefix-cache queries/hits, preemptions) through a name map for vLLM, SGLang, lla
 TensorRT-LLM and the simulator (:func:`capacity_pack.engines.signals.parse_metrics`), with the
 client's own backlog series (due but unsent, in flight) alongside
 (:mod:`capacity_pack.measure.watchers`).
+
+Module map: this module holds the run (:class:`Run`: its client, clock, watchers and summary)
+and :func:`run_point`; :mod:`capacity_pack.measure.send` one request's life (send, read,
+record); :mod:`capacity_pack.measure.load_modes` the open and closed loops, in-run decisions and
+extension blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import http.cookiejar
-import json
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +84,8 @@ import pandas as pd
 
 from capacity_pack.engines import verify_setting
 from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
-from capacity_pack.measure.arrivals import Arrivals, Block, BlocksAhead, build_block, feed
-from capacity_pack.measure.collector import QuietCollector, unbind
-from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
+from capacity_pack.measure.arrivals import Arrivals, BlocksAhead
+from capacity_pack.measure.collector import QuietCollector
 from capacity_pack.measure.dispatcher import (
     LEAD_NS,
     SWITCH_INTERVAL_S,
@@ -92,22 +93,16 @@ from capacity_pack.measure.dispatcher import (
     LoopPlacement,
 )
 from capacity_pack.measure.interrupt import Interrupted, catch_signals, interruption
+from capacity_pack.measure.load_modes import LoadModes
 from capacity_pack.measure.payload import RequestBuilder
-from capacity_pack.measure.records import Attempt, RecordWriter
-from capacity_pack.measure.sequential import (
-    LOOK_INTERVAL_S,
-    Decider,
-    extension_lead_ns,
-    projected_short,
-    wants_extension,
-)
-from capacity_pack.measure.sessions import SessionTurns, answer_text, end_reason, is_dependent
+from capacity_pack.measure.records import RecordWriter
+from capacity_pack.measure.send import MEASURED_PHASES, NS, RequestSending, RunState
+from capacity_pack.measure.sequential import Decider
+from capacity_pack.measure.sessions import SessionTurns, is_dependent
 from capacity_pack.measure.settings import LoadSettings
-from capacity_pack.measure.sse import SSEReader
-from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK, PlainHTTPTransport
+from capacity_pack.measure.transport import PlainHTTPTransport
 from capacity_pack.measure.watchers import health, lag_monitor, progress, progress_lines, scraper
 
-NS = 1_000_000_000
 # Idle keep-alive connections httpx's default transport may keep (see Run._http_options).
 HTTPX_MAX_IDLE_CONNECTIONS = 32
 # The transports' per-phase timeouts lie this far past the request's overall deadline: they
@@ -117,82 +112,9 @@ BACKSTOP_S = 1.0
 # thread has that long to build the next block before the run wants it (capacity_pack.
 # measure.arrivals.BlocksAhead); well over the 2 s extension lead.
 BUILD_AHEAD_S = 5.0
-#: The schedule's phases inside the measured window (warm-up requests are sent before it).
-MEASURED_PHASES = ("measure", "extension")
 
 
-@dataclass
-class _State:
-    """The run's counters (the dispatcher thread changes some of them, under ``Run._lock``)."""
-
-    in_flight: int = 0
-    sent: int = 0
-    sent_measured: int = 0  # of them, in the measured window (not warm-up)
-    finished: int = 0
-    failed: int = 0
-    due_unsent: int = 0
-    streamed_tokens: int = 0
-    ok_by_class: dict[str, int] = field(default_factory=dict)
-    terminal_by_class: dict[str, int] = field(default_factory=dict)
-
-
-class _Gate:
-    """Called at a request's send instant (on the dispatcher thread for a timed send): stamps
-    the send, then applies the in-flight ceiling (in flight = written and not yet ended)."""
-
-    __slots__ = ("a", "block", "st", "lock", "ceiling", "gated", "sent")
-
-    def __init__(
-        self,
-        a: Attempt,
-        block: Arrivals | None,
-        st: _State,
-        lock: threading.Lock,
-        ceiling: int | None,
-    ) -> None:
-        self.a, self.block, self.st, self.lock, self.ceiling = a, block, st, lock, ceiling
-        self.gated = self.sent = False
-
-    def __call__(self, now_ns: int) -> bool:
-        a, st = self.a, self.st
-        a.sent_ns = now_ns
-        a.sent_realtime_ns = time.time_ns()
-        self.gated = True
-        with self.lock:
-            if self.block is not None:
-                self.block.decided += 1
-            if self.ceiling is not None and st.in_flight >= self.ceiling:
-                return False
-            st.in_flight += 1
-            st.sent += 1
-            st.sent_measured += a.phase in MEASURED_PHASES
-        self.sent = True
-        return True
-
-
-def _attempt(row: dict[str, Any], due_ns: int) -> Attempt:
-    a = _plain_attempt(row, due_ns)
-    turn = row.get("turn")
-    if turn is not None and turn == turn and int(turn) >= 0:  # a session class's turn
-        a.session, a.turn = int(row["session"]), int(turn)
-    return a
-
-
-def _plain_attempt(row: dict[str, Any], due_ns: int) -> Attempt:
-    return Attempt(
-        request_id=row["request_id"],
-        seq=int(row["seq"]),
-        klass=row["class"],
-        phase=row["phase"],
-        block=int(row["block"]),
-        input_tokens=int(row["input_tokens"]),
-        output_tokens_expected=int(row["output_tokens"]),
-        scheduled_offset_ns=int(row["scheduled_offset_ns"]),
-        due_ns=due_ns,
-    )
-
-
-class Run:
+class Run(RequestSending, LoadModes):
     """One point: the schedule, the client, the records, the series."""
 
     def __init__(
@@ -209,7 +131,7 @@ class Run:
         self.writer = RecordWriter(records_path)
         if settings.shard is not None:
             self.writer.suffix = f',"shard":{int(settings.shard)}'
-        self.state = _State()
+        self.state = RunState()
         self.lateness_ns: list[int] = []
         self.loop_lag_ns: list[int] = []
         self.series: list[tuple[int, int, str, str, float]] = []
@@ -273,393 +195,6 @@ class Run:
         for row in rows:
             if (request := self._request(row)) is not None:
                 self._requests[row["request_id"]] = request
-
-    # -- one request -----------------------------------------------------------------------
-
-    async def _send(
-        self,
-        client,
-        row: dict[str, Any],
-        due_ns: int,
-        block: Arrivals | None = None,
-        *,
-        request: httpx.Request | None = None,
-        capture: bool = False,
-    ) -> Attempt | None:
-        """Send one request and record it; its attempt (None: never sent, interrupted)."""
-        if self.interrupted is not None:
-            return None  # started after the interrupt: never sent
-        a = _attempt(row, due_ns)
-        if capture:
-            a.text = []
-        request = request or self._requests.pop(a.request_id, None) or self._request(row)
-        assert request is not None
-        cancel_after = int(row.get("cancel_after_ns", -1))
-        # Until the request is written (it may be prepared ahead of its due time): a request
-        # that never is (no connection) keeps the later of now and its due time.
-        now = time.perf_counter_ns()
-        a.sent_ns = max(now, due_ns)
-        a.sent_realtime_ns = time.time_ns() + a.sent_ns - now
-        gate = _Gate(a, block, self.state, self._lock, self.s.max_in_flight)
-        if self._own_transport:
-            request.extensions[SENT_HOOK] = gate
-            if due_ns and self._lead_ns:
-                request.extensions[SEND_AT] = due_ns
-        elif not gate(time.perf_counter_ns()):
-            self._reject(a)
-            return a
-        limit_s = self.s.request_timeout_s
-        cancel_s = cancel_after / NS if cancel_after >= 0 else None
-        deadline_s = min(limit_s, cancel_s) if cancel_s is not None else limit_s
-        # Both limits count from the send, not from the early preparation of a timed send.
-        deadline_s += max(0, due_ns - time.perf_counter_ns()) / NS
-        # Registered for the interrupt (which cancels it) from here to its end.
-        task = asyncio.current_task()
-        assert task is not None
-        self._active.add(task)
-        record = True
-        try:
-            async with asyncio.timeout(deadline_s):
-                await self._exchange(client, request, a)
-        except RequestWithdrawn:
-            self._reject(a)
-            return a
-        except asyncio.CancelledError:
-            if self.interrupted is None:
-                raise  # not the interrupt's: the run is being torn down
-            task.uncancel()  # the interrupt's cancellation ends here, with the request
-            # In flight once written or due (its connection opening); else never sent.
-            record = gate.gated or a.due_ns <= self._interrupt_ns
-            if record:
-                self.cancelled_in_flight += 1
-                a.status = "cancelled"
-                a.error = f"interrupted by {self.interrupted} ({_phase(a, gate)})"
-        except TimeoutError:
-            cancelled = cancel_s is not None and cancel_s <= limit_s
-            a.status = "cancelled" if cancelled else "timeout"
-            a.error = (
-                f"cancelled by policy after {cancel_s:.3f} s"
-                if cancelled
-                else f"no complete response within {limit_s:.3f} s ({_phase(a, gate)})"
-            )
-        except httpx.TimeoutException as exc:  # a transport's backstop: a timeout all the same
-            a.status = "timeout"
-            a.error = f"{type(exc).__name__}: {exc} ({_phase(a, gate)})"
-        except httpx.HTTPError as exc:
-            a.status = "error"
-            a.error = f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # a failed request is data, never a crash
-            a.status = "error"
-            a.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._active.discard(task)
-            if record and (a.status != "rejected" or a.http_status is not None):
-                self._settle(a, gate, block)
-        return a if record else None
-
-    async def _session(
-        self, client, row: dict[str, Any], due_ns: int, block: Arrivals | None = None
-    ) -> None:
-        """Send ``row``; when it starts a session, then each later turn in order, each due its
-        think time after the previous turn ended, carrying the conversation so far
-        (:mod:`capacity_pack.measure.sessions`). A turn that does not end ``ok`` or an interrupt
-        ends the session: the rest are listed as never sent."""
-        later = self._sessions.take(row)
-        a = await self._send(client, row, due_ns, block, capture=bool(later))
-        if not later:
-            return
-        contents = [self._builder.prompt(row)]
-        for k, nxt in enumerate(later):
-            held = self._held_back()
-            if held is None and (a is None or a.status != "ok"):
-                status, error = (a.status, a.error) if a is not None else (None, None)
-                held = "session_ended", end_reason(status, error, int(nxt["turn"]) - 1)
-            if held is not None:
-                self._sessions.skip(later[k:], *held)
-                return
-            assert a is not None and self._client is not None
-            contents += [answer_text(a.text), self._user_message(nxt)]
-            request = self._builder.session_request(self._client, nxt, contents)
-            due = a.end_ns + int(nxt["think_ns"])
-            timed = self.s.mode != "closed"
-            if timed:
-                nxt = {**nxt, "scheduled_offset_ns": due - self.t0_ns}
-            # A timed send is handed to the dispatcher a lead early (as the arrivals are).
-            wait_ns = due - (self._lead_ns if timed else 0) - time.perf_counter_ns()
-            if wait_ns > 0:
-                await asyncio.sleep(wait_ns / NS)
-            if (held := self._held_back()) is not None:
-                self._sessions.skip(later[k:], *held)
-                return
-            a = await self._send(
-                client, nxt, due if timed else 0, request=request, capture=k + 1 < len(later)
-            )
-
-    def _held_back(self) -> tuple[str, str] | None:
-        """Why no further turn may be sent now (an interrupt), or None. An early stop of the
-        arrivals starts no new session, but the sessions under way go on to their last turn,
-        as their users would."""
-        if self.interrupted is not None:
-            return "interrupted", f"interrupted by {self.interrupted}"
-        return None
-
-    def _user_message(self, row: dict[str, Any]) -> str:
-        return self._builder.user_message(row)
-
-    async def _exchange(self, client, request: httpx.Request, a: Attempt) -> None:
-        """Send the request, read its response into ``a``."""
-        resp = await client.send(request, stream=True)
-        try:
-            a.http_status = resp.status_code
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode("utf-8", "replace")
-                a.status = "rejected" if resp.status_code in (429, 503) else "error"
-                a.error = f"HTTP {resp.status_code}: {_error_message(text)}"
-            else:
-                await self._consume(resp, a)
-        finally:
-            await resp.aclose()
-            unbind(resp)
-
-    def _settle(self, a: Attempt, gate: _Gate, block: Arrivals | None) -> None:
-        """The request ended (any way but the ceiling's refusal): stamp, count, record it."""
-        st = self.state
-        a.end_ns = time.perf_counter_ns()
-        a.end_realtime_ns = time.time_ns()
-        with self._lock:
-            if gate.sent:
-                st.in_flight -= 1
-            else:
-                st.sent += 1  # attempted, never written (no connection, cancelled)
-                st.sent_measured += a.phase in MEASURED_PHASES
-                if block is not None and not gate.gated:
-                    block.decided += 1
-        self._finish(a)
-
-    def _reject(self, a: Attempt) -> None:
-        """The client's in-flight ceiling refused the request at its send time."""
-        a.status = "rejected"
-        a.error = f"client in-flight ceiling {self.s.max_in_flight} reached"
-        a.end_ns, a.end_realtime_ns = a.sent_ns, a.sent_realtime_ns
-        self._finish(a)
-
-    async def _consume(self, resp, a: Attempt) -> None:
-        reader = SSEReader(chat=self.s.endpoint == "chat_completions")
-        st = self.state
-        body = resp.extensions.get(BODY_EXTENSION)
-        if body is not None and resp.headers.get("content-encoding", "identity") == "identity":
-            # Our transport: each read is parsed in the connection's read callback, stamped
-            # with its kernel receive time.
-            def sink(now_ns: int, data: bytes) -> bool:
-                st.streamed_tokens += reader.feed(data, now_ns, a)
-                return reader.ended
-
-            await body.feed(sink)
-            if not reader.ended:
-                st.streamed_tokens += reader.close(time.perf_counter_ns(), a)
-        else:
-            chunks = resp.aiter_bytes()
-            async for data in chunks:
-                st.streamed_tokens += reader.feed(data, time.perf_counter_ns(), a)
-                if reader.ended:
-                    break
-            else:
-                st.streamed_tokens += reader.close(time.perf_counter_ns(), a)
-            if reader.done:
-                # Read the body's end (it follows [DONE] at once): httpcore keeps only a
-                # connection whose response was read to the end, else every request reconnects.
-                with contextlib.suppress(httpx.HTTPError, TimeoutError):
-                    async with asyncio.timeout(DRAIN_GRACE_S):
-                        async for _ in chunks:
-                            pass
-        if reader.failed:
-            return
-        if reader.done and body is not None:
-            # The response is over for us; its last bytes may trail: reuse the connection if
-            # they arrive, instead of closing it (a new connection per request costs both sides).
-            body.reuse_when_complete = True
-        got = sum(a.chunk_tokens)
-        if not reader.done:
-            a.status, a.error = "error", f"stream ended without [DONE] after {got} tokens"
-        elif a.completion_tokens is not None and a.completion_tokens != got:
-            a.status = "error"
-            a.error = f"usage reports {a.completion_tokens} completion tokens, stream carried {got}"
-        elif got != a.output_tokens_expected:
-            a.status = "error"
-            a.error = f"output_tokens {got} != the scheduled {a.output_tokens_expected}"
-        else:
-            a.status = "ok"
-
-    def _finish(self, a: Attempt) -> None:
-        st = self.state
-        if a.due_ns:
-            self.lateness_ns.append(a.sent_ns - a.due_ns)
-        st.finished += 1
-        if a.status != "ok":
-            st.failed += 1
-        if a.phase in MEASURED_PHASES:
-            st.terminal_by_class[a.klass] = st.terminal_by_class.get(a.klass, 0) + 1
-            if a.status == "ok":
-                st.ok_by_class[a.klass] = st.ok_by_class.get(a.klass, 0) + 1
-            if self._decider is not None:
-                self._decider.record(a)
-        self.writer.write(a.to_json(self.t0_ns, self.t0_realtime_ns))
-
-    # -- load modes ------------------------------------------------------------------------
-
-    async def _open_loop(self, client, rows: list[dict[str, Any]], base_ns: int) -> None:
-        """Send ``rows`` at base_ns + scheduled offset, and the blocks :meth:`_control` appends
-        while they run; returns when every request started has terminated."""
-        loop = asyncio.get_running_loop()
-        tasks: set[asyncio.Task] = set()
-        rows = self._sessions.split(rows)  # later turns of sessions follow their predecessor
-        due = [base_ns + int(r["scheduled_offset_ns"]) for r in rows]
-        stream = self._stream = Arrivals(rows, due, loop.create_future())
-        stream.closed = self.s.extension_block is None
-
-        def start(i: int) -> None:
-            if self.interrupted is not None or stream.stopped:
-                return  # handed over just before the interrupt or the stop: never sent
-            task = loop.create_task(self._session(client, stream.rows[i], stream.due[i], stream))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            stream.started = i + 1
-            if stream.started == len(stream.due) and not stream.pending:
-                stream.close()  # no block was appended before the last arrival: they end here
-
-        dispatcher = self._dispatcher
-        assert dispatcher is not None
-        feeder = controller = None
-        if self._lead_ns:
-            # Timed sends: the loop starts each request a lead early (its own timers, to the
-            # millisecond, are enough for that); the thread writes it at its due time.
-            dispatcher.expect(list(due))
-            feeder = loop.create_task(feed(stream, start, self._lead_ns))
-        else:
-            dispatcher.arrivals(list(due), start)
-        if self._decider is not None or not stream.closed:
-            controller = loop.create_task(self._control(stream))
-        assert self._halt is not None
-        halted = loop.create_task(self._halt.wait())
-        try:
-            if rows:
-                await asyncio.wait({stream.done, halted}, return_when=asyncio.FIRST_COMPLETED)
-            while tasks:
-                await asyncio.wait(set(tasks))
-        finally:
-            for task in (halted, feeder, controller):
-                if task is not None:
-                    task.cancel()
-            if self._appended:
-                self.schedule = pd.concat([self.schedule, *self._appended], ignore_index=True)
-                self._appended = []
-            dispatcher.arrivals([], None)
-            dispatcher.expect([])
-
-    # -- in-run decisions and extension blocks ------------------------------------------------
-
-    async def _control(self, stream: Arrivals) -> None:
-        """The looks: stop the arrivals once the point's outcome is certain; near the end of
-        the queued arrivals, append the next block while the point needs more."""
-        decider = self._decider
-        period = decider.settings.look_interval_s if decider is not None else LOOK_INTERVAL_S
-        while not stream.done.done():
-            outcome = "undecided"
-            if decider is not None:
-                outcome = decider.look(time.perf_counter_ns() - self.t0_ns)
-            if outcome != "undecided":
-                self._stop_arrivals(stream)
-                return
-            if self._ahead is not None:
-                self._ahead.refill(time.perf_counter_ns() - self.t0_ns)
-            # Blocks shorter than the lead: as many as it takes to cover it again.
-            while not stream.closed and self.interrupted is None:
-                if stream.due[-1] - time.perf_counter_ns() >= extension_lead_ns(stream.span_ns):
-                    break
-                short = [] if decider is not None else self._short_classes(projected=True)
-                if not wants_extension(decider, outcome, short):
-                    break
-                await self._append_block(stream)
-            await asyncio.sleep(period)
-
-    def _stop_arrivals(self, stream: Arrivals) -> None:
-        """No more arrivals (requests already started go on and are recorded)."""
-        stream.stop()
-        self.stopped_early = True
-        assert self._dispatcher is not None
-        self._dispatcher.arrivals([], None)
-        self._dispatcher.expect([])
-
-    async def _append_block(self, stream: Arrivals) -> None:
-        """The next block (built ahead of its arrivals) appended to the running arrivals."""
-        k = self.blocks_sent + 1
-        block: Block | None = None
-        stream.pending = True
-        try:
-            if self._ahead is not None:
-                block = await self._ahead.next()
-            else:  # no maximum duration: no end to build ahead to; a worker thread builds it
-                block = await asyncio.to_thread(
-                    build_block, self.s.extension_block, k, None, self._request
-                )
-        finally:
-            stream.pending = False
-        if stream.stopped or self.interrupted is not None:
-            return
-        if block is not None:
-            self.blocks_sent = k
-            self._appended.append(block.frame)
-            self._appended_measured += len(block.rows)
-            if block.rows and self._span_s is not None:
-                last = max(int(r["scheduled_offset_ns"]) for r in block.rows) / NS
-                self._span_s = max(self._span_s, last)
-            self.cut_at_max_duration += block.cut
-        if block is None or not block.rows:
-            stream.close()  # no block left within the maximum duration
-            return
-        for r in block.rows:
-            self._scheduled[r["class"]] = self._scheduled.get(r["class"], 0) + 1
-        self._requests.update(block.requests)
-        arrivals = self._sessions.split(block.rows)
-        # The block continues the seeded process on the run's own clock: no rebase.
-        due = [self.t0_ns + int(r["scheduled_offset_ns"]) for r in arrivals]
-        assert self._dispatcher is not None
-        if self._lead_ns:
-            self._dispatcher.expect_more(due)
-        else:
-            self._dispatcher.more_arrivals(due)
-        stream.append(arrivals, due)
-
-    async def _closed_loop(self, client, rows: list[dict[str, Any]]) -> None:
-        it = iter(self._sessions.split(rows))  # a worker runs a session's turns in turn
-
-        async def worker() -> None:
-            for row in it:
-                if self.interrupted is not None:
-                    return
-                await self._session(client, row, 0)
-
-        n = self.s.concurrency or 1
-        await asyncio.gather(*(worker() for _ in range(n)))
-
-    # -- watchers ---------------------------------------------------------------------------
-
-    def due_unsent(self, now_ns: int) -> int:
-        """Arrivals due by ``now_ns`` and not yet sent (the client's backlog)."""
-        stream = self._stream
-        if stream is None:
-            return 0
-        due = bisect.bisect_right(stream.due, now_ns, hi=stream.sendable())
-        return max(0, due - stream.decided)
-
-    def _short_classes(self, projected: bool) -> list[str]:
-        """Classes under the sample gate (now, or projected to the schedule's end)."""
-        gate, st = self.s.min_successful_per_class, self.state
-        if projected:
-            return projected_short(self._scheduled, st.ok_by_class, st.terminal_by_class, gate)
-        if gate is None:
-            return []
-        return [k for k in self._scheduled if st.ok_by_class.get(k, 0) < gate]
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -831,29 +366,6 @@ class Run:
             watchers += [asyncio.create_task(c) for c in self.s.side_tasks(self, stop)]
         return watchers
 
-    async def _extend_closed(self, client) -> None:
-        """Closed loop: extension blocks, each after the previous one ended, while a class is
-        under its sample gate and time remains."""
-        make = self.s.extension_block
-        if make is None:
-            return
-        limit_ns = None
-        if self.s.maximum_duration_s is not None:
-            limit_ns = self.t0_ns + int(self.s.maximum_duration_s * NS)
-        while self.interrupted is None and self._short_classes(projected=False):
-            if limit_ns is not None and time.perf_counter_ns() >= limit_ns:
-                return
-            rows = make(self.blocks_sent + 1)
-            if rows is None or not len(rows):
-                return
-            self.blocks_sent += 1
-            self.schedule = pd.concat([self.schedule, rows], ignore_index=True)
-            for klass, n in rows["class"].value_counts().items():
-                self._scheduled[str(klass)] = self._scheduled.get(str(klass), 0) + int(n)
-            records = rows.to_dict("records")
-            self._prepare(records)
-            await self._closed_loop(client, records)
-
     @property
     def decider(self) -> Decider | None:
         """The in-run decision's counts (open-loop rate points), or None."""
@@ -936,25 +448,6 @@ class _NoCookies(http.cookiejar.CookieJar):
 
     def set_cookie(self, cookie: Any) -> None:
         return None
-
-
-def _phase(a: Attempt, gate: _Gate) -> str:
-    """Where a request was when it ended early, for its error text."""
-    if a.http_status is not None:
-        return f"reading the body, {sum(a.chunk_tokens)} tokens received"
-    if gate.sent:
-        return "no response head yet"
-    return "connecting, request not written"
-
-
-def _error_message(text: str) -> str:
-    try:
-        err = json.loads(text).get("error")
-        if isinstance(err, dict):
-            return str(err.get("message", err))[:500]
-        return str(err)[:500]
-    except (ValueError, AttributeError):
-        return text[:500]
 
 
 def run_point(

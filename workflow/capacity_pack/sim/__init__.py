@@ -13,10 +13,18 @@ Modules:
 - :mod:`~capacity_pack.sim.kv`: the KV block pool and prefix cache;
 - :mod:`~capacity_pack.sim.scheduler`: the vLLM-V1-like scheduler;
 - :mod:`~capacity_pack.sim.virtual`: virtual-time runs for calibration and tests;
-- :mod:`~capacity_pack.sim.engine`: the wall-clock step loop, faults, metrics, ground truth;
-- :mod:`~capacity_pack.sim.server`: the HTTP API; :mod:`~capacity_pack.sim.control`: who may
-  steer it (control token, ``Host`` check); :mod:`~capacity_pack.sim.cluster`: replicas
-  behind a router; :mod:`~capacity_pack.sim.metrics`: Prometheus text format;
+- :mod:`~capacity_pack.sim.engine`: the wall-clock step loop and faults, on
+  :mod:`~capacity_pack.sim.pacing` (clock, deadline timer), reporting through
+  :mod:`~capacity_pack.sim.engine_report` (metrics, ground truth);
+- :mod:`~capacity_pack.sim.server`: the HTTP API (request bodies:
+  :mod:`~capacity_pack.sim.request_params`; streams: :mod:`~capacity_pack.sim.streaming`; errors:
+  :mod:`~capacity_pack.sim.wire`; uvicorn: :mod:`~capacity_pack.sim.serving`);
+  :mod:`~capacity_pack.sim.control`: who may steer it (control token, ``Host`` check);
+- :mod:`~capacity_pack.sim.cluster`: replicas behind a router (what it knows of them:
+  :mod:`~capacity_pack.sim.replicas`; their processes: :mod:`~capacity_pack.sim.supervisor`;
+  routing: :mod:`~capacity_pack.sim.routing`; relaying: :mod:`~capacity_pack.sim.relay`);
+  :mod:`~capacity_pack.sim.fleet`: the same in virtual time; :mod:`~capacity_pack.sim.metrics`:
+  Prometheus text format;
 - :mod:`~capacity_pack.sim.cli`: ``capacity-pack sim serve | cluster | profiles``.
 """
 

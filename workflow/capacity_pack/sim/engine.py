@@ -4,10 +4,11 @@ Timing. Step ``k`` starts at ``S_k`` and its tokens are due at the absolute dead
 ``D_k = S_k + step_time_k`` (CLOCK_MONOTONIC). The next step starts at ``S_{k+1} = D_k`` while
 there is work, or at the arrival that ends an idle spell, so sleeping never accumulates drift:
 a late wake-up shortens the next sleep instead of delaying every later token. The loop wakes
-through :class:`DeadlineTimer`, a thread that sleeps on a condition variable (tens of
-microseconds of precision; the event loop's own timers round up to whole milliseconds) and hands
-the wake-up to the loop. ``lateness = wake - D_k`` goes into ``sim:step_lateness_seconds``: an
-overloaded simulator shows there instead of silently stretching every latency.
+through :class:`~capacity_pack.sim.pacing.DeadlineTimer`, a thread that sleeps on a condition
+variable (tens of microseconds of precision; the event loop's own timers round up to whole
+milliseconds) and hands the wake-up to the loop. ``lateness = wake - D_k`` goes into
+``sim:step_lateness_seconds``: an overloaded simulator shows there instead of silently
+stretching every latency.
 
 Tokens are stamped with the real wake time, so the ground-truth log records what the server did,
 lateness included. Per request the log holds (one JSON object per line, appended as each request
@@ -25,39 +26,49 @@ Faults (:class:`Faults`, settable from the command line and ``POST /sim/faults``
   seeded, uniformly drawn number of tokens in ``[1, max_tokens - 1]``, without ``[DONE]``;
 - ``kv_capacity_fraction``: only that share of the KV blocks may be in use (preemptions follow);
 - a hard kill (``POST /sim/kill``, ``--kill-after-s``): SIGKILL to the process itself.
+
+Module map: :mod:`capacity_pack.sim.pacing` holds the clock, the deadline timer and the GC
+settings of a serving process; :mod:`capacity_pack.sim.engine_report` the ground-truth log and
+the ``/metrics`` families (:class:`~capacity_pack.sim.engine_report.EngineMetrics`, a base of
+:class:`Engine`); this module the engine itself, its faults and its admission checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import json
 import logging
 import math
 import os
 import random
 import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.sim import metrics as m
+from capacity_pack.sim.engine_report import (
+    EngineMetrics,
+    GroundTruthLog,
+    RequestContext,
+    ground_truth_record,
+)
+from capacity_pack.sim.pacing import (
+    CLOCK_OFFSET_NS,
+    GC_SAFETY_THRESHOLD,
+    SWITCH_INTERVAL_S,
+    DeadlineTimer,
+    collect_young,
+    epoch_ns,
+    mono_ns,
+)
 from capacity_pack.sim.profile import Profile
 from capacity_pack.sim.scheduler import FINISHED, RUNNING, Scheduler, SimRequest, Step
 
 log = logging.getLogger("capacity_pack.sim")
 
-mono_ns = time.monotonic_ns
-CLOCK_OFFSET_NS = time.time_ns() - time.monotonic_ns()
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-def epoch_ns(mono: int | None) -> int | None:
-    return None if mono is None else mono + CLOCK_OFFSET_NS
 
 
 class Faults(BaseModel):
@@ -89,134 +100,7 @@ class Rejected(Exception):
         self.message = message
 
 
-# GIL switch interval for a process serving the live loop: the timer thread must get the GIL
-# promptly at a deadline while the loop thread runs request handlers (the default 5 ms would show
-# up as step lateness whenever a step's handlers are still busy at its deadline).
-SWITCH_INTERVAL_S = 0.0002
-
-
-# Objects allocated (net) before the live loop collects the young generations itself; CPython's
-# own first threshold.
-GC_YOUNG_THRESHOLD = 700
-# The automatic collector's first threshold while the live loop collects: a safety net for an
-# idle server (no steps) that still answers scrapes and health checks.
-GC_SAFETY_THRESHOLD = 100_000
-
-
-def collect_young(threshold: int = GC_YOUNG_THRESHOLD) -> None:
-    """Run the collection CPython's automatic policy would run once ``threshold`` net
-    allocations are pending: generation 0, generation 1 every 10th time, 2 every 100th."""
-    c0, c1, c2 = gc.get_count()
-    if c0 >= threshold:
-        gc.collect(2 if c1 >= 10 and c2 >= 10 else 1 if c1 >= 10 else 0)
-
-
-class DeadlineTimer:
-    """Wakes an asyncio loop at absolute CLOCK_MONOTONIC deadlines with sub-millisecond error
-    (a thread, so the process should run with :data:`SWITCH_INTERVAL_S`)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._cond = threading.Condition()
-        self._deadline_ns: int | None = None
-        self._future: asyncio.Future[None] | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="sim-deadline-timer", daemon=True)
-        self._thread.start()
-
-    async def wait_until(self, deadline_ns: int) -> None:
-        if deadline_ns <= mono_ns():
-            # Past due: still yield once, so request handlers run between back-to-back steps.
-            await asyncio.sleep(0)
-            return
-        fut = self._loop.create_future()
-        with self._cond:
-            self._deadline_ns = deadline_ns
-            self._future = fut
-            self._cond.notify()
-        await fut
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _run(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while self._deadline_ns is None and not self._closed:
-                    cond.wait()
-                if self._closed:
-                    return
-                remaining = self._deadline_ns - mono_ns()
-                if remaining > 0:
-                    # Re-checked after waking: a new deadline may have replaced this one.
-                    cond.wait(remaining / 1e9)
-                    continue
-                fut = self._future
-                self._deadline_ns = None
-                self._future = None
-            try:
-                self._loop.call_soon_threadsafe(_resolve, fut)
-            except RuntimeError:
-                return  # the loop is closed: the server is shutting down
-
-
-def _resolve(fut: asyncio.Future[None] | None) -> None:
-    if fut is not None and not fut.done():
-        fut.set_result(None)
-
-
-class RequestContext:
-    """Server-side facts about one request, kept beside the engine state for the log."""
-
-    __slots__ = (
-        "client_request_id",
-        "endpoint",
-        "stream",
-        "status",
-        "error",
-        "disconnect_after",
-        "disconnected",
-        "first_sent_ns",
-        "last_sent_ns",
-        "logged",
-    )
-
-    def __init__(self, client_request_id: str, endpoint: str, stream: bool) -> None:
-        self.client_request_id = client_request_id
-        self.endpoint = endpoint
-        self.stream = stream
-        self.status = 200
-        self.error: str | None = None
-        self.disconnect_after: int | None = None
-        self.disconnected = False
-        self.first_sent_ns: int | None = None
-        self.last_sent_ns: int | None = None
-        self.logged = False
-
-
-class GroundTruthLog:
-    """Append-only JSONL; one ``write`` per record, so replicas can share one file."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._fd is not None:
-            line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
-            os.write(self._fd, line.encode("utf-8"))
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-class Engine:
+class Engine(EngineMetrics):
     """One simulated replica: scheduler, wall-clock step loop, metrics, faults, ground truth."""
 
     def __init__(
@@ -432,33 +316,7 @@ class Engine:
         if self.ground_truth is None or ctx.logged:
             return
         ctx.logged = True
-        rec: dict[str, Any] = {
-            "request_id": ctx.client_request_id,
-            "replica": self.replica,
-            "endpoint": ctx.endpoint,
-            "stream": ctx.stream,
-            "status": ctx.status,
-            "error": ctx.error,
-            "arrival_ns": epoch_ns(arrival_ns),
-            "clock_offset_ns": CLOCK_OFFSET_NS,
-        }
-        if req is not None:
-            rec.update(
-                scheduled_ns=epoch_ns(req.scheduled_ns),
-                first_token_ns=epoch_ns(req.first_token_ns),
-                last_token_ns=epoch_ns(req.last_token_ns),
-                finished_ns=epoch_ns(req.finished_ns),
-                first_token_sent_ns=epoch_ns(ctx.first_sent_ns),
-                last_token_sent_ns=epoch_ns(ctx.last_sent_ns),
-                prompt_tokens=req.num_prompt,
-                completion_tokens=req.num_output,
-                max_tokens=req.max_tokens,
-                cached_tokens=req.num_cached_tokens,
-                preemptions=req.num_preemptions,
-                finish_reason=req.finish_reason,
-                disconnected=ctx.disconnected,
-            )
-        self.ground_truth.write(rec)
+        self.ground_truth.write(ground_truth_record(req, ctx, arrival_ns, self.replica))
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -599,189 +457,6 @@ class Engine:
             "faults": self.faults.model_dump(),
         }
 
-    def metrics_text(self) -> str:
-        """The ``/metrics`` exposition (:meth:`metrics_exposition`) as text."""
-        return self.metrics_exposition().text()
-
-    def metrics_exposition(self) -> m.Exposition:
-        """The ``/metrics`` families: vLLM's under vLLM's names, help texts and labels
-        (``model_name``, ``engine``), then the simulator's own ``sim:`` families."""
-        base = [("model_name", self.model_name), ("engine", str(self.engine_index))]
-        x = m.Exposition()
-        self._vllm_counts(x, base)
-        self._vllm_histograms(x, base)
-        self._vllm_cache_config(x)
-        self._sim_families(x, base)
-        return x
-
-    def _vllm_counts(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
-        """vLLM's scheduler gauges and its token, preemption and request counters."""
-        sched, pool = self.sched, self.sched.pool
-        x.gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            [(base, len(sched.running))],
-        )
-        x.gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            [(base, len(sched.waiting))],
-        )
-        x.gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            [(base, pool.usage)],
-        )
-        x.counter(
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            [(base, sched.prefix_queries_tokens)],
-        )
-        x.counter(
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            [(base, sched.prefix_hits_tokens)],
-        )
-        x.counter(
-            "vllm:num_preemptions_total",
-            "Cumulative number of preemption from the engine.",
-            [(base, sched.num_preemptions)],
-        )
-        x.counter(
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            [(base, sched.prompt_tokens)],
-        )
-        x.counter(
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            [(base, sched.generation_tokens)],
-        )
-        x.counter(
-            "vllm:request_success_total",
-            "Count of successfully processed requests.",
-            [([*base, ("finished_reason", r)], n) for r, n in self.success.items()],
-        )
-
-    def _vllm_histograms(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
-        """vLLM's per-request and per-step histograms."""
-        x.histogram(
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            [(base, self.prompt_hist)],
-        )
-        x.histogram(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            [(base, self.generation_hist)],
-        )
-        x.histogram(
-            "vllm:iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            [(base, self.iteration_tokens)],
-        )
-        x.histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            [(base, self.ttft)],
-        )
-        x.histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            [(base, self.itl)],
-        )
-        x.histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            [(base, self.e2e)],
-        )
-        x.histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            [(base, self.queue_time)],
-        )
-        x.histogram(
-            "vllm:request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.",
-            [(base, self.inference_time)],
-        )
-
-    def _vllm_cache_config(self, x: m.Exposition) -> None:
-        """vLLM's ``cache_config_info``: the cache settings as labels of a constant 1."""
-        pool = self.sched.pool
-        x.gauge(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            [
-                (
-                    [
-                        ("block_size", str(pool.block_size)),
-                        ("enable_prefix_caching", str(pool.enable_caching)),
-                        ("engine", str(self.engine_index)),
-                        ("gpu_memory_utilization", str(self.profile.engine.gpu_memory_utilization)),
-                        ("num_gpu_blocks", str(pool.num_blocks)),
-                    ],
-                    1.0,
-                )
-            ],
-        )
-
-    def _sim_families(self, x: m.Exposition, base: list[tuple[str, str]]) -> None:
-        """The simulator's own families: step timing, KV blocks, rejections, faults, resets."""
-        pool = self.sched.pool
-        x.histogram(
-            "sim:step_lateness_seconds",
-            "Wake-up time of the engine loop minus the step's deadline.",
-            [(base, self.lateness)],
-        )
-        x.histogram(
-            "sim:step_duration_seconds",
-            "Modelled duration of each engine step.",
-            [(base, self.step_time)],
-        )
-        x.gauge(
-            "sim:kv_blocks_usable",
-            "KV blocks that may be in use at once (reduced by the KV fault).",
-            [(base, pool.capacity)],
-        )
-        x.gauge("sim:kv_blocks_total", "KV blocks of the profile.", [(base, pool.num_blocks)])
-        x.gauge(
-            "sim:kv_blocks_cached",
-            "KV blocks holding a reusable prefix-cache hash.",
-            [(base, pool.num_cached_blocks)],
-        )
-        x.counter(
-            "sim:prefix_cache_evictions_total",
-            "Cached KV blocks evicted from the free queue to make room.",
-            [(base, pool.evictions)],
-        )
-        x.counter(
-            "sim:requests_rejected_total",
-            "Requests refused before queueing, by reason.",
-            [([*base, ("reason", r)], n) for r, n in sorted(self.rejected.items())],
-        )
-        x.counter(
-            "sim:requests_failed_total",
-            "Queued requests failed because they can no longer fit in the KV cache.",
-            [(base, self.requests_failed)],
-        )
-        x.counter(
-            "sim:faults_injected_total",
-            "Injected faults, by kind.",
-            [([*base, ("kind", k)], n) for k, n in self.faults_injected.items()],
-        )
-        x.counter(
-            "sim:stall_seconds_total",
-            "Seconds the engine loop spent stalled by the stall fault.",
-            [(base, self.stall_s_total)],
-        )
-        x.counter(
-            "sim:prefix_cache_resets_total",
-            "POST /reset_prefix_cache calls, by result (refused while blocks are in use).",
-            [([*base, ("result", r)], n) for r, n in self.resets.items()],
-        )
-        x.counter("sim:steps_total", "Engine steps executed.", [(base, self.steps)])
-
 
 _ERROR_TYPES = {
     429: "RateLimitError",
@@ -800,12 +475,15 @@ def _geometric(rng: random.Random, mean: float) -> int:
     return 1 + int(math.log1p(-u) / math.log1p(-1.0 / mean))
 
 
+# What moved to pacing and engine_report stays importable from here, as the engine's API.
 __all__ = [
     "CLOCK_OFFSET_NS",
+    "GC_SAFETY_THRESHOLD",
+    "RUNNING",
+    "SWITCH_INTERVAL_S",
     "Engine",
     "Faults",
     "GroundTruthLog",
-    "RUNNING",
     "Rejected",
     "RequestContext",
     "epoch_ns",

@@ -28,7 +28,7 @@ takes seconds of CPU. The pieces are the live ones wherever they can be:
 - the client sends every request at its due time (no lateness, no network) and gives up at
   ``request_timeout_s`` (status ``timeout``); a streamed token reaches it when its step ends;
 - every ``scrape_interval_s`` the router's ``/metrics`` is taken as its samples: the live
-  router's own families (:func:`capacity_pack.sim.cluster.router_families`) and every replica in
+  router's own families (:func:`capacity_pack.sim.replicas.router_families`) and every replica in
   rotation's engine families, the samples a parse of the live text gives (the text round trip,
   most of a virtual drill's CPU, is skipped).
 
@@ -49,9 +49,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from capacity_pack.sim.cluster import RouterView, router_families
 from capacity_pack.sim.engine import Engine, Rejected
 from capacity_pack.sim.profile import Profile
+from capacity_pack.sim.replicas import RouterView, router_families
 from capacity_pack.sim.scheduler import SimRequest, Step
 
 NS = 1_000_000_000

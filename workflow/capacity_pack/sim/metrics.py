@@ -12,6 +12,25 @@ follows ``prometheus_client``'s conventions, which vLLM's ``/metrics`` shows:
   ``+Inf``).
 
 Bucket bounds are vLLM V1's (``vllm/v1/metrics/loggers.py``).
+
+The parser (:func:`parse`, for the router's merge of its replicas' scrapes and for the tests'
+reading of this output) is hand-written too, because prometheus_client's
+(``prometheus_client.parser.text_string_to_metric_families``, 0.26) cannot stand in for it
+without changing what it does:
+
+- it names a counter family without its ``_total`` and renames the samples of a counter declared
+  without the suffix (llama.cpp's ``# TYPE llamacpp:n_tokens_max counter`` sample would be
+  relayed as ``llamacpp:n_tokens_max_total``), where the router re-emits every family under the
+  name and type its replica declared (:meth:`Exposition.raw_family`);
+- it takes a sample with no ``# TYPE`` as an ``unknown`` family and folds a family declared twice
+  into one, both of which :func:`parse` refuses (the router then leaves that replica's scrape
+  out of the merge rather than relay it half-understood);
+- it checks no histogram: unsorted or decreasing buckets, a missing ``+Inf`` and ``+Inf`` away
+  from ``_count`` pass, which :func:`parse` refuses.
+
+(:mod:`capacity_pack.engines.exposition`, the project's reader of other engines' text, uses
+prometheus_client's parser, keeping only the sample lines and adding its own histogram checks;
+the simulator imports nothing of the project outside :mod:`capacity_pack.sim`.)
 """
 
 from __future__ import annotations
