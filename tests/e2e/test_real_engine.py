@@ -88,8 +88,8 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     """The shipped pack at the test tier's size (:data:`TEST_SIZE`), ``--cores 2``: a
     measurement of this loopback server takes both cores (nothing runs beside it) and the
     analysis jobs between points run two at a time."""
-    from capacity_pack.decide.capacity import meets_gates
-    from capacity_pack.decide.report import BRACKET_WORDS
+    from capacity_pack.decide.bracket import meets_gates
+    from capacity_pack.vocab.words import decision_sentence, rate_status_words
 
     pack = sized_pack(tmp_path)
     shipped = yaml.safe_load(PACK.read_text())
@@ -113,13 +113,17 @@ def test_the_shipped_pack_decides_against_llama_server(tmp_path):
     assert bracket["width_rps"] <= resolution + 1e-9, bracket
     assert cold["capacity_rps"] == bracket["pass_rps"]
     readme = (results / "pack" / "README.md").read_text()
-    # The passing end in the README's words: shown at the confidence ("passes") or, where a
-    # 44-request point's correlated outcomes leave the interval over the gate, met on the
-    # estimate (on a 2026-12-06 host: chat 25 of 27 within the SLO, design effect 2.1, 0.926
-    # [0.692, 0.997] at 80 %: "cannot decide at this sample size"). Both meet the gates.
+    # The decision sentence, then the passing end in the README's words: shown at the
+    # confidence ("is shown to pass") or, where a 44-request point's correlated outcomes leave
+    # the interval over the gate, met on the estimate (on a 2026-12-06 host: chat 25 of 27
+    # within the SLO, design effect 2.1, 0.926 [0.692, 0.997] at 80 %: "cannot decide at this
+    # sample size"). Both meet the gates.
     assert meets_gates(bracket["pass_status"]), bracket
-    words = BRACKET_WORDS[bracket["pass_status"]]
-    assert f"between {bracket['pass_rps']:g} RPS ({words}" in readme
+    sentence = decision_sentence(
+        "cold", bracket["pass_rps"], bracket["fail_rps"], bracket["reached"]
+    )
+    words = rate_status_words(bracket["pass_rps"], bracket["pass_status"])
+    assert f"**{sentence}.** {words}" in readme
     assert "No SLO-compliant capacity" not in readme
     # The passing rate passed on the whole sample the gate asks for, every class.
     passing = next(r for r in cold["rates"] if r["offered_rps"] == bracket["pass_rps"])

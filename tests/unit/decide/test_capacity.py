@@ -11,10 +11,10 @@ from capacity_pack.decide.capacity import (
     closed_loop_curve,
     decision_metrics,
     mix_p95_context,
-    pooled_attainment,
-    rate_status,
     select_open_loop,
 )
+from capacity_pack.decide.faults import measurement_faults, measurement_notes
+from capacity_pack.decide.pooled import pooled_attainment, rate_status
 from capacity_pack.decide.repeats import t_interval
 from capacity_pack.plan.manifest import load_pack, validate_pack
 from tests.conftest import with_fixed_lengths
@@ -153,8 +153,11 @@ def test_the_capacity_is_the_pooled_estimates_and_says_what_is_shown():
     rows = {r["offered_rps"]: r for r in sel["rates"]}
     assert [rows[r]["status"] for r in (30, 35, 37)] == ["pass", "marginal", "misses"]
     words = sel["decision"]
-    assert "35 RPS is the highest tested rate meeting every gate on the pooled evidence" in words
-    assert "(37 RPS) misses the attainment gate on the pooled estimate" in words
+    assert words.startswith(
+        "cold: SLO-compliant capacity [35, 37) RPS, taken as 35 RPS; 35 RPS is the highest "
+        "tested rate meeting every gate on the pooled evidence of its repeats ("
+    )
+    assert "; above it, 37 RPS misses the attainment gate on the pooled estimate: " in words
     assert "interactive 0.9400" in words and "cannot decide at this sample size" in words
     assert "fails" not in words
 
@@ -322,7 +325,7 @@ def test_effective_bandwidth_from_the_single_user_tpot():
 
 def test_attainment_plot_draws_a_zero_attainment_whose_interval_rounds_above_it(tmp_path):
     """A Wilson bound a hair above a 0.0 attainment (floating point) must not crash the plot."""
-    from capacity_pack.decide.report import plot_attainment
+    from capacity_pack.decide.plots import plot_attainment
 
     report = {
         "cache_state": "cold",
@@ -364,15 +367,24 @@ def test_the_capacity_is_a_bracket_with_the_search_resolution(search, resolution
     else:
         assert b["resolution_rps"] == pytest.approx(resolution)
     assert b["reached"] is reached
-    assert "[34, 36)" in b["note"]
+    assert b["note"] == "cold: SLO-compliant capacity [34, 36) RPS, taken as 34 RPS" + (
+        "; the bracket is wider than the search's resolution" if reached is False else ""
+    )
 
 
 def test_the_bracket_without_an_upper_or_a_lower_end():
     top = select_open_loop([report(20, 0, "pass")], CLASSES, 1, 1)["cold"]["bracket"]
     assert top["fail_rps"] is None and top["width_rps"] is None
-    assert "may be higher" in top["note"]
+    assert top["note"] == (
+        "cold: SLO-compliant capacity at least 20 RPS, taken as 20 RPS; the highest rate tested "
+        "meets every gate, so the true capacity may be higher"
+    )
     low = select_open_loop([report(20, 0, "fail")], CLASSES, 1, 1)["cold"]["bracket"]
-    assert low["pass_rps"] is None and low["fail_rps"] == 20 and "below 20 RPS" in low["note"]
+    assert low["pass_rps"] is None and low["fail_rps"] == 20
+    assert low["note"] == (
+        "cold: no SLO-compliant capacity, below 20 RPS (the lowest rate tested does not meet "
+        "every gate)"
+    )
 
 
 def test_each_repeat_lists_its_offered_and_achieved_rate():
@@ -479,8 +491,6 @@ def test_decision_metrics_carry_the_bracket_in_rps():
 
 
 def test_results_that_contradict_how_a_server_works_are_measurement_faults():
-    from capacity_pack.decide.capacity import measurement_faults, measurement_notes
-
     curve = [
         {"concurrency": 8, "request_throughput_rps": 20.0, "meets_latency_gates": True},
         {"concurrency": 32, "request_throughput_rps": 30.0, "meets_latency_gates": False},
@@ -518,8 +528,6 @@ def test_warm_under_cold_only_on_its_passing_end_is_a_note_not_a_fault():
     """The real-engine pack at --cores 2 decided cold [4, 5.3) and warm [3.1, 4.6): 3.1 is
     0.78 x 4, but warm's bracket reaches past 0.8 x 4 = 3.2 and overlaps cold's, so the
     evidence does not show warm under the floor: the search's resolution cannot tell."""
-    from capacity_pack.decide.capacity import measurement_faults, measurement_notes
-
     open_loop = {
         "cold": {"capacity_rps": 4.0, "bracket": {"pass_rps": 4.0, "fail_rps": 5.3}},
         "warm": {"capacity_rps": 3.1, "bracket": {"pass_rps": 3.1, "fail_rps": 4.6}},
@@ -527,7 +535,7 @@ def test_warm_under_cold_only_on_its_passing_end_is_a_note_not_a_fault():
     assert measurement_faults(open_loop, {}) == []
     [note] = measurement_notes(open_loop)
     assert note["kind"] == "warm-below-cold-unresolved"
-    assert "brackets (warm [3.1, 4.6), cold [4, 5.3))" in note["message"]
+    assert "brackets (warm [3.1, 4.6) RPS, cold [4, 5.3) RPS)" in note["message"]
     assert "cannot tell warm from cold" in note["message"]
     # Warm failing at 3.2 RPS (= 0.8 x 4), or no warm rate meeting the gates below it, is
     # shown under the floor.

@@ -13,22 +13,18 @@ import yaml
 from click.testing import CliRunner
 
 from capacity_pack.cli import COMPARE_DIFFERS_STATUS, main
-from capacity_pack.decide.compare import (
-    BEYOND,
-    NO_DIFFERENCE,
-    CompareError,
+from capacity_pack.decide.bracket import evidence_bracket, evidence_disjoint
+from capacity_pack.decide.compare import BEYOND, NO_DIFFERENCE, run_compare
+from capacity_pack.decide.compare_render import to_html
+from capacity_pack.decide.compare_sources import CompareError, load_folder
+from capacity_pack.decide.compare_stats import (
     LogSample,
-    brackets_disjoint,
     d2,
-    evidence_bracket,
     excludes_zero,
-    load_folder,
     log_ratio_test,
     log_sample,
     newcombe_interval,
     pooled_log_variance,
-    run_compare,
-    to_html,
 )
 
 CLASSES = ("interactive", "batch")
@@ -212,10 +208,10 @@ def test_search_brackets_apart_but_evidence_overlapping_is_within_variation():
     # inconclusive in the second run and nothing fails below 40 in either.
     a = {"low": 30.0, "high": 40.0}
     b = {"low": 25.0, "high": 40.0}
-    assert not brackets_disjoint(a, b)
-    assert brackets_disjoint(a, {"low": 10.0, "high": 20.0})
-    assert brackets_disjoint({"low": 0.0, "high": 10.0}, {"low": 10.0, "high": math.inf})
-    assert not brackets_disjoint(a, None)
+    assert not evidence_disjoint(a, b)
+    assert evidence_disjoint(a, {"low": 10.0, "high": 20.0})
+    assert evidence_disjoint({"low": 0.0, "high": 10.0}, {"low": 10.0, "high": math.inf})
+    assert not evidence_disjoint(a, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +231,15 @@ def test_two_runs_of_one_pack_show_no_difference(tmp_path):
     assert "B carries as much as A (cold: 20 RPS each)" in doc["summary"]
     assert not doc["beyond"] and doc["beyond_what"] == []
     assert text.splitlines()[2] == f"**{doc['summary']}**"  # the verdict on top
+    # Under it, each pack's decision in the console's and README's sentence.
+    assert doc["decisions"] == [
+        "A, cold: SLO-compliant capacity [20, 30) RPS, taken as 20 RPS",
+        "B, cold: SLO-compliant capacity [20, 30) RPS, taken as 20 RPS",
+    ]
+    assert text.splitlines()[4:6] == [f"- {line}" for line in doc["decisions"]]
+    # Both brackets of each pack in the bracket's words.
+    row = next(line for line in text.splitlines() if line.startswith("| cold | 20 | 20 |"))
+    assert "| [20, 30) RPS / [20, 30) RPS | [20, 30) RPS / [20, 30) RPS |" in row
     assert "manifests are identical" in text
     # Latency at the failing rate is shown, not tested.
     at30 = [r for r in doc["latency"] if r["offered_rps"] == 30.0]
@@ -365,6 +370,10 @@ def test_cli_writes_markdown_html_and_json(tmp_path):
     parser.feed(page.read_text())
     assert parser.verdict == doc["summary"] and BEYOND in parser.verdict
     assert parser.tables >= 5 and parser.external == []  # self-contained
+    # The pack page's shell: a viewport for narrow screens and the body in one <main>.
+    html = page.read_text()
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
+    assert html.count("<main>") == 1 and html.rstrip().endswith("</main>\n</body>\n</html>")
     # --exit-code: a difference beyond variation is its own status, not an error.
     res = CliRunner().invoke(main, ["compare", str(a), str(b), "--exit-code"])
     assert res.exit_code == COMPARE_DIFFERS_STATUS

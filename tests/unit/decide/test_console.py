@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from capacity_pack.decide.capacity import measurement_faults, measurement_notes
 from capacity_pack.decide.console import console_lines
+from capacity_pack.decide.faults import measurement_faults, measurement_notes
 
 
 def _sel(pass_rps: float, fail_rps: float) -> dict:
@@ -24,8 +24,8 @@ def test_the_console_lists_faults_and_the_checks_the_brackets_cannot_settle(tmp_
     }
     (tmp_path / "capacity.json").write_text(json.dumps(capacity))
     lines = console_lines(tmp_path)
-    assert lines[1] == "  decision, cold: 4 RPS, the boundary lies in [4, 5.3) RPS"
-    assert lines[2] == "  decision, warm: 3.1 RPS, the boundary lies in [3.1, 4.6) RPS"
+    assert lines[1] == "  decision, cold: SLO-compliant capacity [4, 5.3) RPS, taken as 4 RPS"
+    assert lines[2] == "  decision, warm: SLO-compliant capacity [3.1, 4.6) RPS, taken as 3.1 RPS"
     assert not any("MEASUREMENT FAULT" in line for line in lines)
     [note] = [line for line in lines if line.startswith("  note (warm-below-cold-unresolved)")]
     assert "cannot tell warm from cold" in note

@@ -21,10 +21,12 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from capacity_pack.decide.capacity import build_capacity, build_plan  # noqa: E402
-from capacity_pack.decide.html import METRICS, VERDICT_WORDS, load_pack, render_page  # noqa: E402
-from capacity_pack.decide.report import bracket_sentence, selected_point  # noqa: E402
+from capacity_pack.decide.glossary import METRICS  # noqa: E402
+from capacity_pack.decide.html import load_pack, render_page  # noqa: E402
+from capacity_pack.decide.report import bracket_evidence, selected_point  # noqa: E402
 from capacity_pack.plan.manifest import freeze  # noqa: E402
-from tests.unit.decide.test_report import _pack_and_reports  # noqa: E402
+from capacity_pack.vocab.words import STATUS_WORDS, decision_sentence  # noqa: E402
+from tests.unit.decide.test_report import pack_and_reports  # noqa: E402
 
 HOSTILE = "<script>alert(1)</script>"
 PLAN_SENTENCE = "Losing 1 of 4 replicas at the 60 RPS peak: PASS, recovered in 7.2 s"
@@ -77,7 +79,7 @@ def _png(path: Path) -> None:
 def folder(tmp_path_factory) -> Path:
     """A finished pack's folder, written from synthetic cold and warm reports."""
     root = tmp_path_factory.mktemp("pack")
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     warm = []
     for r in reports:
         w = copy.deepcopy(r)
@@ -125,9 +127,13 @@ def test_the_decision_comes_first_in_the_readmes_words(folder, page):
     assert parsed.order[0] == "decision" and parsed.order.count("img") == 3
     capacity = json.loads((folder / "capacity.json").read_text())
     decision = page[page.index('id="decision-sentence"') :].split("</div>", 1)[0]
-    # The README's sentence, as the README builds it (its Markdown bold become <strong>).
-    assert bracket_sentence(capacity["open_loop"]["cold"]) in decision
-    assert "<strong>SLO-compliant capacity (cold cache)" in decision
+    # The README's sentence, as the README builds it (its Markdown bold become <strong>): the
+    # decision sentence, then the evidence at the bracket's ends.
+    cold = capacity["open_loop"]["cold"]
+    b = cold["bracket"]
+    sentence = decision_sentence("cold", b["pass_rps"], b["fail_rps"], b["reached"])
+    assert sentence == "cold: SLO-compliant capacity [34, 36) RPS, taken as 34 RPS"
+    assert f"<strong>{sentence}.</strong> {bracket_evidence(cold)}." in decision
     sections = re.findall(r'<section id="([\w-]+)">', page)
     assert sections[:5] == ["decision", "bracket", "plan", "failure", "gates"]
     assert sections.index("evidence") < sections.index("cache") < sections.index("definitions")
@@ -168,7 +174,7 @@ def test_cold_and_warm_side_by_side_with_hit_rates(page):
 def test_every_verdict_word_and_every_linked_metric_is_defined(page):
     parsed = Page(page)
     definitions = parsed.section_text["definitions"]
-    for word in VERDICT_WORDS:
+    for word in STATUS_WORDS:
         assert re.search(rf"\b{word}\b", definitions), word
     linked = {h[1:] for h in parsed.hrefs if h.startswith("#def-")}
     assert linked and linked <= set(parsed.ids)

@@ -11,14 +11,14 @@ import matplotlib
 matplotlib.use("Agg")
 
 from capacity_pack.decide.capacity import build_capacity, build_plan  # noqa: E402
-from capacity_pack.decide.report import (  # noqa: E402
-    bracket_sentence,
+from capacity_pack.decide.plots import (  # noqa: E402
     figure_text,
     plot_throughput,
     plot_timeseries,
-    render_readme,
 )
+from capacity_pack.decide.report import bracket_evidence, render_readme  # noqa: E402
 from capacity_pack.plan.manifest import freeze, load_pack  # noqa: E402
+from capacity_pack.vocab.words import decision_sentence  # noqa: E402
 from tests.paths import DEFAULT  # noqa: E402
 from tests.unit.decide.test_capacity import CLASSES, report  # noqa: E402
 
@@ -31,7 +31,7 @@ def _fail_36(repeat: int) -> dict:
     return r
 
 
-def _pack_and_reports():
+def pack_and_reports():
     pack = load_pack(DEFAULT)
     classes = pack.class_names
     reports = []
@@ -49,18 +49,21 @@ def _pack_and_reports():
 
 
 def test_the_readme_states_the_capacity_as_a_bracket():
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     capacity = build_capacity(reports, pack)
     sel = capacity["open_loop"]["cold"]
     sel["bracket"].update(resolution_rps=2.0, reached=True)  # as with a sweep.search of 2 RPS
-    text = bracket_sentence(sel)
+    text = bracket_evidence(sel)
     # 36 RPS failed in repeat 0 and passed in repeat 1: inconsistent, and it says where.
-    assert text.startswith("between 34 RPS (passes) and 36 RPS (inconsistent: interactive TTFT "
-                           "(repeat 0))")  # fmt: skip
+    assert text.startswith("34 RPS is shown to pass; 36 RPS is inconsistent between its repeats: "
+                           "interactive TTFT (repeat 0)")  # fmt: skip
     assert "resolution 2 RPS reached" in text and "95 % confidence" in text
     frozen = freeze(pack)
     readme = render_readme(frozen, capacity, build_plan(capacity, reports, pack), None, [])
-    assert f"**SLO-compliant capacity (cold cache): {text}.**" in readme
+    sentence = decision_sentence("cold", 34, 36, True)
+    assert sentence == "cold: SLO-compliant capacity [34, 36) RPS, taken as 34 RPS"
+    # The decision sentence in bold, then the evidence at the bracket's ends.
+    assert f"**{sentence}.** {text}." in readme
     assert "RPS per GPU" in readme and "nominally" in readme
     # The rates table: nominal, offered (attempted / T) and achieved per repeat.
     assert "| nominal RPS | offered RPS | achieved RPS |" in readme
@@ -69,21 +72,28 @@ def test_the_readme_states_the_capacity_as_a_bracket():
 
 
 def test_the_bracket_sentence_without_a_search_or_an_upper_end():
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     # The default pack searches; this one measures its declared rates only.
     pack = pack.model_copy(update={"sweep": pack.sweep.model_copy(update={"search": None})})
     sel = build_capacity(reports, pack)["open_loop"]["cold"]
-    assert "no search resolution declared" in bracket_sentence(sel)
-    assert "the width, 2 RPS, is the tested grid's step" in bracket_sentence(sel)
-    top = build_capacity([r for r in reports if r["offered_rps"] < 36], pack)
-    text = bracket_sentence(top["open_loop"]["cold"])
-    assert text.startswith("at least 34 RPS") and "may be higher" in text
-    none = build_capacity([_fail_36(0)], pack)
-    assert bracket_sentence(none["open_loop"]["cold"]).startswith("below 36 RPS (fails: ")
+    assert "no search resolution declared" in bracket_evidence(sel)
+    assert "the width, 2 RPS, is the tested grid's step" in bracket_evidence(sel)
+    top = build_capacity([r for r in reports if r["offered_rps"] < 36], pack)["open_loop"]["cold"]
+    assert bracket_evidence(top).startswith("34 RPS is shown to pass; no search resolution")
+    assert top["bracket"]["note"] == (
+        "cold: SLO-compliant capacity at least 34 RPS, taken as 34 RPS; the highest rate tested "
+        "meets every gate, so the true capacity may be higher"
+    )
+    none = build_capacity([_fail_36(0)], pack)["open_loop"]["cold"]
+    assert bracket_evidence(none).startswith("36 RPS fails: ")
+    assert none["bracket"]["note"] == (
+        "cold: no SLO-compliant capacity, below 36 RPS (the lowest rate tested does not meet "
+        "every gate)"
+    )
 
 
 def test_the_readme_says_the_operating_point_status():
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     for c, tps in ((1, 100.0), (8, 900.0)):
         r = report(None, 0, "inconclusive", mode="closed", conc=c, attainment=1.0,
                    reasons=["interactive: 5 successful < 80"])  # fmt: skip
@@ -98,7 +108,7 @@ def test_the_readme_says_the_operating_point_status():
 
 
 def test_the_throughput_plot_draws_the_bracket(tmp_path, monkeypatch):
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     sel = build_capacity(reports, pack)["open_loop"]
     spans = []
     import matplotlib.axes
@@ -137,12 +147,12 @@ def _scrape(metrics, peak=2.0):
 
 def _drawn_timeseries(monkeypatch, *args):
     """Draw the time-series plot; return the figure it saved and the value it returned."""
-    import capacity_pack.decide.report as report_module
+    import capacity_pack.decide.plots as plots_module
 
     figures = []
-    save = report_module.save_figure
+    save = plots_module.save_figure
     monkeypatch.setattr(
-        report_module, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path)
+        plots_module, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path)
     )
     missing = plot_timeseries(*args)
     return figures[0], missing
@@ -228,7 +238,7 @@ def test_the_timeseries_plot_omits_a_signal_the_engine_does_not_expose(tmp_path,
 
 
 def test_the_readme_shows_the_warm_runs_were_warm():
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     warm = []
     for r in reports:
         w = json.loads(json.dumps(r))
@@ -245,7 +255,7 @@ def test_the_readme_shows_the_warm_runs_were_warm():
 
 
 def test_the_readme_defines_its_verdict_words_and_prices_in_the_packs_currency():
-    pack, reports = _pack_and_reports()
+    pack, reports = pack_and_reports()
     capacity = build_capacity(reports, pack)
     readme = render_readme(freeze(pack), capacity, build_plan(capacity, reports, pack), None, [])
     words = readme[readme.index("## Verdict words") :].split("\n## ")[0]
@@ -259,7 +269,7 @@ def test_the_readme_defines_its_verdict_words_and_prices_in_the_packs_currency()
 def test_the_closed_loop_plot_shows_ttft_and_tpot_against_their_cutoffs(tmp_path):
     from PIL import Image
 
-    from capacity_pack.decide.report import plot_closed_loop
+    from capacity_pack.decide.plots import plot_closed_loop
 
     def level(c: int, tps: float, ttft: float, tpot: float) -> dict:
         return {"concurrency": c, "output_throughput_tps": tps,
@@ -280,7 +290,7 @@ def test_the_latency_plot_of_a_one_class_pack(tmp_path):
     """One class: a TTFT panel over a TPOT panel (a 2 x 1 grid), each against its cutoff."""
     from PIL import Image
 
-    from capacity_pack.decide.report import plot_latency
+    from capacity_pack.decide.plots import plot_latency
 
     reports = [report(rate, 0, "pass") for rate in (10, 20)]
     for r in reports:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from capacity_pack.binomial import control_variate_interval
-from capacity_pack.decide.capacity import pooled_attainment, rate_evidence
+from capacity_pack.decide.pooled import pooled_attainment, rate_evidence
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.plan.schedule import Point, build_schedule
 from capacity_pack.sim.profile import load_profile

@@ -119,3 +119,15 @@ def test_validate_without_a_measured_bracket_trusts_nothing():
     v = validate({"cache_states": {"cold": {"pass_rps": 5.0, "fail_rps": 6.0}}}, {"open_loop": {}})
     assert v["trusted"] is False and v["states"] == []
     assert v["why"] == "no cache state has both a predicted and a measured bracket"
+
+
+def test_an_open_bracket_is_in_the_brackets_words():
+    """A bracket with one end reads as the console and the README read it (capacity_pack.vocab.
+    words.bracket_text): at least its passing end, or below its failing end."""
+    prediction = {"cache_states": {"cold": {"pass_rps": 64.0, "fail_rps": None}}}
+    capacity = {"open_loop": {"cold": state(None, 2.0)}}
+    (s,) = validate(prediction, capacity, 0.15)["states"]
+    assert s["sentence"] == "cold: the twin predicts 64 RPS (at least 64 RPS), measured below 2 RPS"
+    assert "| cold | 64 RPS (at least 64 RPS) | below 2 RPS |" in "\n".join(
+        readme_lines(validate(prediction, capacity, 0.15))
+    )

@@ -2,47 +2,33 @@
 
 Open-loop sweep, per cache state:
 
-- **a rate's evidence is its repeats pooled** (each repeat a different schedule seed): per
-  class k = sum of passing_c and n = sum of successful_c over the repeats that decide the
-  rate, the design effect of all their time blocks together
-  (:func:`capacity_pack.binomial.cluster_design_effect`: repeats that disagree widen it), and
-  the confidence sequence at the effective sample k / deff of n / deff
-  (:func:`pooled_attainment`), each class ``shown to pass``, ``shown to fail`` or ``cannot
-  decide at this sample size``. Its status (:func:`rate_status`, the first that holds):
-  ``inconclusive`` (no repeat is a server result), ``fail`` (a class shown to fail pooled, or
-  another gate failed in a repeat: the error rate, a growing queue, an optional gate),
-  ``misses`` (some class under the gate on the pooled estimate, not shown to fail),
-  ``inconclusive`` (an undecided queue trend, or a class under its sample gate pooled),
-  ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on the pooled
-  estimate, some not shown). A repeat that decides nothing is set aside when another repeat
-  of the rate decides (``set_aside_repeats`` and why; the search measures such a rate again,
-  ``capacity_pack.decide.search``): a client-bound one (dispatch lateness p99 over its bound:
-  the client, not the target, was measured), a disturbed one (other processes' CPU or the
-  simulated engine's step lateness beyond their bounds: the host was measured) or a
-  superseded one (decided in run under another attainment gate, undecided at the pack's).
-  Reports analyzed before pooling (no time blocks) keep the old rule: every repeat must
-  pass (``inconsistent`` when some do);
-- the SLO-compliant capacity is the highest tested rate that **meets every gate on its pooled
-  estimate** (``pass`` or ``marginal``: :func:`meets_gates`) with every lower tested rate
-  meeting them too (one meeting them above a rate that does not is reported as non-monotonic
-  and not selected); ``shown_to_pass_rps`` is the highest such rate shown to pass at the
-  confidence. The estimate decides, the interval says how sure (docs/metrics.md, "Capacity and
-  repeats", says why: a rate shown to pass in a few minutes of load lies under the boundary by
-  a band the sample size sets, not the target);
-- **the bracket**: ``pass_rps`` = that capacity (``capacity_rps`` keeps the same value),
-  ``fail_rps`` = the lowest tested rate above it (None when the highest rate tested meets the
-  gates: the true capacity may be higher), ``width_rps`` = fail_rps - pass_rps,
-  ``resolution_rps`` = the pack's ``sweep.search`` resolution (``resolution_rps``, or
-  ``resolution_rel`` x pass_rps; None without a search), ``reached`` = width_rps <=
-  resolution_rps, and ``confidence`` = the confidence of the attainment intervals. With no
+- **a rate's evidence is its repeats pooled** and its status one of ``pass``, ``marginal``,
+  ``misses``, ``fail``, ``inconclusive`` (``inconsistent`` for reports analyzed before pooling):
+  :mod:`capacity_pack.decide.pooled` defines both. A repeat that decides nothing is set aside
+  when another repeat of the rate decides (``set_aside_repeats`` and why; the search measures
+  such a rate again, ``capacity_pack.decide.search``): a client-bound one (dispatch lateness
+  p99 over its bound: the client, not the target, was measured), a disturbed one (other
+  processes' CPU or the simulated engine's step lateness beyond their bounds: the host was
+  measured) or a superseded one (decided in run under another attainment gate, undecided at
+  the pack's);
+- the SLO-compliant capacity is the passing end of the **capacity bracket**
+  (:func:`capacity_pack.decide.bracket.bracket`): the highest tested rate that **meets every
+  gate on its pooled estimate** (``pass`` or ``marginal``) with every lower tested rate meeting
+  them too (one meeting them above a rate that does not is reported as non-monotonic and not
+  selected); ``shown_to_pass_rps`` is the highest such rate shown to pass at the confidence.
+  The estimate decides, the interval says how sure (docs/metrics.md, "Capacity and repeats",
+  says why: a rate shown to pass in a few minutes of load lies under the boundary by a band
+  the sample size sets, not the target);
+- **the bracket** (:func:`capacity_bracket`): ``pass_rps`` = that capacity (``capacity_rps`` keeps
+  the same value), ``fail_rps`` = the lowest tested rate above it (None when the highest rate tested
+  meets the gates: the true capacity may be higher), ``width_rps`` = fail_rps - pass_rps,
+  ``resolution_rps`` = the pack's ``sweep.search`` resolution
+  (:func:`capacity_pack.decide.bracket.resolution_of`; None without a search), ``reached`` =
+  width_rps <= resolution_rps, ``confidence`` = the confidence of the attainment intervals, and
+  ``note`` = the decision sentence (:func:`capacity_pack.vocab.words.decision_sentence`). With no
   rate meeting the gates, pass_rps is None and the capacity lies below the lowest rate tested;
-- every rate that does not pass names, per repeat that did not pass, each class the report names
-  (its reasons in the gates' words) with the **binding metric**: of the class's successful
-  requests, whether more were over the TTFT cutoff or over the TPOT cutoff (the report's
-  per-cutoff counts; see :func:`binding_metric`), and the point-level reasons (error rate, queue
-  trend, client-bound), with each class's ``attribution``: the causes of its misses (queueing,
-  prefill, decode, preemption, client scheduling) as the analyze stage estimated them from the
-  scraped series (the request autopsy's ``server_series`` method), None without misses;
+- every rate that does not pass names what stopped it, per repeat and class, with the binding
+  metric and the causes of the misses (:mod:`capacity_pack.decide.failures`);
 - **offered and achieved**, per repeat, over the report's measured window T (first measured
   send to last measured terminal event, the drain included): ``nominal_rps`` = the rate the
   schedule was drawn at; ``offered_measured_rps`` = the rate the schedule's measured requests
@@ -60,7 +46,9 @@ Open-loop sweep, per cache state:
   capacity must hold in every repeat), / GPUs under test: DistServe's per-GPU goodput (Zhong et
   al., OSDI 2024: the highest request rate per provisioned GPU meeting the SLO attainment goal)
   as measured, not as scheduled; ``capacity_per_gpu_nominal_rps`` = capacity / GPUs is the
-  nominal figure.
+  nominal figure;
+- ``decision``: the decision sentence, then why: the evidence at the capacity and the status of
+  the next rate up.
 
 Closed-loop sweep: the latency-throughput curve (output tokens/s against P95 TTFT/TPOT per
 concurrency) and the operating point = the highest throughput whose point still passes the
@@ -68,6 +56,9 @@ latency gates (every class's attainment), with its status (a point can meet the 
 yet be ``inconclusive``, e.g. under-sampled) and whether it is the largest concurrency tested
 (then the frontier may lie beyond it); concurrency 1 (the single-user regime) is reported on
 its own.
+
+Physical sanity (:mod:`capacity_pack.decide.faults`): results that contradict how a server
+works are measurement faults, and the checks the brackets are too wide to settle are notes.
 """
 
 from __future__ import annotations
@@ -77,180 +68,24 @@ from typing import Any
 
 import numpy as np
 
-from capacity_pack.binomial import (
-    cluster_design_effect,
-    confidence_sequence,
-    control_variate_interval,
-)
+from capacity_pack.decide.bracket import bracket, meets_gates, resolution_of, within
 from capacity_pack.decide.contexts import sent_contexts
+from capacity_pack.decide.failures import failure_summary, repeat_failures
+from capacity_pack.decide.faults import measurement_faults, measurement_notes
+from capacity_pack.decide.pooled import (
+    deciding_reports,
+    poolable,
+    pooled_attainment,
+    rate_evidence,
+    rate_status,
+    void,
+)
 from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
-
-
-def deciding_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The repeats of one rate that decide it. Two kinds of repeat decide nothing and are set
-    aside whenever another repeat of the rate decides: a client-bound one (the load generator's
-    dispatch lateness p99 over ``client.lateness_bound_ms``: it measured the client falling
-    behind its schedule, not the target), a disturbed one (other processes' CPU or the
-    simulated engine's step lateness beyond their bounds: :mod:`capacity_pack.measure.host`)
-    and a superseded one (decided in run under another
-    attainment gate and undecided at the pack's: ``capacity_pack.evidence.analysis``). With
-    no deciding repeat they are all kept, and the rate is not shown to pass."""
-    valid = [r for r in reports if not void(r)]
-    return valid or list(reports)
-
-
-def void(report: dict[str, Any]) -> str | None:
-    """Why a repeat decides nothing (``client-bound``, ``disturbed`` or ``superseded``), None
-    if it does."""
-    # Disturbed first: a host busy with other work also makes the client fall behind.
-    if report.get("disturbed"):
-        return "disturbed"
-    if report.get("client_bound"):
-        return "client-bound"
-    if report.get("superseded"):
-        return "superseded"
-    return None
-
-
-#: Rate statuses that meet every gate on the rate's pooled estimate: a capacity is selected
-#: among them. ``pass``: shown at the stated confidence; ``marginal``: on the estimate only.
-MEETS = ("pass", "marginal")
-#: The words of a class's pooled attainment against its gate.
-SHOWN_PASS, SHOWN_FAIL, UNDECIDED = (
-    "shown to pass",
-    "shown to fail",
-    "cannot decide at this sample size",
-)
-
-
-def meets_gates(status: str | None) -> bool:
-    """Whether a rate status meets every gate on the pooled estimate (:data:`MEETS`)."""
-    return status in MEETS
-
-
-def poolable(report: dict[str, Any]) -> bool:
-    """Whether a report carries what pooling needs (its gate, its other gates' outcome and each
-    class's time blocks); a report analyzed before 2026-12-05 does not."""
-    return (
-        "attainment_gate" in report
-        and "besides_attainment" in report
-        and all("attainment_blocks" in c for c in report.get("classes", {}).values())
-    )
-
-
-def pooled_attainment(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per class, the attainment of a rate's repeats pooled into one sample (the module
-    docstring's method; every report :func:`poolable`): k = sum of passing_c, n = sum of
-    successful_c, the design effect of all the repeats' time blocks together
-    (:func:`capacity_pack.binomial.cluster_design_effect`), the confidence sequence at the
-    effective sample k / deff of n / deff against the gate, each repeat's own attainment, and
-    the evidence in words: ``shown to pass`` (lower bound >= gate), ``shown to fail`` (upper
-    bound < gate), else ``cannot decide at this sample size``."""
-    gate = float(reports[0]["attainment_gate"]["min"])
-    sample_gate = reports[0]["attainment_gate"].get("min_successful")
-    out: dict[str, dict[str, Any]] = {}
-    for name in reports[0]["classes"]:
-        entries = [r["classes"][name] for r in reports]
-        k = sum(int(e["passing_count"]) for e in entries)
-        n = sum(int(e["successful_count"]) for e in entries)
-        n_j = [v for e in entries for v in e["attainment_blocks"]["successful"]]
-        k_j = [v for e in entries for v in e["attainment_blocks"]["passing"]]
-        confidence = float(entries[0].get("attainment_ci_confidence") or 0.95)
-        deff = cluster_design_effect(n_j, k_j)
-        ci = confidence_sequence(k / deff, n / deff, confidence, gate) if n else None
-        low, high = ci if ci is not None else (0.0, 1.0)
-        estimate = k / n if n else None
-        method = "pooled"
-        cv = [e.get("control_variate") for e in entries]
-        if n and all(cv):
-            # The engine model as a control variate (capacity_pack.twin.control): the estimate
-            # and its interval come from the live - model differences on the same requests.
-            estimate, (low, high) = control_variate_interval(
-                n_j,
-                [v for c in cv for v in c["diff_blocks"]],
-                sum(int(c["disagreements"]) for c in cv),
-                float(cv[0]["long_run"]),
-                float(cv[0]["long_run_var"]),
-                confidence,
-            )
-            method = "control variate"
-        per_repeat = [e.get("attainment") for e in entries]
-        known = [a for a in per_repeat if a is not None]
-        out[name] = {
-            "passing": k,
-            "successful": n,
-            "attainment": estimate,
-            "measured_attainment": k / n if n else None,
-            "method": method,
-            "design_effect": deff,
-            "blocks": len(n_j),
-            "ci": [low, high],
-            "confidence": confidence,
-            "gate": gate,
-            "sample_gate": sample_gate,
-            "meets": bool(n and estimate >= gate),
-            "evidence": SHOWN_PASS if low >= gate else SHOWN_FAIL if high < gate else UNDECIDED,
-            "per_repeat": per_repeat,
-            "between_repeats": (max(known) - min(known)) if len(known) > 1 else None,
-        }
-        if method == "control variate":
-            out[name]["control_variate"] = {
-                "long_run": float(cv[0]["long_run"]),
-                "model_attainment": sum(int(c["model_passing"]) for c in cv) / n,
-                "disagreements": sum(int(c["disagreements"]) for c in cv),
-            }
-    return out
-
-
-def rate_status(reports: list[dict[str, Any]]) -> str:
-    """A rate's status from the repeats that decide it, pooled (module docstring), the first
-    that holds: ``inconclusive`` (no repeat is a server result), ``fail`` (a class shown to
-    fail on the pooled evidence, or another gate failed in a repeat), ``misses`` (some class
-    under the gate on the pooled estimate, not shown to fail: cannot decide at this sample
-    size), ``inconclusive`` (an undecided queue trend, or a class under its sample gate
-    pooled), ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on
-    the pooled estimate, some not shown at the confidence)."""
-    if not reports:
-        return "inconclusive"
-    if not all(poolable(r) for r in reports):
-        return _status_by_repeats(reports)
-    if any(void(r) for r in reports):
-        return "inconclusive"  # no repeat of the rate decides (deciding_reports kept them all)
-    others = [r["besides_attainment"]["outcome"] for r in reports]
-    pooled = pooled_attainment(reports)
-    if "fail" in others or any(e["evidence"] == SHOWN_FAIL for e in pooled.values()):
-        return "fail"
-    if not all(e["meets"] for e in pooled.values()):
-        return "misses"
-    if "inconclusive" in others or any(
-        e["sample_gate"] is not None and e["successful"] < e["sample_gate"] for e in pooled.values()
-    ):
-        return "inconclusive"
-    if all(e["evidence"] == SHOWN_PASS for e in pooled.values()):
-        return "pass"
-    return "marginal"
-
-
-def _status_by_repeats(reports: list[dict[str, Any]]) -> str:
-    """The status of reports that cannot be pooled (analyzed before pooling existed): every
-    repeat must pass."""
-    verdicts = [r["verdict"] for r in reports]
-    if all(v == "pass" for v in verdicts):
-        return "pass"
-    if any(v == "inconclusive" for v in verdicts):
-        return "inconclusive"
-    if any(v == "pass" for v in verdicts) or (
-        any(v == "marginal" for v in verdicts) and any(v == "fail" for v in verdicts)
-    ):
-        return "inconsistent"
-    if all(v == "marginal" for v in verdicts):
-        return "marginal"
-    return "fail"
-
+from capacity_pack.vocab.words import decision_sentence, rate_status_words
 
 # ---------------------------------------------------------------------------------------------
-# One repeat of a rate: offered and achieved, and what failed
+# One repeat of a rate: offered and achieved
 # ---------------------------------------------------------------------------------------------
 
 
@@ -281,104 +116,6 @@ def repeat_rates(report: dict[str, Any]) -> dict[str, Any]:
         "client_cached_token_fraction": report.get("client_cached_token_fraction"),
         "prefix_cache_sources": report.get("prefix_cache_sources"),
     }
-
-
-def binding_metric(entry: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """Which cutoff excluded more of a class's successful requests: ``ttft``, ``tpot``,
-    ``ttft+tpot`` (as many) or None (no request over either), and the evidence.
-
-    From the counts over each cutoff when the report has them (``p99_*_early_stopping.
-    over_cutoff``: ok requests over the TTFT, resp. TPOT cutoff; a request over both counts in
-    both); else from P95 / cutoff of each metric, the larger ratio binding (``basis`` says
-    which)."""
-    ttft = (entry.get("p99_ttft_early_stopping") or {}).get("over_cutoff")
-    tpot = (entry.get("p99_tpot_early_stopping") or {}).get("over_cutoff")
-    if ttft is not None and tpot is not None:
-        evidence = {"basis": "requests over each cutoff", "over_ttft_cutoff": ttft,
-                    "over_tpot_cutoff": tpot}  # fmt: skip
-        a, b = float(ttft), float(tpot)
-    else:
-        ratios = []
-        for metric in ("ttft", "tpot"):
-            p95, cut = entry.get(f"p95_{metric}_ms"), entry.get(f"request_{metric}_cutoff_ms")
-            ratios.append(p95 / cut if p95 is not None and cut else None)
-        evidence = {
-            "basis": "P95 / cutoff (no per-cutoff counts in the report)",
-            "p95_ttft_over_cutoff": ratios[0],
-            "p95_tpot_over_cutoff": ratios[1],
-        }
-        if None in ratios:
-            return None, evidence
-        a, b = ratios[0], ratios[1]
-        if max(a, b) <= 1.0:  # both P95s inside their cutoffs: the misses sit above P95
-            evidence["note"] = "both P95s within their cutoffs"
-    if a == b:
-        return ("ttft+tpot" if a > 0 else None), evidence
-    return ("ttft" if a > b else "tpot"), evidence
-
-
-def repeat_failures(report: dict[str, Any], classes: list[str]) -> dict[str, Any]:
-    """What stopped one repeat from passing: each class it names with its reasons and binding
-    metric, and the point-level reasons (error rate, queue trend, client-bound...)."""
-    reasons = list(report.get("verdict_reasons", []))
-    under = set(report.get("under_sampled_classes") or [])
-    named: list[dict[str, Any]] = []
-    for c in classes:
-        own = [r for r in reasons if r.startswith(f"{c}: ")]
-        entry = report["classes"][c]
-        if c in under and not own:
-            own = [f"{c}: under-sampled"]
-        if not own and entry.get(CLASS_ATTAINMENT.passes_key) is not False:
-            continue
-        metric, evidence = binding_metric(entry) if _about_attainment(own, entry) else (None, {})
-        named.append(
-            {
-                "class": c,
-                "reasons": own or [f"{c}: class SLO gate not passed"],
-                "attainment": entry.get("attainment"),
-                "binding_metric": metric,
-                "binding_evidence": evidence,
-                # What the class's misses were made of (the analyze stage's autopsy estimate).
-                "attribution": entry.get("attribution"),
-            }
-        )
-    prefixes = tuple(f"{c}: " for c in classes)
-    # dict.fromkeys: a reason can be both a label and a failed gate ("queue trend inconclusive").
-    point = list(dict.fromkeys(
-        r for r in reasons if not r.startswith(prefixes) and not r.startswith("under-sampled")
-    ))  # fmt: skip
-    return {"repeat": report["repeat"], "verdict": report["verdict"], "key": report.get("key"),
-            "classes": named, "point_reasons": point}  # fmt: skip
-
-
-def _about_attainment(reasons: list[str], entry: dict[str, Any]) -> bool:
-    """The class missed on latency (an attainment reason), not only on samples or errors."""
-    if any("attainment" in r for r in reasons):
-        return True
-    return not reasons and entry.get(CLASS_ATTAINMENT.passes_key) is False
-
-
-def failure_summary(failures: list[dict[str, Any]]) -> str:
-    """'interactive TTFT (repeat 0); error rate 0.0200 > 0.01 (repeat 1)': each failing class
-    with its binding metric, or its reason, and the repeats it failed in."""
-    seen: dict[str, list[int]] = {}
-    for f in failures:
-        for c in f["classes"]:
-            metric = c["binding_metric"]
-            text = f"{c['class']} {metric.upper()}" if metric else "; ".join(c["reasons"])
-            cause = (c.get("attribution") or {}).get("primary_cause")
-            if metric and cause:
-                share = c["attribution"]["cause_share"][cause]
-                text += f" ({cause} {share:.0%} of misses)"
-            seen.setdefault(text, []).append(f["repeat"])
-        for r in f["point_reasons"]:
-            seen.setdefault(r, []).append(f["repeat"])
-    parts = []
-    for text, reps in seen.items():
-        distinct = sorted(set(reps))
-        word = "repeat" if len(distinct) == 1 else "repeats"
-        parts.append(f"{text} ({word} {', '.join(str(k) for k in distinct)})")
-    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,44 +151,27 @@ def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], conf
     }
 
 
-def search_resolution(search: Any, pass_rps: float | None) -> float | None:
-    """The pack's ``sweep.search`` resolution in RPS: ``resolution_rps``, else
-    ``resolution_rel`` x the passing rate; None without a search (a model or a mapping)."""
-    if search is None:
-        return None
-
-    def get(name: str) -> Any:
-        return search.get(name) if isinstance(search, dict) else getattr(search, name, None)
-
-    if get("resolution_rps") is not None:
-        return float(get("resolution_rps"))
-    if get("resolution_rel") is not None and pass_rps is not None:
-        return float(get("resolution_rel")) * pass_rps
-    return None
-
-
-def bracket(
-    rows: list[dict[str, Any]], capacity: float | None, resolution: float | None,
+def capacity_bracket(
+    rows: list[dict[str, Any]],
+    search: Any,
     confidence: float,
-) -> dict[str, Any]:  # fmt: skip
-    """The capacity as a bracket: the highest passing rate (every lower one passing), the
-    lowest tested rate above it, the width between them and whether the resolution is met."""
-    fail = next((r for r in rows if capacity is None or r["offered_rps"] > capacity), None)
-    at = next((r for r in rows if r["offered_rps"] == capacity), None)
-    fail_rps = fail["offered_rps"] if fail is not None else None
-    width = fail_rps - capacity if capacity is not None and fail_rps is not None else None
-    if capacity is None:
-        note = (
-            f"no tested rate passes: the capacity is below {fail_rps:g} RPS"
-            if fail_rps is not None else "no open-loop points"
-        )  # fmt: skip
-    elif fail_rps is None:
-        note = "the highest rate tested meets the gates: the true capacity may be higher"
-    else:
-        note = f"the capacity lies in [{capacity:g}, {fail_rps:g}) RPS"
+    cache_state: str,
+) -> dict[str, Any]:
+    """A cache state's capacity as ``capacity.json`` states it: the :func:`bracket` of its
+    open-loop ``rows`` (``offered_rps``, ``status``, ``evidence``, ``failure_summary``), the
+    status and evidence at each end, the width, the resolution of ``search`` (the pack's
+    ``sweep.search``, None without one) and whether it is reached, the confidence of the
+    verdicts, and the decision sentence (``note``: :func:`capacity_pack.vocab.words.
+    decision_sentence`)."""
+    low, high = bracket(rows, "offered_rps")
+    at = next((r for r in rows if r["offered_rps"] == low), None) if low is not None else None
+    fail = next((r for r in rows if r["offered_rps"] == high), None)
+    width = high - low if low is not None and high is not None else None
+    resolution = resolution_of(search, low)
+    reached = within(width, resolution)
     return {
-        "pass_rps": capacity,
-        "fail_rps": fail_rps,
+        "pass_rps": low,
+        "fail_rps": high,
         "pass_status": at["status"] if at is not None else None,
         "pass_evidence": at.get("evidence") if at is not None else None,
         "fail_status": fail["status"] if fail is not None else None,
@@ -459,11 +179,9 @@ def bracket(
         "fail_evidence": fail.get("evidence") if fail is not None else None,
         "width_rps": width,
         "resolution_rps": resolution,
-        "reached": (
-            width <= resolution + 1e-9 if width is not None and resolution is not None else None
-        ),
+        "reached": reached,
         "confidence": confidence,
-        "note": note,
+        "note": decision_sentence(cache_state, low, high, reached),
     }
 
 
@@ -494,21 +212,21 @@ def select_open_loop(
             _rate_row(rate, sorted(rates[rate], key=lambda r: r["repeat"]), classes, confidence)
             for rate in sorted(rates)
         ]
-        capacity = shown = None
-        for row in rows:
-            if not meets_gates(row["status"]):
-                break
-            capacity = row["offered_rps"]
-            if row["status"] == "pass":
-                shown = row["offered_rps"]
+        b = capacity_bracket(rows, search, confidence, state)
+        capacity, above = b["pass_rps"], b["fail_rps"]
+        # The highest rate shown to pass at the confidence, every lower one meeting the gates:
+        # at or under the capacity, which is the pooled estimate's.
+        shown = max(
+            (r["offered_rps"] for r in rows
+             if r["status"] == "pass" and capacity is not None and r["offered_rps"] <= capacity),
+            default=None,
+        )  # fmt: skip
         passing_above = [
             row["offered_rps"]
             for row in rows
             if meets_gates(row["status"]) and (capacity is None or row["offered_rps"] > capacity)
         ]
-        next_up = next(
-            (row for row in rows if capacity is None or row["offered_rps"] > capacity), None
-        )
+        next_up = next((row for row in rows if row["offered_rps"] == above), None)
         at = next((row for row in rows if row["offered_rps"] == capacity), None)
         goodputs = [p["goodput_rps"] for p in (at["per_repeat"] if at else [])
                     if p["goodput_rps"] is not None]  # fmt: skip
@@ -517,9 +235,7 @@ def select_open_loop(
         result[state] = {
             "rates": rows,
             "capacity_rps": capacity,
-            "bracket": bracket(rows, capacity, search_resolution(search, capacity), confidence),
-            # The highest rate shown to pass at the confidence, every lower one meeting the
-            # gates: at or under the capacity, which is the pooled estimate's.
+            "bracket": b,
             "shown_to_pass_rps": shown,
             "capacity_per_replica_rps": capacity / replicas if capacity is not None else None,
             "capacity_per_gpu_nominal_rps": capacity / gpus if capacity is not None else None,
@@ -536,52 +252,9 @@ def select_open_loop(
                 if next_up is not None
                 else None
             ),  # fmt: skip
-            "decision": _decision(capacity, rows, next_up, state),
+            "decision": _decision(b, rows, next_up),
         }
     return result
-
-
-def rate_evidence(status: str, pooled: dict[str, dict[str, Any]] | None) -> str | None:
-    """A rate's evidence in words: each class that decides it, its pooled attainment, interval
-    and whether it is shown at the confidence (``interactive 0.9612 [0.9431, 0.9750] at 95 %
-    over 2,310 requests: cannot decide at this sample size``); None without pooled evidence."""
-    if not pooled:
-        return None
-    if status in ("pass", "marginal"):
-        # The weakest class: the lowest lower bound.
-        names = [min(pooled, key=lambda c: pooled[c]["ci"][0])]
-    elif status == "fail" and any(e["evidence"] == SHOWN_FAIL for e in pooled.values()):
-        names = [c for c, e in pooled.items() if e["evidence"] == SHOWN_FAIL]
-    else:
-        names = [c for c, e in pooled.items() if not e["meets"]] or [
-            min(pooled, key=lambda c: pooled[c]["ci"][0])
-        ]
-    return "; ".join(_class_evidence(name, pooled[name]) for name in names)
-
-
-def _class_evidence(name: str, e: dict[str, Any]) -> str:
-    low, high = e["ci"]
-    att = e["attainment"]
-    spread = (
-        f", repeats {', '.join(f'{a:.4f}' for a in e['per_repeat'] if a is not None)}"
-        if len(e["per_repeat"]) > 1
-        else ""
-    )
-    cv = e.get("control_variate")
-    if cv:
-        # measured, model on the same requests, model's long run: the estimate is
-        # long run + (measured - model).
-        return (
-            f"{name} {att:.4f} [{low:.4f}, {high:.4f}] at {e['confidence']:.0%} by the engine "
-            f"model as control variate (measured {e['measured_attainment']:.4f}, model on the "
-            f"same {e['successful']:,} requests {cv['model_attainment']:.4f}, model's long run "
-            f"{cv['long_run']:.4f}{spread}): {e['evidence']}"
-        )
-    return (
-        f"{name} {att if att is None else f'{att:.4f}'} [{low:.4f}, {high:.4f}] at "
-        f"{e['confidence']:.0%} over {e['successful']:,} requests (design effect "
-        f"{e['design_effect']:.1f}{spread}): {e['evidence']}"
-    )
 
 
 def _why(row: dict[str, Any]) -> str:
@@ -590,38 +263,26 @@ def _why(row: dict[str, Any]) -> str:
     return row["failure_summary"] or "; ".join(row["reasons"]) or "see its reports"
 
 
-#: A rate status in the decision's words.
-STATUS_WORDS = {
-    "pass": "shown to pass",
-    "marginal": "meets every gate on the pooled estimate",
-    "misses": "misses the attainment gate on the pooled estimate",
-    "fail": "fails",
-    "inconclusive": "inconclusive",
-    "inconsistent": "inconsistent between its repeats",
-}
-
-
-def _decision(capacity, rows, next_up, state) -> str:
+def _decision(b: dict[str, Any], rows: list[dict[str, Any]], next_up) -> str:
+    """The decision sentence (the bracket's ``note``), then why: the evidence at the capacity
+    and the status of the rate above it (of the lowest rate, when none meets the gates)."""
+    capacity = b["pass_rps"]
     if not rows:
-        return f"{state}: no open-loop points"
+        return b["note"]
     if capacity is None:
         first = rows[0]
-        return (
-            f"{state}: no tested rate meets every gate; the lowest ({first['offered_rps']:g} "
-            f"RPS) {STATUS_WORDS.get(first['status'], first['status'])}: {_why(first)}"
+        return f"{b['note']}; " + rate_status_words(
+            first["offered_rps"], first["status"], _why(first)
         )
     at = next(r for r in rows if r["offered_rps"] == capacity)
     text = (
-        f"{state}: {capacity:g} RPS is the highest tested rate meeting every gate on the "
-        f"pooled evidence of its repeats" + (f" ({at['evidence']})" if at.get("evidence") else "")
+        f"{b['note']}; {capacity:g} RPS is the highest tested rate meeting every gate on the "
+        "pooled evidence of its repeats" + (f" ({at['evidence']})" if at.get("evidence") else "")
     )
     if next_up is not None:
-        text += (
-            f"; the next rate up ({next_up['offered_rps']:g} RPS) "
-            f"{STATUS_WORDS.get(next_up['status'], next_up['status'])}: {_why(next_up)}"
+        text += "; above it, " + rate_status_words(
+            next_up["offered_rps"], next_up["status"], _why(next_up)
         )
-    else:
-        text += "; it is the highest rate tested, so the true capacity may be higher"
     return text
 
 
@@ -738,110 +399,6 @@ def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
     }
 
 
-#: Warm capacity under this share of cold is a measurement fault: a prefix cache that hits
-#: does not make a server slower (measured: 0.41 RPS warm against 2.8 cold with an analysis job
-#: beside the warm points).
-WARM_FLOOR = 0.8
-#: An open-loop capacity above the closed loop's highest request throughput by more than this
-#: share is a measurement fault: no load pattern carries more than the server's saturation.
-SATURATION_SLACK = 0.05
-
-
-def warm_floor_check(open_loop: dict[str, Any]) -> tuple[str, str] | None:
-    """Warm against :data:`WARM_FLOOR` x cold, on the brackets' evidence.
-
-    Each capacity is a bracket [pass_rps, fail_rps): the capacity is at least pass_rps and under
-    fail_rps. Warm is *shown* under WARM_FLOOR x cold when warm's lowest failing rate is at most
-    WARM_FLOOR x cold's highest passing one (warm capacity < warm fail_rps <= WARM_FLOOR x cold
-    pass_rps <= WARM_FLOOR x cold capacity): ``("fault", message)``. When only the passing
-    ends say so (warm pass_rps < WARM_FLOOR x cold pass_rps, brackets that still allow a ratio
-    of WARM_FLOOR or more) the search's resolution cannot tell: ``("unresolved", message)``,
-    a note, not a fault (a bracket w x its passing rate wide puts the passing end anywhere in
-    1/(1 + w)-1 x the boundary: at w = 0.5, 0.67-1, so two equal capacities can read under 0.8
-    on their passing ends; measured: 0.78 on the real-engine pack). None when
-    warm is not under the floor on either reading, or a state was not measured.
-    """
-    cold_sel, warm_sel = open_loop.get("cold") or {}, open_loop.get("warm") or {}
-    cold, warm = cold_sel.get("capacity_rps"), warm_sel.get("capacity_rps")
-    warm_fail = (warm_sel.get("bracket") or {}).get("fail_rps")
-    if not cold:
-        return None
-    floor = WARM_FLOOR * cold
-    if warm_fail is not None and warm_fail <= floor:
-        return "fault", (
-            f"warm capacity is under {WARM_FLOOR:g} x cold: warm did not meet the gates at "
-            f"{warm_fail:g} RPS, at most {WARM_FLOOR:g} x the {cold:g} RPS cold met: a prefix "
-            "cache that hits does not make a server slower; the warm points measured something "
-            "else (the host, the client, a cache that did not hold)"
-        )
-    if warm_sel and (warm is not None or warm_fail is not None) and (warm or 0.0) < floor:
-        cold_fail = (cold_sel.get("bracket") or {}).get("fail_rps")
-
-        def end(rps: float | None) -> str:
-            return f"{rps:g}" if rps is not None else "-"
-
-        warm_words = (
-            f"warm's passing rate {warm:g} RPS is under {WARM_FLOOR:g} x cold's {cold:g}"
-            if warm is not None else f"no warm rate met the gates (the lowest, {warm_fail:g} RPS)"
-        )  # fmt: skip
-        return "unresolved", (
-            f"{warm_words}, but the brackets (warm [{end(warm)}, {end(warm_fail)}), cold "
-            f"[{cold:g}, {end(cold_fail)})) allow warm at {WARM_FLOOR:g} x cold or more: at "
-            "this resolution the pack cannot tell warm from cold, a note, not a fault"
-        )
-    return None
-
-
-def measurement_notes(open_loop: dict[str, Any]) -> list[dict[str, Any]]:
-    """Sanity checks the brackets are too wide to settle (:func:`warm_floor_check`'s
-    ``unresolved``): what the reader would otherwise take for a fault."""
-    check = warm_floor_check(open_loop)
-    if check is None or check[0] != "unresolved":
-        return []
-    return [{"kind": "warm-below-cold-unresolved", "cache_state": "warm", "message": check[1]}]
-
-
-def measurement_faults(open_loop: dict[str, Any], closed: dict[str, Any]) -> list[dict[str, Any]]:
-    """Results that contradict how a server works: each a measurement fault, not a finding.
-
-    - ``warm-below-cold``: the warm capacity shown under :data:`WARM_FLOOR` x the cold one on
-      the brackets' evidence (:func:`warm_floor_check`);
-    - ``above-saturation``: a state's capacity above its closed loop's highest request
-      throughput (1 + :data:`SATURATION_SLACK`) when the closed loop was pushed past its
-      latency gates (its largest level misses them), so that throughput is the server's most;
-    - ``pass-above-failure``: a rate meeting the gates above one that does not (non-monotonic).
-    """
-    faults: list[dict[str, Any]] = []
-    warm_check = warm_floor_check(open_loop)
-    if warm_check is not None and warm_check[0] == "fault":
-        faults.append({"kind": "warm-below-cold", "cache_state": "warm", "message": warm_check[1]})
-    for state, sel in sorted(open_loop.items()):
-        cap = sel.get("capacity_rps")
-        curve = (closed.get(state) or {}).get("curve") or []
-        if cap is not None and curve and not curve[-1]["meets_latency_gates"]:
-            top = max(p["request_throughput_rps"] or 0.0 for p in curve)
-            if top > 0 and cap > (1 + SATURATION_SLACK) * top:
-                faults.append({
-                    "kind": "above-saturation",
-                    "cache_state": state,
-                    "message": f"{state} capacity {cap:g} RPS is above the closed loop's highest "
-                    f"request throughput {top:.3g} RPS (concurrency pushed past the latency "
-                    "gates): no load carries more than the server's saturation",
-                })  # fmt: skip
-        if sel.get("non_monotonic_passes_rps"):
-            above = ", ".join(f"{r:g}" for r in sel["non_monotonic_passes_rps"])
-            below = (sel.get("next_rate_up") or {}).get("offered_rps")
-            faults.append({
-                "kind": "pass-above-failure",
-                "cache_state": state,
-                "message": f"{state}: {above} RPS met the gates above "
-                + (f"{below:g} RPS" if below is not None else "a rate")
-                + ", which did not: capacity does not come back at a higher load; the evidence "
-                "at these rates is noise or a disturbed host",
-            })  # fmt: skip
-    return faults
-
-
 def mix_p95_context(pack) -> float:
     """P95 of prompt + output tokens over the manifest's class mix: the nearest-rank P95 of
     contexts drawn from its distributions (:func:`capacity_pack.decide.contexts.
@@ -900,7 +457,6 @@ def build_plan(
         redundancy_replicas=pack.plan.redundancy_replicas,
         warm_pool_replicas=pack.plan.warm_pool_replicas,
     )
-    mem_plan = None
     mem = memory_inputs(pack)
     at_capacity = [
         r for r in reports
@@ -912,28 +468,7 @@ def build_plan(
     ) / 1e3 if at_capacity else None  # fmt: skip
     sent = sent_contexts(at_capacity, tables, pack)
     tail = sizing.context_tail(sent.contexts, mem["kv_bytes_per_token"] if mem else 0.0)
-    if mem is not None and p95_e2e_s:
-        try:
-            mem_plan = sizing.plan_memory(
-                pack.plan.peak_rps,
-                p95_e2e_s,
-                mem["kv_bytes_per_token"],
-                tail.p95_tokens,
-                mem["accelerator_memory_gb"],
-                mem["weights_gb"],
-                mem["overhead_gb"],
-                mem["memory_utilization"],
-            )
-        except ValueError as err:
-            mem_plan = None
-            memory_error = str(err)
-        else:
-            memory_error = None
-    else:
-        memory_error = (
-            "no memory inputs (plan.memory): declare the model shape and the device memory to "
-            "size by KV memory"
-        )
+    mem_plan, memory_error = _memory_plan(pack, mem, p95_e2e_s, tail.p95_tokens)
     plan = sizing.combine(thr, mem_plan)
     plan["capacity_cache_state"] = state
     plan["p95_e2e_s_at_capacity"] = p95_e2e_s
@@ -958,6 +493,33 @@ def build_plan(
     if bw is not None:
         plan["effective_bandwidth"] = bw
     return plan
+
+
+def _memory_plan(
+    pack, mem: dict[str, float] | None, p95_e2e_s: float | None, p95_context_tokens: int
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(the KV-memory plan, why there is none): Little's law at the peak over the P95 context
+    (:func:`capacity_pack.decide.sizing.plan_memory`)."""
+    from capacity_pack.decide import sizing
+
+    if mem is None or not p95_e2e_s:
+        return None, (
+            "no memory inputs (plan.memory): declare the model shape and the device memory to "
+            "size by KV memory"
+        )
+    try:
+        return sizing.plan_memory(
+            pack.plan.peak_rps,
+            p95_e2e_s,
+            mem["kv_bytes_per_token"],
+            p95_context_tokens,
+            mem["accelerator_memory_gb"],
+            mem["weights_gb"],
+            mem["overhead_gb"],
+            mem["memory_utilization"],
+        ), None
+    except ValueError as err:
+        return None, str(err)
 
 
 def tail_fit(

@@ -1,6 +1,8 @@
 """What the console says when the pipeline ends: the decision, the plan, the failure answer and
 where the pack is, read from the pack's own files (``capacity.json``, ``plan.json``,
-``failure-test.json``), so the terminal and the pack never disagree.
+``failure-test.json``), so the terminal and the pack never disagree: each cache state's line is
+the decision sentence the README, the HTML page and ``capacity-pack compare`` state
+(:func:`capacity_pack.vocab.words.decision_sentence`).
 
 Presentation only: JSON in, lines out (the Snakefile's ``onsuccess`` handler prints them).
 """
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capacity_pack.plan.words import target_words
+from capacity_pack.vocab.words import decision_sentence
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -31,23 +34,13 @@ def _manifest(pack_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "target" in data and "engine" in data else None
 
 
-def _rate(v: Any) -> str:
-    return f"{v:g} RPS" if isinstance(v, (int, float)) else "n/a"
-
-
 def decision_line(state: str, sel: dict[str, Any]) -> str:
-    """One cache state's capacity and its bracket, as the README states them."""
+    """One cache state's decision sentence (:func:`capacity_pack.vocab.words.
+    decision_sentence`), as the README states it."""
     b = sel.get("bracket") or {}
-    cap = sel.get("capacity_rps")
-    if cap is None:
-        return f"{state}: no SLO-compliant capacity ({sel.get('decision', 'no rate passed')})"
-    line = f"{state}: {_rate(cap)}"
-    if b.get("fail_rps") is not None:
-        reached = "" if b.get("reached") else ", resolution not reached"
-        line += f", the boundary lies in [{b['pass_rps']:g}, {b['fail_rps']:g}) RPS{reached}"
-    else:
-        line += " (no failing rate found above it: a lower bound)"
-    return line
+    return decision_sentence(
+        state, b.get("pass_rps", sel.get("capacity_rps")), b.get("fail_rps"), b.get("reached")
+    )
 
 
 def console_lines(pack_dir: str | Path) -> list[str]:

@@ -23,15 +23,19 @@ summarizes never disagree. In order:
 10. the limits, and the pack's files.
 
 The sentences are the README's (the section builders of :mod:`capacity_pack.decide.report`,
-rendered from their Markdown), so the README and the page state one decision in one wording.
-Presentation only: no measurement imports this module.
+rendered from their Markdown), so the README and the page state one decision in one wording:
+each cache state's capacity is the decision sentence
+(:func:`capacity_pack.vocab.words.decision_sentence`), each verdict word is
+:data:`capacity_pack.vocab.words.STATUS_WORDS`' and each metric is defined in
+:mod:`capacity_pack.decide.glossary`. The page shell (doctype, viewport, ``<main>``, the shared
+CSS, escaping) is :mod:`capacity_pack.decide.page`'s, as compare's page's. Presentation only:
+no measurement imports this module.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
-import html
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -39,28 +43,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.decide import report as readme
 from capacity_pack.decide import sessions
 from capacity_pack.decide import shapes as load_shapes
-from capacity_pack.evidence.gates import GATES
+from capacity_pack.decide.glossary import METRICS
+from capacity_pack.decide.page import escape, page
+from capacity_pack.decide.report import (
+    decision_headline,
+    decision_section,
+    evidence_section,
+    failure_answer_section,
+    failure_section,
+    fmt,
+    gates_section,
+    limits_section,
+    plan_section,
+    selected_section,
+    title_section,
+    verdict_words_section,
+)
 from capacity_pack.io import write_text_atomic
 from capacity_pack.plan.words import target_words
-
-#: The README's section builders the page shares (public names for the README's private ones).
-decision_markdown = readme._readme_decision
-plan_markdown = readme._readme_plan
-gates_markdown = readme._readme_gates
-verdict_words_markdown = readme._readme_verdict_words
-evidence_markdown = readme._readme_evidence
-selected_markdown = readme._readme_selected
-failure_answer_markdown = readme._readme_failure_answer
-failure_markdown = readme._readme_failure
-limits_markdown = readme._readme_limits
-title_markdown = readme._readme_title
-fmt = readme._fmt
-
-#: Every verdict word a point, a rate or the plan drill can get; the definitions define each.
-VERDICT_WORDS = ("pass", "marginal", "misses", "fail", "inconsistent", "inconclusive")
+from capacity_pack.vocab.words import STATUS_WORDS
 
 #: What each plot of the pack answers, and the section it belongs to (failure timelines:
 #: ``failure-timeline-<drill>.png``, in the failure section).
@@ -98,166 +101,8 @@ PLOTS = {
 }
 
 
-def _gate_estimate(name: str) -> str:
-    gate = next(g for g in GATES if g.name == name)
-    return f"{gate.statistic.estimate} ({gate.statistic.unit})"
-
-
-#: Every metric the page shows, by anchor: its name and definition. A table header links to
-#: ``#def-<key>``; a test holds every link to an entry here.
-METRICS: dict[str, tuple[str, str]] = {
-    "cache_state": (
-        "cache state",
-        "cold: the engine's prefix cache is cleared before the point (target.cache_reset) and "
-        "every prompt starts with unique tokens, so nothing is reused; warm: prompts start with "
-        "the pack's shared prefixes (prompts.prefix), warmed before the point is measured, so "
-        "the hit rate shows what the cache buys.",
-    ),
-    "ttft": (
-        "TTFT",
-        "Time to first token: from the request's write to the first streamed content token "
-        "(client clock, per request).",
-    ),
-    "tpot": (
-        "TPOT",
-        "Time per output token after the first: (E2E - TTFT) / (output tokens - 1), per "
-        "request (0 for a one-token output).",
-    ),
-    "cutoff": (
-        "cutoff",
-        "A class's per-request TTFT and TPOT limits. A request meets its class SLO when it is "
-        "ok and its TTFT and its TPOT are both within them.",
-    ),
-    "p95": (
-        "P95 / P99",
-        "Nearest-rank percentile of the class's successful requests (always an observed value, "
-        "never interpolated); P99 is withheld below the pack's p99_min_samples successful "
-        "requests per class.",
-    ),
-    "attempted": (
-        "attempted",
-        "Measured requests sent in the point's window (warm-up excluded), whatever their end.",
-    ),
-    "successful": ("successful", _gate_estimate("sample_size")),
-    "attainment": (
-        "attainment",
-        "Among successful requests: " + _gate_estimate("class_attainment"),
-    ),
-    "attainment_bound": (
-        "attainment bound",
-        "The confidence sequence of the attainment at the pack's attainment_confidence, valid "
-        "however often the point was looked at while it ran; a class passes only when the lower "
-        "end is at or over the gate, and fails for certain when the upper end is below it.",
-    ),
-    "all_attempt_attainment": (
-        "all-attempt attainment",
-        "Over all attempts: " + _gate_estimate("all_attempt_attainment"),
-    ),
-    "class_error_rate": ("error rate (class)", _gate_estimate("class_error_rate")),
-    "error_rate": ("error rate", _gate_estimate("error_rate")),
-    "class_pass": (
-        "class SLO",
-        "Whether the class passes its attainment and sample gates in this point.",
-    ),
-    "measured_window": (
-        "measured window T",
-        "First measured send to the last measured terminal event, the drain included: the "
-        "denominator of every rate of a point.",
-    ),
-    "nominal_rps": ("nominal RPS", "The rate the point's seeded schedule was drawn at."),
-    "offered_rps": (
-        "offered RPS",
-        "The rate the schedule actually offered: (n - 1) / (last - first measured scheduled "
-        "arrival).",
-    ),
-    "achieved_rps": (
-        "achieved RPS",
-        "Request throughput: successful requests / T (every completion, within SLO or not).",
-    ),
-    "goodput": (
-        "goodput",
-        "Requests that met their class SLO / T, all classes together (requests per second).",
-    ),
-    "queue_trend": ("queue trend", _gate_estimate("queue_trend")),
-    "server_hit_rate": (
-        "server hit rate",
-        "The engine's own prefix-cache counters over the measured window, in prompt tokens: "
-        "hits / queries (or its hit-rate gauge); n/a where the engine exposes none.",
-    ),
-    "client_cached_share": (
-        "client cached share",
-        "Sum of the responses' usage.prompt_tokens_details.cached_tokens / sum of their "
-        "usage.prompt_tokens over the measured window's successful requests; n/a where the "
-        "engine reports none.",
-    ),
-    "status": (
-        "status",
-        "A rate's verdict over its repeats (see the verdict words above).",
-    ),
-    "capacity": (
-        "capacity (passes)",
-        "The highest tested rate whose every repeat passes, with every lower tested rate "
-        "passing too: the lower end of the bracket.",
-    ),
-    "next_rate_up": (
-        "next rate up",
-        "The lowest tested rate above the capacity, whatever its status (not shown to pass): "
-        "the upper end of the bracket; none when the highest rate tested passes, so the true "
-        "capacity may be higher.",
-    ),
-    "width": ("width", "Next rate up - capacity: how precisely the boundary is known (RPS)."),
-    "resolution": (
-        "resolution",
-        "The width the boundary search aims for (sweep.search); reached when width <= "
-        "resolution. None without a search: then the tested grid decides the width.",
-    ),
-    "confidence": (
-        "confidence",
-        "The confidence of the per-point attainment bounds the verdicts were taken on.",
-    ),
-    "per_replica": (
-        "capacity per replica",
-        "Capacity / replicas under test: the figure the replica plan sizes with.",
-    ),
-    "goodput_per_unit": (
-        "goodput per GPU (or host)",
-        "The least measured goodput over the repeats at the capacity rate / the GPUs (hosts) "
-        "under test (DistServe's per-GPU goodput, as measured).",
-    ),
-    "required_replicas": (
-        "required replicas",
-        "ceil(peak RPS / (capacity per replica x target utilization)), or the KV-memory bound "
-        "if larger, plus redundancy and warm-pool replicas.",
-    ),
-    "operating_point": (
-        "operating point (closed loop)",
-        "The highest output throughput whose concurrency meets every class's attainment gate.",
-    ),
-    "output_throughput": (
-        "output throughput",
-        "Output tokens of successful requests / T (tokens per second).",
-    ),
-    "n_plus_one": (
-        "N+1 verdict (PASS / FAIL / UNDECIDED)",
-        "The plan drill's answer: PASS when the recommended fleet holds the planned peak "
-        "before the failure, the survivors carry the peak with every class's SLO counted over "
-        "all attempts, only the failed replica's in-flight requests are lost, and the fleet "
-        "recovers; FAIL names the check that did not hold; UNDECIDED: none failed, but a "
-        "class had no request before the failure or while one replica was short.",
-    ),
-}
-
+#: The pack page's own rules, after the shell's (:data:`capacity_pack.decide.page.BASE_CSS`).
 _CSS = """
-:root { --ink:#1d2330; --muted:#5b6475; --line:#d9dde5; --bg:#fbfcfd; --accent:#1f5fbf; }
-* { box-sizing: border-box; }
-body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;
-  color:var(--ink); background:var(--bg); }
-main { max-width:1180px; margin:0 auto; padding:1.2rem 1.6rem 4rem; }
-h1 { font-size:1.55rem; margin:.2rem 0 .6rem; }
-h2 { font-size:1.25rem; margin:2.2rem 0 .6rem; padding-top:.4rem;
-  border-top:1px solid var(--line); }
-h3 { font-size:1.05rem; margin:1.4rem 0 .4rem; }
-a { color:var(--accent); }
 blockquote { margin:.6rem 0; padding:.5rem .9rem; background:#fff4d6;
   border-left:4px solid #e0a800; }
 blockquote p { margin:0; }
@@ -268,9 +113,6 @@ blockquote p { margin:0; }
 nav { margin:1rem 0; font-size:.92rem; }
 nav a { margin-right:.9rem; white-space:nowrap; }
 .scroll { overflow-x:auto; }
-table { border-collapse:collapse; margin:.5rem 0 1rem; font-size:.88rem; }
-th, td { border:1px solid var(--line); padding:.25rem .5rem; text-align:left; vertical-align:top; }
-th { background:#f0f2f6; font-weight:600; }
 th a { color:inherit; text-decoration-style:dotted; }
 td.num { text-align:right; font-variant-numeric:tabular-nums; }
 .over { color:#b00020; font-weight:600; }
@@ -291,7 +133,6 @@ details[open] > summary { border-bottom:1px solid var(--line); }
 details > .body { padding:.3rem .8rem .6rem; }
 dl.defs dt { font-weight:600; margin-top:.5rem; }
 dl.defs dd { margin:0 0 0 1.2rem; }
-code { font-size:.9em; background:#f0f2f6; padding:0 .2rem; border-radius:2px; }
 """
 
 
@@ -384,33 +225,29 @@ def _body(lines: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _e(v: Any) -> str:
-    return html.escape(str(v), quote=True)
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def verdict_badge(word: Any) -> str:
     w = str(word or "n/a")
-    cls = f"v-{w}" if w in VERDICT_WORDS else "v-inconclusive"
-    return f'<span class="v {cls}">{_e(w)}</span>'
+    cls = f"v-{w}" if w in STATUS_WORDS else "v-inconclusive"
+    return f'<span class="v {cls}">{escape(w)}</span>'
 
 
 def _th(key: str, label: str | None = None) -> str:
     """A column header linked to its metric's definition."""
-    return f'<th scope="col"><a href="#def-{key}">{_e(label or METRICS[key][0])}</a></th>'
+    return f'<th scope="col"><a href="#def-{key}">{escape(label or METRICS[key][0])}</a></th>'
 
 
 def _num(v: Any, over: bool = False) -> str:
     cls = "num over" if over else "num"
-    return f'<td class="{cls}">{_e(fmt(v))}</td>'
+    return f'<td class="{cls}">{escape(fmt(v))}</td>'
 
 
 def _section(sid: str, title: str, *parts: str) -> str:
     inner = "\n".join(p for p in parts if p)
-    return f'<section id="{sid}">\n<h2>{_e(title)}</h2>\n{inner}\n</section>'
+    return f'<section id="{sid}">\n<h2>{escape(title)}</h2>\n{inner}\n</section>'
 
 
 def figure(name: str, data: bytes, caption: str) -> str:
@@ -418,8 +255,8 @@ def figure(name: str, data: bytes, caption: str) -> str:
     alt = f"{name}: {caption}"
     uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
     return (
-        f'<figure id="fig-{_slug(name)}"><img src="{uri}" alt="{_e(alt)}">'
-        f"<figcaption><code>{_e(name)}</code>: {_e(caption)}</figcaption></figure>"
+        f'<figure id="fig-{_slug(name)}"><img src="{uri}" alt="{escape(alt)}">'
+        f"<figcaption><code>{escape(name)}</code>: {escape(caption)}</figcaption></figure>"
     )
 
 
@@ -427,7 +264,7 @@ def figure(name: str, data: bytes, caption: str) -> str:
 
 
 def _decision(p: PackFiles) -> str:
-    body = _body(decision_markdown(p.manifest, p.capacity))
+    body = _body(decision_section(p.manifest, p.capacity))
     head, _, rest = body.partition("\n\n")
     return _section(
         "decision",
@@ -452,7 +289,7 @@ def _nav() -> str:
         ("limits", "Limits"),
         ("files", "Files"),
     ]
-    return "<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in links) + "</nav>"
+    return "<nav>" + "".join(f'<a href="#{a}">{escape(t)}</a>' for a, t in links) + "</nav>"
 
 
 def _bracket(p: PackFiles, figures: str) -> str:
@@ -475,20 +312,20 @@ def _bracket(p: PackFiles, figures: str) -> str:
     for state, sel in p.capacity["open_loop"].items():
         b = sel.get("bracket") or {}
         rows.append(
-            f"<tr><td>{_e(state)}</td>"
+            f"<tr><td>{escape(state)}</td>"
             + _num(b.get("pass_rps"))
             + _num(b.get("fail_rps"))
             + f"<td>{verdict_badge(b['fail_status']) if b.get('fail_status') else 'n/a'}</td>"
             + _num(b.get("width_rps"))
             + _num(b.get("resolution_rps"))
-            + f"<td>{_e(fmt(b.get('reached')))}</td>"
+            + f"<td>{escape(fmt(b.get('reached')))}</td>"
             + _num(b.get("confidence"))
             + _num(sel.get("capacity_per_replica_rps"))
             + _num(sel.get("goodput_per_gpu_rps"))
             + "</tr>"
         )
         if sel.get("bracket"):
-            sentences.append(f"- **{state}**: the capacity lies {readme.bracket_sentence(sel)}.")
+            sentences.append(f"- {decision_headline(state, sel)}")
     table = (
         f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
@@ -499,7 +336,7 @@ def _bracket(p: PackFiles, figures: str) -> str:
 
 
 def _plan(p: PackFiles) -> str:
-    body = _body(plan_markdown(p.manifest, p.plan))
+    body = _body(plan_section(p.manifest, p.plan))
     return _section("plan", "Replica plan", markdown(body or "No replica plan in this pack."))
 
 
@@ -508,13 +345,13 @@ def _failure(p: PackFiles, figures: str) -> str:
         return _section(
             "failure", "When a replica fails", "<p>This pack ran no failure drills.</p>"
         )
-    answer = _body(failure_answer_markdown(p.failure))
-    rest = _body(failure_markdown(p.manifest))
+    answer = _body(failure_answer_section(p.failure))
+    rest = _body(failure_section(p.manifest))
     return _section("failure", "When a replica fails", markdown(answer), markdown(rest), figures)
 
 
 def _gates(p: PackFiles) -> str:
-    return _section("gates", "Gates", markdown(_body(gates_markdown(p.manifest))))
+    return _section("gates", "Gates", markdown(_body(gates_section(p.manifest))))
 
 
 def _point_order(r: dict[str, Any]) -> tuple:
@@ -530,10 +367,11 @@ def point_details(r: dict[str, Any], *, selected: bool = False) -> str:
         load = f"concurrency {fmt(r.get('concurrency'))}"
     else:
         load = f"{fmt(r.get('offered_rps'))} RPS nominal"
+    goodput = fmt(r.get("observed_goodput_rps"))
     summary = (
-        f"{verdict_badge(r.get('verdict'))} <strong>{_e(key)}</strong>"
-        f' <span class="label">{_e(load)}; goodput {_e(fmt(r.get("observed_goodput_rps")))} '
-        f"RPS; server hit rate {_e(fmt(r.get('prefix_cache_hit_rate')))}"
+        f"{verdict_badge(r.get('verdict'))} <strong>{escape(key)}</strong>"
+        f' <span class="label">{escape(load)}; goodput {escape(goodput)} '
+        f"RPS; server hit rate {escape(fmt(r.get('prefix_cache_hit_rate')))}"
         + ("; the selected point" if selected else "")
         + "</span>"
     )
@@ -551,16 +389,26 @@ def point_details(r: dict[str, Any], *, selected: bool = False) -> str:
         ("client_cached_share", r.get("client_cached_token_fraction"), "of prompt tokens"),
     ]
     facts = "".join(
-        f'<tr><th scope="row"><a href="#def-{k}">{_e(METRICS[k][0])}</a></th>'
-        f'{_num(v)}<td class="label">{_e(unit)}</td></tr>'
+        f'<tr><th scope="row"><a href="#def-{k}">{escape(METRICS[k][0])}</a></th>'
+        f'{_num(v)}<td class="label">{escape(unit)}</td></tr>'
         for k, v, unit in point_rows
     )
     reasons = r.get("verdict_reasons") or []
     why = (
-        "<p>Why not a pass:</p><ul>" + "".join(f"<li>{_e(x)}</li>" for x in reasons) + "</ul>"
+        "<p>Why not a pass:</p><ul>" + "".join(f"<li>{escape(x)}</li>" for x in reasons) + "</ul>"
         if reasons
         else ""
     )
+    return (
+        f'<details class="point" id="point-{_slug(key)}" data-key="{escape(key)}">'
+        f"<summary>{summary}</summary>"
+        f'<div class="body"><table class="facts"><tbody>{facts}</tbody></table>{why}'
+        f"{_class_table(r)}</div></details>"
+    )
+
+
+def _class_table(r: dict[str, Any]) -> str:
+    """A point's per-class numbers: counts, attainment and its bound, P95s against the cutoffs."""
     head = "".join(
         [
             '<th scope="col">class</th>',
@@ -585,11 +433,11 @@ def point_details(r: dict[str, Any], *, selected: bool = False) -> str:
         ttft_cut, tpot_cut = c.get("request_ttft_cutoff_ms"), c.get("request_tpot_cutoff_ms")
         passed = c.get("class_slo_pass")
         rows.append(
-            f'<tr class="class-row" data-class="{_e(name)}"><td>{_e(name)}</td>'
+            f'<tr class="class-row" data-class="{escape(name)}"><td>{escape(name)}</td>'
             + _num(c.get("attempted"))
             + _num(c.get("successful_count"))
             + _num(c.get("attainment"))
-            + f'<td class="num">{_e(fmt(ci[0]))} to {_e(fmt(ci[1]))}</td>'
+            + f'<td class="num">{escape(fmt(ci[0]))} to {escape(fmt(ci[1]))}</td>'
             + _num(c.get("all_attempt_attainment"))
             + _num(ttft, over=None not in (ttft, ttft_cut) and ttft > ttft_cut)
             + _num(ttft_cut)
@@ -599,15 +447,9 @@ def point_details(r: dict[str, Any], *, selected: bool = False) -> str:
             + _num(c.get("error_rate"))
             + f"<td>{'yes' if passed else 'no' if passed is not None else 'n/a'}</td></tr>"
         )
-    classes = (
+    return (
         f'<div class="scroll"><table class="classes"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
-    return (
-        f'<details class="point" id="point-{_slug(key)}" data-key="{_e(key)}">'
-        f"<summary>{summary}</summary>"
-        f'<div class="body"><table class="facts"><tbody>{facts}</tbody></table>{why}'
-        f"{classes}</div></details>"
     )
 
 
@@ -619,10 +461,10 @@ def _evidence(p: PackFiles, figures: str) -> str:
     ]
     for state in sorted({r["cache_state"] for r in p.reports}, key=lambda s: s != "cold"):
         points = sorted((r for r in p.reports if r["cache_state"] == state), key=_point_order)
-        parts.append(f"<h3>{_e(state.capitalize())} cache</h3>")
+        parts.append(f"<h3>{escape(state.capitalize())} cache</h3>")
         parts += [point_details(r, selected=r.get("key") == selected_key) for r in points]
     if p.selected is not None:
-        parts.append(markdown("\n".join(selected_markdown(p.selected)), shift=1))
+        parts.append(markdown("\n".join(selected_section(p.selected)), shift=1))
     return _section("evidence", "Evidence per point", *parts, figures)
 
 
@@ -661,7 +503,7 @@ def _cache(p: PackFiles, figures: str) -> str:
     for state, sel in open_loop.items():
         per = [x for r in sel["rates"] for x in r.get("per_repeat", [])]
         rows.append(
-            f"<tr><td>{_e(state)}</td>"
+            f"<tr><td>{escape(state)}</td>"
             + _num(sel.get("capacity_rps"))
             + _num(sel.get("goodput_at_capacity_rps"))
             + _num(_mean(x.get("prefix_cache_hit_rate") for x in per))
@@ -703,7 +545,7 @@ def _cache(p: PackFiles, figures: str) -> str:
         f'<div class="scroll"><table id="cache-by-rate"><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
-    per_repeat = markdown(_body(evidence_markdown(p.capacity)), shift=1)
+    per_repeat = markdown(_body(evidence_section(p.capacity)), shift=1)
     by_turn = sessions.readme_lines(p.reports)
     return _section(
         "cache",
@@ -721,7 +563,7 @@ def _cache(p: PackFiles, figures: str) -> str:
 
 def _folded(sid: str, title: str, text: str | None, absent: str) -> str:
     if text is None:
-        return _section(sid, title, f"<p>{_e(absent)}</p>")
+        return _section(sid, title, f"<p>{escape(absent)}</p>")
     return _section(
         sid,
         title,
@@ -740,8 +582,8 @@ def _autopsy(p: PackFiles) -> str:
     )
     buckets = ((p.autopsy or {}).get("run") or {}).get("buckets") or {}
     rows = "".join(
-        f"<tr><td>{_e(b.get('bucket'))}</td>{_num(b.get('seconds'))}{_num(b.get('share'))}"
-        f"<td>{_e(b.get('provenance'))}</td><td>{_e(b.get('contributors') or '')}</td></tr>"
+        f"<tr><td>{escape(b.get('bucket'))}</td>{_num(b.get('seconds'))}{_num(b.get('share'))}"
+        f"<td>{escape(b.get('provenance'))}</td><td>{escape(b.get('contributors') or '')}</td></tr>"
         for b in buckets.get("rows") or []
     )
     if not rows:
@@ -758,9 +600,9 @@ def _autopsy(p: PackFiles) -> str:
 
 
 def _definitions(p: PackFiles) -> str:
-    verdicts = markdown(_body(verdict_words_markdown(p.manifest)))
+    verdicts = markdown(_body(verdict_words_section(p.manifest)))
     metrics = "".join(
-        f'<dt id="def-{k}">{_e(term)}</dt><dd>{_e(text)}</dd>'
+        f'<dt id="def-{k}">{escape(term)}</dt><dd>{escape(text)}</dd>'
         for k, (term, text) in METRICS.items()
     )
     return _section(
@@ -774,7 +616,7 @@ def _definitions(p: PackFiles) -> str:
 
 
 def _limits(p: PackFiles) -> str:
-    return _section("limits", "Limits", markdown(_body(limits_markdown(p.manifest))))
+    return _section("limits", "Limits", markdown(_body(limits_section(p.manifest))))
 
 
 def _files(p: PackFiles) -> str:
@@ -783,12 +625,12 @@ def _files(p: PackFiles) -> str:
         for x in p.folder.rglob("*")
         if x.is_file() and x.name != "index.html" and not x.name.startswith(".")
     )
-    items = "".join(f'<li><a href="{_e(n)}">{_e(n)}</a></li>' for n in names)
+    items = "".join(f'<li><a href="{escape(n)}">{escape(n)}</a></li>' for n in names)
     return _section(
         "files",
         "Files",
         f"<p>Beside this page in the pack folder (relative links):</p><ul>{items}</ul>",
-        f"<p>Frozen manifest sha256 <code>{_e(p.frozen.get('sha256'))}</code>.</p>",
+        f"<p>Frozen manifest sha256 <code>{escape(p.frozen.get('sha256'))}</code>.</p>",
     )
 
 
@@ -812,9 +654,9 @@ def render_page(p: PackFiles) -> str:
     figs = {k: "\n".join(v) for k, v in placed.items()}
     m = p.manifest
     title = m["pack"]["title"]
-    banner = "\n".join(title_markdown(m["pack"])[1:])
+    banner = "\n".join(title_section(m["pack"])[1:])
     body = [
-        f"<header><h1>Capacity pack: {_e(title)}</h1>{markdown(banner)}</header>",
+        f"<header><h1>Capacity pack: {escape(title)}</h1>{markdown(banner)}</header>",
         _decision(p),
         _nav(),
         _bracket(p, figs["bracket"]),
@@ -831,12 +673,7 @@ def render_page(p: PackFiles) -> str:
         _section("other-figures", "Other figures", *other) if other else "",
         _files(p),
     ]
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>Capacity pack: {_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n"
-        "<body>\n<main>\n" + "\n".join(b for b in body if b) + "\n</main>\n</body>\n</html>\n"
-    )
+    return page(f"Capacity pack: {title}", "\n".join(b for b in body if b), _CSS)
 
 
 def write_page(

@@ -5,17 +5,11 @@ and ``slo-report.json`` of the selected point, ``capacity.json`` (selection, var
 ``plan.json`` (replicas and GPUs from throughput and from memory, cost), the plots, and a
 ``README.md`` that states the decision, the gates, the evidence and its limits in plain words.
 
-Plots (matplotlib, PNG, cold and warm side by side):
-
-- ``throughput.png``: nominal offered RPS against the achieved request throughput and the
-  observed goodput (mean, min-max over repeats), with the capacity bracket of each cache state
-  shaded from its highest passing rate (solid line) to the lowest rate above it (dashed line);
-- ``attainment.png``: per-class joint attainment with its confidence interval, and the gate;
-- ``latency.png``: P95 TTFT and P95 TPOT per class against their cutoffs;
-- ``closed_loop.png``: the latency-throughput curve with the chosen operating point;
-- ``timeseries.png``: does the server keep up? Queue depth, running requests and KV usage
-  over time, one row per open-loop rate labelled with its verdicts, one column per signal on a
-  shared scale (a signal the engine does not expose is not drawn; the title names it).
+:func:`write_pack` writes the folder, drawing the plots of :mod:`capacity_pack.decide.plots`;
+:func:`render_readme` the README, one function per section, each shared with the HTML page
+(:mod:`capacity_pack.decide.html`). A cache state's capacity is stated by
+:func:`decision_headline`: the decision sentence (:func:`capacity_pack.vocab.words.
+decision_sentence`), then what each end of its bracket showed (:func:`bracket_evidence`).
 """
 
 from __future__ import annotations
@@ -25,353 +19,61 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from capacity_pack.decide import sessions
 from capacity_pack.decide.capacity import tail_fit_sentences
+from capacity_pack.decide.plots import (
+    plot_attainment,
+    plot_closed_loop,
+    plot_latency,
+    plot_throughput,
+    plot_timeseries,
+    pyplot,
+    save_figure,
+)
 from capacity_pack.decide.traffic import manifest_lines, selected_lines
 from capacity_pack.evidence.gates import Gates
 from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
 from capacity_pack.plan.words import target_words
-
-STATE_STYLE = {"cold": ("tab:blue", "o"), "warm": ("tab:orange", "s")}
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from capacity_pack.vocab.words import decision_sentence, rate_status_words
 
 
-def figure_text(fig) -> str:
-    """Every piece of text the figure draws (titles, axis labels, ticks, legend entries, notes),
-    in drawing order, one per line."""
-    from matplotlib.text import Text
-
-    seen: list[str] = []
-    for t in fig.findobj(Text):
-        text = t.get_text().strip()
-        if text and t.get_visible() and text not in seen:
-            seen.append(text)
-    return "\n".join(seen)
-
-
-def save_figure(fig, path: Path) -> None:
-    # The figure's words go into the PNG (its Description text chunk): what a screen reader
-    # or a search finds in the picture, and what a test can read back.
-    with atomic_path(path) as tmp:
-        fig.savefig(
-            tmp,
-            format="png",
-            dpi=110,
-            bbox_inches="tight",
-            metadata={"Description": figure_text(fig)},
-        )
-    pyplot().close(fig)
-
-
-def plot_throughput(selection: dict[str, Any], path: Path) -> None:
-    """How much load is served within the SLOs? Goodput (thick, filled) over the achieved rate
-    (thin, hollow: the two coincide below the capacity), each state's bracket labelled on the
-    plot, and the axes cropped to the tested rates."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
-    rates_all: list[float] = []
-    for i, (state, sel) in enumerate(selection.items()):
-        color, marker = STATE_STYLE.get(state, ("gray", "x"))
-        rates = [r["offered_rps"] for r in sel["rates"]]
-        thr = [r["variation"]["observed_goodput_rps"] for r in sel["rates"]]
-        raw = [r["variation"]["request_throughput_rps"]["mean"] for r in sel["rates"]]
-        ax.plot(rates, raw, color=color, marker=marker, mfc="none", ms=9, lw=0.9, ls=":",
-                label=f"{state}: achieved RPS (all completions)")  # fmt: skip
-        _errorline(ax, rates, thr, color, marker, f"{state}: goodput (within SLO)")
-        _bracket(ax, sel.get("bracket") or {"pass_rps": sel["capacity_rps"]}, color, state, i)
-        rates_all += rates
-    if rates_all:
-        lo, hi = min(rates_all), max(rates_all)
-        pad = 0.06 * max(hi - lo, hi * 0.2)
-        ax.set_xlim(max(0.0, lo - pad), hi + pad)
-        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="gray", lw=0.8, ls="-.",
-                label="served = offered")  # fmt: skip
-    ax.set_xlabel("offered load, nominal (RPS)")
-    ax.set_ylabel("requests per second")
-    ax.set_title("How much load is served within the SLOs?\n"
-                 "goodput and achieved rate by offered rate; shaded: the capacity bracket",
-                 fontsize=10)  # fmt: skip
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3)
-    save_figure(fig, path)
-
-
-def _bracket(ax, b: dict[str, Any], color: str, state: str, row: int = 0) -> None:
-    """The bracket: a solid line at the passing rate, labelled on the plot ("cold capacity 34"),
-    a dashed one at the failing rate, and the span between them shaded (no shade when either
-    end is missing)."""
-    lo, hi = b.get("pass_rps"), b.get("fail_rps")
-    if lo is not None:
-        ax.axvline(lo, color=color, lw=1.2, alpha=0.7, label=f"{state}: passes ({lo:g})")
-        ax.annotate(f"{state} capacity {lo:g}", xy=(lo, 0.02 + 0.48 * row),
-                    xycoords=("data", "axes fraction"),
-                    rotation=90, ha="right", va="bottom", fontsize=8, color=color)  # fmt: skip
-    if hi is not None:
-        ax.axvline(hi, color=color, lw=1.2, ls="--", alpha=0.7,
-                   label=f"{state}: {b.get('fail_status') or 'fails'} ({hi:g})")  # fmt: skip
-    if lo is not None and hi is not None:
-        ax.axvspan(lo, hi, color=color, alpha=0.12)
-
-
-def _errorline(ax, x, stats, color, marker, label) -> None:
-    mean = [s["mean"] for s in stats]
-    lo = [max(s["mean"] - s["min"], 0.0) if s["mean"] is not None else 0 for s in stats]
-    hi = [max(s["max"] - s["mean"], 0.0) if s["mean"] is not None else 0 for s in stats]
-    ax.errorbar(x, mean, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label)
-
-
-def plot_attainment(
-    reports: list[dict[str, Any]], classes: list[str], gate: float, path: Path
-) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(classes), figsize=(4.2 * len(classes), 3.8), sharey=True)
-    axes = np.atleast_1d(axes)
-    for ax, c in zip(axes, classes, strict=True):
-        states = sorted({r["cache_state"] for r in reports})
-        for i, state in enumerate(states):
-            shift = 0.012 * (i - (len(states) - 1) / 2)
-            color, marker = STATE_STYLE.get(state, ("gray", "x"))
-            rows = sorted(
-                (r for r in reports if r["cache_state"] == state and r.get("mode") == "open"),
-                key=lambda r: (r["offered_rps"], r["repeat"]),
-            )
-            if not rows:
-                continue
-            # Side by side, never on top of each other: cold left, warm right of the rate,
-            # repeats further apart.
-            x = [r["offered_rps"] * (1 + shift + 0.006 * r["repeat"]) for r in rows]
-            y = [r["classes"][c]["attainment"] or 0.0 for r in rows]
-            ci = [r["classes"][c]["attainment_ci"] or [v, v] for r, v in zip(rows, y, strict=True)]
-            # Clamped at 0: an interval bound computed in floating point can sit a hair on the
-            # wrong side of its point (attainment 0.0, lower bound 6.9e-18), and matplotlib
-            # refuses a negative error bar.
-            err = [[max(v - lo, 0.0) for v, (lo, _) in zip(y, ci, strict=True)],
-                   [max(hi - v, 0.0) for v, (_, hi) in zip(y, ci, strict=True)]]  # fmt: skip
-            ax.errorbar(x, y, yerr=err, color=color, marker=marker, ls="none", capsize=3,
-                        mfc="none" if i else color, label=state)  # fmt: skip
-        ax.axhline(gate, color="red", lw=1, ls="--", label=f"gate {gate:g}")
-        ax.set_title(f"class {c}", fontsize=10)
-        ax.set_xlabel("offered RPS (states and repeats side by side)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("joint TTFT+TPOT attainment (CI)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Which rates keep every class within its SLO? (attainment per repeat)", y=1.0)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    save_figure(fig, path)
-
-
-def plot_latency(
-    reports: list[dict[str, Any]], classes: list[str], cutoffs: dict[str, tuple[float, float]],
-    path: Path,
-) -> None:  # fmt: skip
-    plt = pyplot()
-    # squeeze=False: one class gives a 2 x 1 grid, which atleast_2d would turn into 1 x 2.
-    fig, axes = plt.subplots(
-        2, len(classes), figsize=(4.2 * len(classes), 6.5), sharex=True, squeeze=False
-    )
-    for j, c in enumerate(classes):
-        for i, (metric, cutoff) in enumerate((("p95_ttft_ms", cutoffs[c][0]),
-                                              ("p95_tpot_ms", cutoffs[c][1]))):  # fmt: skip
-            ax = axes[i, j]
-            for state in sorted({r["cache_state"] for r in reports}):
-                color, marker = STATE_STYLE.get(state, ("gray", "x"))
-                rows = [r for r in reports if r["cache_state"] == state and r.get("mode") == "open"]
-                ax.scatter([r["offered_rps"] for r in rows],
-                           [r["classes"][c][metric] or np.nan for r in rows],
-                           color=color, marker=marker, label=state)  # fmt: skip
-            ax.axhline(cutoff, color="red", lw=1, ls="--", label="cutoff")
-            ax.set_title(f"{c}: {metric.replace('_ms', '').replace('_', ' ').upper()} (ms)")
-            ax.grid(alpha=0.3)
-            if i == 1:
-                ax.set_xlabel("offered RPS")
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle("P95 latency against the per-request cutoffs (every repeat)")
-    save_figure(fig, path)
-
-
-def plot_closed_loop(
-    curves: dict[str, Any], path: Path, cutoffs: dict[str, tuple[float, float]] | None = None
-) -> None:
-    """How far can concurrency go within the SLOs? Two panels, TTFT and TPOT: the worst class's
-    P95 as a share of that class's own cutoff (so one SLO line at 1 serves every class),
-    against output throughput; each level labelled once, the operating point circled."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharex=True)
-    for col, (metric, name) in enumerate((("p95_ttft_ms", "TTFT"), ("p95_tpot_ms", "TPOT"))):
-        ax = axes[col]
-
-        def worst(p: dict[str, Any], metric=metric, col=col) -> float | None:
-            vals = [
-                v / cutoffs[c][col] if cutoffs and c in cutoffs and cutoffs[c][col] else v
-                for c, v in (p.get(metric) or {}).items()
-                if v is not None
-            ]
-            return max(vals) if vals else None
-
-        for i, (state, cur) in enumerate(curves.items()):
-            color, marker = STATE_STYLE.get(state, ("gray", "x"))
-            pts = [p for p in cur["curve"] if worst(p) is not None]
-            x = [p["output_throughput_tps"] for p in pts]
-            y = [worst(p) for p in pts]
-            ax.plot(x, y, color=color, marker=marker, mfc="none" if i else color, label=state)
-            if col == 0:
-                for p, xi, yi in zip(pts, x, y, strict=True):
-                    ax.annotate(f"c={p['concurrency']}", (xi, yi), fontsize=7, color=color,
-                                xytext=(4, 6 - 14 * i), textcoords="offset points")  # fmt: skip
-            op = cur["operating_point"]
-            if op is not None and worst(op) is not None:
-                ax.scatter([op["output_throughput_tps"]], [worst(op)], s=180, facecolors="none",
-                           edgecolors=color, lw=2, label=f"{state} operating point")  # fmt: skip
-        if cutoffs:
-            ax.axhline(1.0, color="red", lw=1, ls="--", label="SLO cutoff")
-            ax.set_ylabel(f"worst class P95 {name} / its cutoff")
-        else:
-            ax.set_ylabel(f"worst class P95 {name} (ms)")
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("output throughput (tokens/s)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("How far can concurrency go within the SLOs? (closed loop)", y=1.0)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    save_figure(fig, path)
-
-
-#: The server signals the time-series plot draws, one column each: metric, column title,
-#: whether the quantity is a count (integer ticks) and the fixed y range of a share (else None).
-TIMESERIES = (
-    ("queue_depth", "queue depth (waiting requests)", True, None),
-    ("running", "running requests", True, None),
-    ("kv_usage", "KV-cache usage (share of blocks)", False, (0.0, 1.0)),
-)
-
-
-def plot_timeseries(
-    series: dict[str, pd.DataFrame], path: Path, verdicts: dict[str, str] | None = None
-) -> list[str]:
-    """Does the server keep up? One row per offered rate (lowest at the top), one column per
-    server signal of :data:`TIMESERIES`, every column on one y scale so rates compare; cold
-    and warm overlaid in each panel, repeat 0 solid and later repeats faint. Each row is
-    labelled with its rate and, per cache state, the verdict of every repeat (``verdicts``:
-    point key -> its SLO report's verdict); a row where a repeat failed is tinted red.
-
-    A signal that no point's scrape holds (an engine without a KV gauge, such as llama.cpp) has
-    no column; the title names it and its label is returned."""
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
-
-    plt = pyplot()
-    verdicts = verdicts or {}
-    # A mark per verdict, so a reader finds the failures without reading the words.
-    marks = {"pass": "✓", "marginal": "~", "misses": "-", "fail": "✗", "inconclusive": "?"}
-    fail_tint = "#fbe3e0"
-
-    def point(key: str) -> tuple[float, str, int]:  # open-r36.5/warm/rep1 -> (36.5, warm, 1)
-        name, state, rep = key.split("/")
-        return float(name.removeprefix("open-r")), state, int(rep.removeprefix("rep"))
-
-    present = {
-        m for s in series.values() for m in s.loc[s["source"] == "server", "metric"].unique()
+def _write_plots(
+    out_dir: Path,
+    manifest: dict[str, Any],
+    capacity: dict[str, Any],
+    reports: list[dict[str, Any]],
+    series: dict[str, pd.DataFrame],
+) -> list[Path]:
+    """The pack's plots (the module docstring's), those that have data; returns their paths."""
+    classes = [c["name"] for c in manifest["workload"]]
+    cutoffs = {
+        c["name"]: (c["request_ttft_cutoff_ms"], c["request_tpot_cutoff_ms"])
+        for c in manifest["workload"]
     }
-    drawn = [t for t in TIMESERIES if t[0] in present]
-    missing = [label for metric, label, _, _ in TIMESERIES if metric not in present]
-    parsed = {key: point(key) for key in series}
-    rates = sorted({rate for rate, _, _ in parsed.values()})
-    states = [s for s in STATE_STYLE if any(st == s for _, st, _ in parsed.values())]
-    states += sorted({st for _, st, _ in parsed.values()} - set(states))
-    # One y range per signal, set once from every point's values: a shared axis left to
-    # autoscale would keep the first row's range and clip the busier rates below it.
-    top = {}
-    for metric, _, count, _ in drawn:
-        peak = max(
-            (s.loc[(s["source"] == "server") & (s["metric"] == metric), "value"].max()
-             for s in series.values()),
-            default=0.0,
-        )  # fmt: skip
-        peak = 0.0 if pd.isna(peak) else float(peak)
-        top[metric] = max(peak * 1.08, 1.0 if count else 1e-9)
-    rows, cols = max(1, len(rates)), max(1, len(drawn))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 2.4, 1.15 * rows + 2.1),
-                             sharex=True, sharey="col", squeeze=False)  # fmt: skip
-    for row, rate in enumerate(rates):
-        here = sorted((k for k, (r, _, _) in parsed.items() if r == rate), key=parsed.get)
-        for col, (metric, label, count, share) in enumerate(drawn):
-            ax = axes[row][col]
-            for key in here:
-                _, state, rep = parsed[key]
-                s = series[key]
-                m = s[(s["source"] == "server") & (s["metric"] == metric)]
-                color = STATE_STYLE.get(state, ("gray", "x"))[0]
-                # Later repeats faint: they show the spread without hiding repeat 0's shape.
-                ax.plot(m["t_offset_ns"] / 1e9, m["value"], color=color,
-                        lw=1.4 if rep == 0 else 0.8, alpha=1.0 if rep == 0 else 0.35)  # fmt: skip
-            ax.set_ylim(*(share or (0, top[metric])))
-            if share:
-                ax.set_yticks([share[0], (share[0] + share[1]) / 2, share[1]])
-            else:
-                ax.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=count))
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-            if row == 0:
-                ax.set_title(label, fontsize=9)
-            if row == rows - 1:
-                ax.set_xlabel("time since the point's start (s)", fontsize=8)
-            if any(verdicts.get(k) == "fail" for k in here):
-                ax.set_facecolor(fail_tint)
-        first = axes[row][0]
-        first.annotate(f"{rate:g} RPS", (0, 0.5), xycoords="axes fraction", xytext=(-34, 12),
-                       textcoords="offset points", ha="right", va="center", fontsize=9,
-                       fontweight="bold")  # fmt: skip
-        for i, state in enumerate(st for st in states if any(parsed[k][1] == st for k in here)):
-            words = [verdicts.get(k, "n/a") for k in here if parsed[k][1] == state]
-            text = " / ".join(f"{marks.get(w, '')} {w}".strip() for w in words)
-            first.annotate(f"{state}: {text}", (0, 0.5), xycoords="axes fraction",
-                           xytext=(-34, -2 - 12 * i), textcoords="offset points", ha="right",
-                           va="center", fontsize=8, color=STATE_STYLE.get(state, ("gray",))[0],
-                           fontweight="bold" if "fail" in words else "normal")  # fmt: skip
-    if not drawn:
-        for ax in axes.flat:
-            ax.set_yticks([])
-    handles = [plt.Line2D([], [], color=STATE_STYLE.get(s, ("gray",))[0], lw=1.4) for s in states]
-    labels = [f"{s} cache" for s in states]
-    if any(rep > 0 for _, _, rep in parsed.values()):
-        handles.append(plt.Line2D([], [], color="gray", lw=0.8, alpha=0.35))
-        labels.append("later repeats (faint)")
-    handles.append(Patch(facecolor=fail_tint, edgecolor="lightgray"))
-    labels.append("a repeat at this rate failed")
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, 0.3 / fig.get_figheight()))  # fmt: skip
-    # The figure travels without its caption: the one reading of a red row it needs is on it.
-    kv = " and whose KV usage stays under 1" if "kv_usage" in present else ""
-    fig.text(0.5, 0.05 / fig.get_figheight(), f"A failed rate whose queue stays flat{kv} kept up: "
-             "its misses are latency or errors (latency.png, the README's 'limited by').",
-             ha="center", va="bottom", fontsize=8, color="dimgray")  # fmt: skip
-    title = (
-        "Does the server keep up? Queue, running requests and KV cache over time at each "
-        "offered rate\n"
-        "one row per open-loop rate, repeat 0 solid; per cache state the verdict of each "
-        "repeat (/)"
-    )
-    if missing:
-        title += f"\nnot exposed by this engine, not drawn: {', '.join(missing)}"
-    fig.suptitle(title, fontsize=10)
-    top_in = 0.95 + 0.17 * bool(missing)
-    # Margins in inches, so the row labels, title and legend keep their room at any grid size.
-    width, height = fig.get_figwidth(), fig.get_figheight()
-    fig.subplots_adjust(left=2.2 / width, right=1 - 0.15 / width, hspace=0.18, wspace=0.22,
-                        top=1 - top_in / height, bottom=1.1 / height)  # fmt: skip
-    save_figure(fig, path)
-    return missing
+    gate = manifest["acceptance"]["class_slo_attainment_min"]
+    files = []
+    # Each time-series row names its points' verdicts, so the plot says which point failed.
+    verdicts = {r["key"]: r["verdict"] for r in reports if "key" in r}
+    plots = {
+        "throughput.png": lambda p: plot_throughput(capacity["open_loop"], p),
+        "attainment.png": lambda p: plot_attainment(reports, classes, gate, p),
+        "latency.png": lambda p: plot_latency(reports, classes, cutoffs, p),
+        "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p, cutoffs),
+        "timeseries.png": lambda p: plot_timeseries(series, p, verdicts),
+    }
+    for name, draw in plots.items():
+        if name == "closed_loop.png" and not capacity["closed_loop"]:
+            continue
+        if name == "timeseries.png" and not series:
+            continue
+        draw(out_dir / name)
+        files.append(out_dir / name)
+    if (fig := sessions.figure(reports, pyplot())) is not None:
+        save_figure(fig, out_dir / "sessions.png")
+        files.append(out_dir / "sessions.png")
+    return files
 
 
 def write_pack(
@@ -396,12 +98,6 @@ def write_pack(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = frozen["manifest"]
-    classes = [c["name"] for c in manifest["workload"]]
-    cutoffs = {
-        c["name"]: (c["request_ttft_cutoff_ms"], c["request_tpot_cutoff_ms"])
-        for c in manifest["workload"]
-    }
-    gate = manifest["acceptance"]["class_slo_attainment_min"]
     files = []
     text = yaml.safe_dump(
         {"frozen_sha256": frozen["sha256"], **manifest}, sort_keys=False, width=100
@@ -418,25 +114,7 @@ def write_pack(
         with atomic_path(out_dir / "requests.csv") as tmp:
             shutil.copyfile(selected_tables / "requests.csv", tmp)
         files.append(out_dir / "requests.csv")
-    # Each time-series row names its points' verdicts, so the plot says which point failed.
-    verdicts = {r["key"]: r["verdict"] for r in reports if "key" in r}
-    plots = {
-        "throughput.png": lambda p: plot_throughput(capacity["open_loop"], p),
-        "attainment.png": lambda p: plot_attainment(reports, classes, gate, p),
-        "latency.png": lambda p: plot_latency(reports, classes, cutoffs, p),
-        "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p, cutoffs),
-        "timeseries.png": lambda p: plot_timeseries(series, p, verdicts),
-    }
-    for name, draw in plots.items():
-        if name == "closed_loop.png" and not capacity["closed_loop"]:
-            continue
-        if name == "timeseries.png" and not series:
-            continue
-        draw(out_dir / name)
-        files.append(out_dir / name)
-    if (fig := sessions.figure(reports, pyplot())) is not None:
-        save_figure(fig, out_dir / "sessions.png")
-        files.append(out_dir / "sessions.png")
+    files += _write_plots(out_dir, manifest, capacity, reports, series)
     for f in extra_files or []:
         if f.exists():
             with atomic_path(out_dir / f.name) as tmp:
@@ -472,7 +150,7 @@ def write_pack(
     return files
 
 
-def _fmt(v: Any, digits: int = 3) -> str:
+def fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
@@ -511,26 +189,26 @@ def render_readme(
     section renderer each."""
     m = frozen["manifest"]
     lines = [
-        *_readme_title(m["pack"]),
-        *_readme_decision(m, capacity),
-        *_readme_failure_answer(failure),
-        *_readme_plan(m, plan),
-        *_readme_gates(m),
+        *title_section(m["pack"]),
+        *decision_section(m, capacity),
+        *failure_answer_section(failure),
+        *plan_section(m, plan),
+        *gates_section(m),
         *manifest_lines(frozen),
-        *_readme_verdict_words(m),
-        *_readme_evidence(capacity),
+        *verdict_words_section(m),
+        *evidence_section(capacity),
         *(twin_lines or []),
         *(shapes or []),
         *(session_lines or []),
-        *_readme_selected(selected),
-        *_readme_failure(m),
-        *_readme_limits(m),
-        *_readme_files(frozen, files),
+        *selected_section(selected),
+        *failure_section(m),
+        *limits_section(m),
+        *files_section(frozen, files),
     ]
     return "\n".join(lines)
 
 
-def _readme_title(pack: dict[str, Any]) -> list[str]:
+def title_section(pack: dict[str, Any]) -> list[str]:
     lines = [f"# Capacity pack: {pack['title']}", ""]
     if pack["size"] == "rehearsal":
         lines += [
@@ -542,39 +220,30 @@ def _readme_title(pack: dict[str, Any]) -> list[str]:
     return lines
 
 
-#: A bracket end's status in the bracket sentence.
-BRACKET_WORDS = {
-    "pass": "passes",
-    "marginal": "meets every gate on the pooled estimate",
-    "misses": "misses the attainment gate on the pooled estimate",
-    "fail": "fails",
-}
-
-
-def bracket_sentence(sel: dict[str, Any]) -> str:
-    """The capacity as a bracket in words: 'between 34 RPS (passes) and 36 RPS (fails:
-    interactive TTFT (repeat 0)); resolution 2 RPS reached; verdicts at 95 % confidence'."""
+def bracket_evidence(sel: dict[str, Any]) -> str:
+    """What each end of a cache state's bracket showed, the resolution and the confidence:
+    '34 RPS is shown to pass; 36 RPS fails: interactive TTFT (repeat 0); resolution 2 RPS
+    reached; verdicts at 95 % confidence'. The detail after the decision sentence
+    (:func:`capacity_pack.vocab.words.decision_sentence`, which states the bracket itself)."""
     b = sel["bracket"]
     lo, hi = b["pass_rps"], b["fail_rps"]
+    ends = []
+    if lo is not None:
+        status = b.get("pass_status") or "pass"
+        ends.append(
+            rate_status_words(lo, status, b.get("pass_evidence") if status == "marginal" else None)
+        )
     if hi is not None:
         status = b["fail_status"]
-        word = BRACKET_WORDS.get(status, status)
         why = (
             b.get("fail_evidence")
             if status in ("misses", "marginal") and b.get("fail_evidence")
             else b["fail_summary"] or "see its reports"
         )
-        upper = f"{hi:g} RPS ({word}: {why})"
+        ends.append(rate_status_words(hi, status, why))
     if lo is None:
-        return f"below {upper}" if hi is not None else "no open-loop points"
-    lower = BRACKET_WORDS.get(b.get("pass_status") or "pass", "passes")
-    if b.get("pass_status") == "marginal" and b.get("pass_evidence"):
-        lower += f": {b['pass_evidence']}"
-    if hi is None:
-        text = f"at least {lo:g} RPS ({lower}; the highest rate tested, so the true capacity "
-        text += "may be higher)"
-    else:
-        text = f"between {lo:g} RPS ({lower}) and {upper}"
+        return "; ".join(ends) or "no open-loop points"
+    text = "; ".join(ends)
     res = b["resolution_rps"]
     if res is None:
         text += "; no search resolution declared (no `sweep.search`)" + (
@@ -590,26 +259,32 @@ def bracket_sentence(sel: dict[str, Any]) -> str:
     return text + f"; verdicts at {b['confidence'] * 100:g} % confidence"
 
 
-def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
+def decision_headline(state: str, sel: dict[str, Any]) -> str:
+    """A cache state's decision sentence in bold, then the evidence at its bracket's ends
+    (:func:`bracket_evidence`): the README's and the HTML page's statement of a capacity."""
+    b = sel.get("bracket") or {}
+    sentence = decision_sentence(state, b.get("pass_rps"), b.get("fail_rps"), b.get("reached"))
+    return f"**{sentence}.**" + (f" {bracket_evidence(sel)}." if b else "")
+
+
+def decision_section(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
     w = target_words(m)
     primary = capacity["primary_cache_state"]
     sel = capacity["open_loop"].get(primary, {})
     cap = sel.get("capacity_rps")
     lines = ["## Decision", ""]
-    if cap is None:
-        lines.append(f"**No SLO-compliant capacity** among the tested rates ({primary} cache)" +
-                     (f": {bracket_sentence(sel)}." if sel.get("bracket") else "."))  # fmt: skip
-    else:
+    headline = decision_headline(primary, sel)
+    if cap is not None:
         goodput = sel["goodput_at_capacity_rps"]
-        lines.append(
-            f"**SLO-compliant capacity ({primary} cache): {bracket_sentence(sel)}.** "
-            f"The pack takes {cap:g} RPS for {m['engine']['placement']['replicas']} replica(s), "
-            f"i.e. **{sel['capacity_per_replica_rps']:g} RPS per replica** (the plan's figure). "
-            f"Measured goodput at {cap:g} RPS: {_fmt(goodput)} RPS (the least over its repeats), "
-            f"i.e. {_fmt(sel['goodput_per_gpu_rps'])} RPS per {w.unit} (goodput per {w.unit}"
+        headline += (
+            f" For {m['engine']['placement']['replicas']} replica(s) that is "
+            f"**{sel['capacity_per_replica_rps']:g} RPS per replica** (the plan's figure). "
+            f"Measured goodput at {cap:g} RPS: {fmt(goodput)} RPS (the least over its repeats), "
+            f"i.e. {fmt(sel['goodput_per_gpu_rps'])} RPS per {w.unit} (goodput per {w.unit}"
             + (", DistServe's sense" if w.unit == "GPU" else "")
-            + f", as measured; nominally {_fmt(sel['capacity_per_gpu_nominal_rps'])})."
+            + f", as measured; nominally {fmt(sel['capacity_per_gpu_nominal_rps'])})."
         )
+    lines.append(headline)
     lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
     if faults := capacity.get("measurement_faults"):
         lines += [
@@ -625,7 +300,7 @@ def _readme_decision(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+def plan_section(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     w = target_words(m)
     if plan.get("required_replicas") is None:
         return ["## Replica plan", "", plan["reason"], ""] if plan.get("reason") else []
@@ -651,23 +326,23 @@ def _readme_plan(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     if plan.get("cost"):
         c = plan["cost"]
         price = m["plan"].get("price_per_gpu_hour")
-        lines += [f"Cost, in the currency of plan.price_per_gpu_hour ({_fmt(price)} per "
-                  f"{w.unit}-hour): {_fmt(c['cost_per_hour'])} per hour for "
+        lines += [f"Cost, in the currency of plan.price_per_gpu_hour ({fmt(price)} per "
+                  f"{w.unit}-hour): {fmt(c['cost_per_hour'])} per hour for "
                   f"{plan['required_gpus']} {w.units}; "
-                  f"{_fmt(c['cost_per_request'])} per successful request; "
-                  f"{_fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
+                  f"{fmt(c['cost_per_request'])} per successful request; "
+                  f"{fmt(c['cost_per_task'])} per completed task.", ""]  # fmt: skip
     if plan.get("effective_bandwidth"):
         b = plan["effective_bandwidth"]
         lines += [f"Effective bandwidth (from the single-user TPOT): "
-                  f"{_fmt(b['effective_bandwidth_gbps'])} GB/s for "
-                  f"{_fmt(b['tokens_per_second'])} tokens/s at "
-                  f"{_fmt(b['bytes_per_token_gb'])} GB per token"
-                  + (f"; MBU {_fmt(b['mbu'])} of the spec" if b.get("mbu") else "") + ".",
+                  f"{fmt(b['effective_bandwidth_gbps'])} GB/s for "
+                  f"{fmt(b['tokens_per_second'])} tokens/s at "
+                  f"{fmt(b['bytes_per_token_gb'])} GB per token"
+                  + (f"; MBU {fmt(b['mbu'])} of the spec" if b.get("mbu") else "") + ".",
                   ""]  # fmt: skip
     return lines
 
 
-def _readme_gates(m: dict[str, Any]) -> list[str]:
+def gates_section(m: dict[str, Any]) -> list[str]:
     acc = m["acceptance"]
     return [
         "## Gates",
@@ -682,7 +357,7 @@ def _readme_gates(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _readme_verdict_words(m: dict[str, Any]) -> list[str]:
+def verdict_words_section(m: dict[str, Any]) -> list[str]:
     """What each verdict word in this README means (one repeat's, then a rate's)."""
     acc = m["acceptance"]
     gate, conf = acc["class_slo_attainment_min"], acc.get("attainment_confidence", 0.95)
@@ -721,7 +396,7 @@ def _readme_verdict_words(m: dict[str, Any]) -> list[str]:
 
 
 def _per_repeat(row: dict[str, Any], key: str) -> str:
-    return " / ".join(_fmt(p[key]) for p in row.get("per_repeat", [])) or "n/a"
+    return " / ".join(fmt(p[key]) for p in row.get("per_repeat", [])) or "n/a"
 
 
 def _cache_sources(capacity: dict[str, Any]) -> dict[str, Any] | None:
@@ -735,7 +410,7 @@ def _cache_sources(capacity: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
+def evidence_section(capacity: dict[str, Any]) -> list[str]:
     lines = [
         "## Evidence",
         "",
@@ -771,7 +446,7 @@ def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
                 f"| {r['offered_rps']:g} | {_per_repeat(r, 'offered_measured_rps')} | "
                 f"{_per_repeat(r, 'achieved_rps')} | {_per_repeat(r, 'prefix_cache_hit_rate')} | "
                 f"{_per_repeat(r, 'client_cached_token_fraction')} | {r['status']} | {verdicts} | "
-                f"{_fmt(g['mean'])} ({_fmt(g['min'])}-{_fmt(g['max'])}) | {why} |"
+                f"{fmt(g['mean'])} ({fmt(g['min'])}-{fmt(g['max'])}) | {why} |"
             )
         lines.append("")
     for state, cur in capacity["closed_loop"].items():
@@ -781,20 +456,20 @@ def _readme_evidence(capacity: dict[str, Any]) -> list[str]:
         note = cur.get("operating_point_note")
         lines.append(
             f"Operating point: concurrency {op['concurrency']} at "
-            f"{_fmt(op['output_throughput_tps'])} output tokens/s, the highest throughput "
+            f"{fmt(op['output_throughput_tps'])} output tokens/s, the highest throughput "
             "meeting every class's attainment gate"
             + (f": {note}." if note else ".") if op else
             "No concurrency level met the latency gates."
         )  # fmt: skip
         if single:
-            ttft = ", ".join(f"{k} {_fmt(v)} ms" for k, v in single["p95_ttft_ms"].items())
-            tpot = ", ".join(f"{k} {_fmt(v)} ms" for k, v in single["p95_tpot_ms"].items())
+            ttft = ", ".join(f"{k} {fmt(v)} ms" for k, v in single["p95_ttft_ms"].items())
+            tpot = ", ".join(f"{k} {fmt(v)} ms" for k, v in single["p95_tpot_ms"].items())
             lines.append(f"Single user (concurrency 1): P95 TTFT {ttft}; P95 TPOT {tpot}.")
         lines.append("")
     return lines
 
 
-def _readme_selected(selected: dict[str, Any] | None) -> list[str]:
+def selected_section(selected: dict[str, Any] | None) -> list[str]:
     if selected is None:
         return []
     return [
@@ -802,16 +477,16 @@ def _readme_selected(selected: dict[str, Any] | None) -> list[str]:
         "",
         f"`slo-report.json` and `requests.csv` are point `{selected['key']}` "
         f"(verdict {selected['verdict']}): {selected['attempted']} attempted, "
-        f"{selected['successful']} successful, error rate {_fmt(selected['error_rate'])}, "
-        f"observed goodput {_fmt(selected['observed_goodput_rps'])} RPS, queue trend "
+        f"{selected['successful']} successful, error rate {fmt(selected['error_rate'])}, "
+        f"observed goodput {fmt(selected['observed_goodput_rps'])} RPS, queue trend "
         f"{selected['queue_trend']}, prefix-cache hit rate "
-        f"{_fmt(selected.get('prefix_cache_hit_rate'))}.",
+        f"{fmt(selected.get('prefix_cache_hit_rate'))}.",
         "",
         *selected_lines(selected),
     ]
 
 
-def _readme_failure_answer(failure: dict[str, Any] | None) -> list[str]:
+def failure_answer_section(failure: dict[str, Any] | None) -> list[str]:
     """The second headline question, answered for the recommended plan, then one line per
     mechanism drill."""
     if failure is None:
@@ -841,7 +516,7 @@ def _readme_failure_answer(failure: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _readme_failure(m: dict[str, Any]) -> list[str]:
+def failure_section(m: dict[str, Any]) -> list[str]:
     if not m.get("failure"):
         return []
     drills = ", ".join(f"`{d['name']}` ({d['kind']})" for d in m["failure"]["drills"])
@@ -867,7 +542,7 @@ def _readme_failure(m: dict[str, Any]) -> list[str]:
     ]
 
 
-def _readme_limits(m: dict[str, Any]) -> list[str]:
+def limits_section(m: dict[str, Any]) -> list[str]:
     return [
         "## Limits",
         "",
@@ -886,7 +561,7 @@ def _readme_limits(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _readme_files(frozen: dict[str, Any], files: list[str]) -> list[str]:
+def files_section(frozen: dict[str, Any], files: list[str]) -> list[str]:
     return [
         "## Files",
         "",

@@ -6,19 +6,17 @@ cannot, round by round. Each round is a set of ordinary points (``open-r35/cold/
 pipeline runs each round as a Snakemake checkpoint (``rules/search.smk``), so every point is a
 cached sweep/normalize/analyze job and a rerun measures only points it has not measured.
 
-**Open loop.** A tested rate's status is :func:`capacity_pack.decide.capacity.rate_status` of
+**Open loop.** A tested rate's status is :func:`capacity_pack.decide.pooled.rate_status` of
 the reports of its measured repeats, pooled; ``pass`` and ``marginal`` meet the gates
-(:func:`capacity_pack.decide.capacity.meets_gates`: shown at the confidence, or on the pooled
-estimate), ``misses``, ``fail`` and ``inconclusive`` do not. The bracket is
-
-    pass_rps = the highest tested rate meeting the gates with every lower tested rate meeting them,
-    fail_rps = the lowest tested rate above pass_rps (it does not meet them),
-
-the same selection rule as the capacity decision, so a pass above a failure never moves it. No
-tested rate lies strictly inside the bracket. The next rate of the search:
+(:func:`capacity_pack.decide.pooled.meets_gates`: shown at the confidence, or on the pooled
+estimate), ``misses``, ``fail`` and ``inconclusive`` do not. The bracket [pass_rps, fail_rps)
+is :func:`capacity_pack.decide.bracket.bracket`'s (pass_rps the highest tested rate meeting the
+gates with every lower tested rate meeting them, fail_rps the lowest tested rate above it), the
+capacity decision's, so a pass above a failure never moves it. The next rate of the search:
 
 - *bisect* when both ends exist and the width fail_rps - pass_rps exceeds the resolution
-  (``resolution_rps``, or ``resolution_rel`` x pass_rps): the tidiest rate within an eighth of
+  (:func:`capacity_pack.decide.bracket.resolution_of`: ``resolution_rps``, or
+  ``resolution_rel`` x pass_rps): the tidiest rate within an eighth of
   the width of the midpoint (:func:`tidy_between`: the coarsest step of the 1-2-5 ladder whose
   multiple nearest the midpoint lies strictly inside), so ids stay readable (``open-r32``, not
   ``open-r32.5``) and each round still shrinks the bracket to at most 5/8 of its width;
@@ -59,7 +57,7 @@ generator fell behind its schedule (client-bound: dispatch lateness p99 over
 ``client.lateness_bound_ms``) measured the client, not the target; a repeat decided in run under
 another attainment gate and undecided at the pack's (superseded: the gate changed since) was
 stopped by a rule that no longer applies. A rate's status is taken over the repeats that decide
-it (:func:`capacity_pack.decide.capacity.deciding_reports`). When the bracket's failing end
+it (:func:`capacity_pack.decide.pooled.deciding_reports`). When the bracket's failing end
 has none, the next round measures it again at the next repeat index (a ``retry`` step: a search
 round while search rounds remain, a ``retry`` round after ``max_rounds``, as a confirmation is)
 instead of bisecting below it; after ``sweep.search.extra_repeats`` measurements beyond
@@ -69,13 +67,12 @@ the points already measured, and measures only what the new decisions ask for.
 
 **Closed loop** (``search.concurrency``). A level *meets* the SLO when every class's attainment
 meets ``acceptance.class_slo_attainment_min`` in every measured repeat (the latency constraint of
-:func:`capacity_pack.decide.capacity.closed_loop_curve`). The bracket is the highest level
-meeting it with every lower level meeting it, and the lowest level above that does not; the next
-level bisects it (the integer midpoint floor((low + high) / 2), when the bracket is wider than
-``resolution`` workers), doubles the highest level when all meet (up to ``max_concurrency``,
-default 4 x the highest declared level), and stops when concurrency 1 fails. The same
-confirmation rule spends the repeats on the bracket's meeting level. Its round 1 is
-``sweep.closed_loop_concurrency``.
+:func:`capacity_pack.decide.capacity.closed_loop_curve`). The bracket is the same walk over the
+levels (:func:`capacity_pack.decide.bracket.bracket`); the next level bisects it (the integer
+midpoint floor((low + high) / 2), when the bracket is wider than ``resolution`` workers),
+doubles the highest level when all meet (up to ``max_concurrency``, default 4 x the highest
+declared level), and stops when concurrency 1 fails. The same confirmation rule spends the
+repeats on the bracket's meeting level. Its round 1 is ``sweep.closed_loop_concurrency``.
 
 **Saturation check** (recorded, with or without a closed-loop search): the curve is *saturated*
 when the last doubling of concurrency raised the output throughput by less than 10 %:
@@ -102,17 +99,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from capacity_pack.decide.capacity import (
-    deciding_reports,
-    meets_gates,
-    meets_latency_gates,
-    rate_status,
-    void,
-)
+from capacity_pack.decide.bracket import bracket, resolution_of, within
+from capacity_pack.decide.capacity import meets_latency_gates
+from capacity_pack.decide.pooled import deciding_reports, rate_status, void
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import ConcurrencySearch, Pack, search_rate_bounds
 from capacity_pack.plan.schedule import Point
+from capacity_pack.vocab.words import bracket_text
 
 #: Saturation: the last doubling of concurrency raised output throughput by less than this.
 SATURATION_GAIN = 0.10
@@ -235,7 +229,7 @@ def tidy(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
 
 def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per tested open-loop rate: its status over the repeats that decide it
-    (:func:`capacity_pack.decide.capacity.deciding_reports`: a client-bound or superseded
+    (:func:`capacity_pack.decide.pooled.deciding_reports`: a client-bound or superseded
     repeat is set aside when another decides), every measured repeat, and the void ones."""
     by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
     for r in reports:
@@ -268,13 +262,12 @@ def level_rows(reports: Sequence[dict[str, Any]], attainment_min: float) -> list
     rows = []
     for level in sorted(by_level):
         reps = sorted(by_level[level], key=lambda r: r["repeat"])
+        meets = all(meets_latency_gates(r, attainment_min) for r in reps)
         rows.append(
             {
                 "concurrency": level,
-                "meets_slo": all(meets_latency_gates(r, attainment_min) for r in reps),
-                "status": "pass"
-                if all(meets_latency_gates(r, attainment_min) for r in reps)
-                else "fail",
+                "meets_slo": meets,
+                "status": "pass" if meets else "fail",
                 "repeats": [int(r["repeat"]) for r in reps],
                 "output_throughput_tps": _mean(r.get("output_throughput_tps") for r in reps),
                 "request_throughput_rps": _mean(r.get("request_throughput_rps") for r in reps),
@@ -286,17 +279,6 @@ def level_rows(reports: Sequence[dict[str, Any]], attainment_min: float) -> list
 def _mean(values: Iterable[Any]) -> float | None:
     x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     return float(np.mean(x)) if x else None
-
-
-def bracket(rows: Sequence[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
-    """(highest value meeting the gates with every lower one meeting them, lowest value above
-    it): a status meets them when :func:`capacity_pack.decide.capacity.meets_gates`."""
-    low = None
-    for row in rows:
-        if not meets_gates(row["status"]):
-            return low, row[key]
-        low = row[key]
-    return low, None
 
 
 def saturation(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -330,14 +312,6 @@ def saturation(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # One loop's step
 # ---------------------------------------------------------------------------------------------
-
-
-def resolution_of(inputs: SearchInputs, pass_rps: float | None) -> float | None:
-    """The bracket width the open-loop search stops at (None: relative, no passing rate yet)."""
-    if inputs.resolution_rps is not None:
-        return inputs.resolution_rps
-    assert inputs.resolution_rel is not None
-    return inputs.resolution_rel * pass_rps if pass_rps is not None else None
 
 
 def rate_step(
@@ -374,12 +348,13 @@ def rate_step(
         )
     width, res = high - low, resolution_of(inputs, low)
     assert res is not None
-    if width <= res + 1e-9:
-        return [], "none", f"the bracket [{low:g}, {high:g}) is within the resolution ({res:g})"
+    span = bracket_text(low, high)
+    if within(width, res):
+        return [], "none", f"the bracket {span} is within the resolution ({res:g} RPS)"
     mid = tidy_between(low, high)
     if mid is None:
-        return [], "none", f"no rate with 6 decimals lies inside [{low:g}, {high:g})"
-    why = f"the bracket [{low:g}, {high:g}) is wider than the resolution ({res:g} RPS)"
+        return [], "none", f"no rate with 6 decimals lies inside {span}"
+    why = f"the bracket {span} is wider than the resolution ({res:g} RPS)"
     return _fresh([mid], tested, "bisect", why)
 
 
@@ -454,8 +429,8 @@ def predicted_rates(
     )
     low, high = entry.get("pass_rps"), entry.get("fail_rps")
     if low is not None and high is not None:
-        within = resolution_rps is not None and high - low <= resolution_rps + 1e-9
-        rates = [low, high] if within else [low, tidy_between(low, high), high]
+        narrow = bool(within(high - low, resolution_rps))
+        rates = [low, high] if narrow else [low, tidy_between(low, high), high]
     elif high is not None:
         rates = [max(MIN_OPEN_LOOP_RPS, tidy(high / 2)), high]
     elif low is not None:
@@ -506,7 +481,7 @@ def _unused_repeats(row: dict[str, Any], limit: int) -> list[int]:
     return [k for k in range(limit) if k not in row["repeats"]]
 
 
-#: Why a void repeat decided nothing, in words (capacity_pack.decide.capacity.void's kinds).
+#: Why a void repeat decided nothing, in words (capacity_pack.decide.pooled.void's kinds).
 VOID_WORDS = {
     "client-bound": "the client fell behind its schedule, no server result",
     "disturbed": "other work on the host disturbed the point, not the target's result",
@@ -561,8 +536,29 @@ def decide_round(
     the confirmation the next round may take (:func:`plan_rounds` chooses); ``measured``: the
     keys of the points this round measured (shown as they are)."""
     mine = [r for r in reports if r.get("cache_state") == cache_state]
-    rates = rate_rows(mine)
-    levels = level_rows(mine, inputs.attainment_min)
+    first, why_first = _first_rates(mine, inputs, predicted_rps)
+    return {
+        "format": FORMAT,
+        "cache_state": cache_state,
+        "round": round_index,
+        "measured": list(measured),
+        "first_round_rps": first,
+        "first_round_why": why_first,
+        "open": _open_part(rate_rows(mine), inputs, first, why_first),
+        "closed": _closed_part(level_rows(mine, inputs.attainment_min), inputs),
+        "next": (
+            "round k+1 takes a loop's 'search' while that loop has run fewer than "
+            "sweep.search.max_rounds search rounds, else its 'confirm'; the search is done "
+            "when no loop has either"
+        ),
+    }
+
+
+def _first_rates(
+    mine: Sequence[dict[str, Any]], inputs: SearchInputs, predicted_rps: Sequence[float] | None
+) -> tuple[list[float] | None, str]:
+    """(round 1's open-loop rates, where they come from): declared, predicted, or derived
+    from the declared closed-loop levels (``initial: auto``)."""
     first, why_first = inputs.initial_rps, "sweep.search.initial (or sweep.open_loop_rps)"
     if first is None and inputs.predicted:
         first = sorted(predicted_rps or [])
@@ -580,70 +576,68 @@ def decide_round(
             and int(r["repeat"]) == 0
         ]
         first, why_first = auto_rates(level_rows(declared, inputs.attainment_min))
+    return first, why_first
+
+
+def _open_part(
+    rates: list[dict[str, Any]], inputs: SearchInputs, first: list[float] | None, why_first: str
+) -> dict[str, Any]:
+    """The open loop's part of a round file: tested rates, bracket, step, confirmation."""
     open_doc: dict[str, Any] = {"tested": rates, "bracket": None, "confirm": []}
     if not rates:
         derived = "predicted" if inputs.predicted else "auto"
         direction = derived if first and inputs.initial_rps is None else "none"
         open_doc["search"] = {"rates": first if direction == derived else [],
                               "direction": direction, "why": why_first}  # fmt: skip
-    else:
-        step, direction, why = rate_step(rates, inputs, first or [r["offered_rps"] for r in rates])
-        low, high = bracket(rates, "offered_rps")
-        retries = inputs.extra_repeats
-        retry, why_retry = void_retry(rates, high, inputs.repeats, retries)
-        if retry:
-            step, direction, why = [], "retry", why_retry
-        elif why_retry:
-            why = f"{why}; {why_retry}"
-        res = resolution_of(inputs, low)
-        both = low is not None and high is not None
-        open_doc |= {
-            "bracket": {
-                "pass_rps": low,
-                "fail_rps": high,
-                "width_rps": round(high - low, 6) if both else None,
-                "resolution_rps": res,
-                "within_resolution": bool(both and res and high - low <= res + 1e-9),
-            },
-            "search": {"rates": step, "retry": retry, "direction": direction, "why": why},
-            # Both ends, the failing one unless it is shown to fail: a rate is decided on its
-            # repeats pooled, so another repeat of either end can move the bracket.
-            "confirm": confirmation(
-                rates, "offered_rps", (low, _undecided(rates, high)), inputs.repeats, retries
-            ),
-        }
-    closed_doc: dict[str, Any] = {"tested": levels, "saturation": saturation(levels)}
-    if inputs.concurrency is not None:
-        step_c, direction_c, why_c = level_step(levels, inputs)
-        low_c, high_c = bracket(levels, "concurrency")
-        closed_doc |= {
-            "bracket": {
-                "pass_concurrency": low_c,
-                "fail_concurrency": high_c,
-                "resolution": inputs.concurrency.resolution,
-                "within_resolution": bool(
-                    low_c is not None
-                    and high_c is not None
-                    and high_c - low_c <= inputs.concurrency.resolution
-                ),
-            },
-            "search": {"levels": step_c, "direction": direction_c, "why": why_c},
-            "confirm": confirmation(levels, "concurrency", (low_c,), inputs.repeats),
-        }
-    return {
-        "format": FORMAT,
-        "cache_state": cache_state,
-        "round": round_index,
-        "measured": list(measured),
-        "first_round_rps": first,
-        "first_round_why": why_first,
-        "open": open_doc,
-        "closed": closed_doc,
-        "next": (
-            "round k+1 takes a loop's 'search' while that loop has run fewer than "
-            "sweep.search.max_rounds search rounds, else its 'confirm'; the search is done "
-            "when no loop has either"
+        return open_doc
+    step, direction, why = rate_step(rates, inputs, first or [r["offered_rps"] for r in rates])
+    low, high = bracket(rates, "offered_rps")
+    retries = inputs.extra_repeats
+    retry, why_retry = void_retry(rates, high, inputs.repeats, retries)
+    if retry:
+        step, direction, why = [], "retry", why_retry
+    elif why_retry:
+        why = f"{why}; {why_retry}"
+    res = resolution_of(inputs, low)
+    both = low is not None and high is not None
+    return open_doc | {
+        "bracket": {
+            "pass_rps": low,
+            "fail_rps": high,
+            "width_rps": round(high - low, 6) if both else None,
+            "resolution_rps": res,
+            "within_resolution": bool(both and res and within(high - low, res)),
+        },
+        "search": {"rates": step, "retry": retry, "direction": direction, "why": why},
+        # Both ends, the failing one unless it is shown to fail: a rate is decided on its
+        # repeats pooled, so another repeat of either end can move the bracket.
+        "confirm": confirmation(
+            rates, "offered_rps", (low, _undecided(rates, high)), inputs.repeats, retries
         ),
+    }
+
+
+def _closed_part(levels: list[dict[str, Any]], inputs: SearchInputs) -> dict[str, Any]:
+    """The closed loop's part of a round file: tested levels, saturation and, with a
+    closed-loop search, its bracket, step and confirmation."""
+    closed_doc: dict[str, Any] = {"tested": levels, "saturation": saturation(levels)}
+    if inputs.concurrency is None:
+        return closed_doc
+    step_c, direction_c, why_c = level_step(levels, inputs)
+    low_c, high_c = bracket(levels, "concurrency")
+    return closed_doc | {
+        "bracket": {
+            "pass_concurrency": low_c,
+            "fail_concurrency": high_c,
+            "resolution": inputs.concurrency.resolution,
+            "within_resolution": bool(
+                low_c is not None
+                and high_c is not None
+                and high_c - low_c <= inputs.concurrency.resolution
+            ),
+        },
+        "search": {"levels": step_c, "direction": direction_c, "why": why_c},
+        "confirm": confirmation(levels, "concurrency", (low_c,), inputs.repeats),
     }
 
 
@@ -690,22 +684,14 @@ def _step_points(doc: dict[str, Any], loop: Loop, kind: str, repeats: int = 1) -
             Point(mode="closed", concurrency=c, cache_state=cache, repeat=0)
             for c in part["search"]["levels"]
         ]
-    out = []
+    out: list[Point] = []
     for item in part.get("confirm") or []:
-        for rep in item["repeats"]:
-            if loop == "open":
-                out.append(
-                    Point(mode="open", rate_rps=item["offered_rps"], cache_state=cache, repeat=rep)
-                )
-            else:
-                out.append(
-                    Point(
-                        mode="closed",
-                        concurrency=int(item["concurrency"]),
-                        cache_state=cache,
-                        repeat=rep,
-                    )
-                )
+        where = (
+            {"mode": "open", "rate_rps": item["offered_rps"]}
+            if loop == "open"
+            else {"mode": "closed", "concurrency": int(item["concurrency"])}
+        )
+        out += [Point(**where, cache_state=cache, repeat=rep) for rep in item["repeats"]]
     return out
 
 

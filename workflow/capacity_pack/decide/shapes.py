@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from capacity_pack.decide.report import pyplot, save_figure
+from capacity_pack.decide.plots import pyplot, save_figure
 from capacity_pack.evidence.statistics import mann_kendall
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.manifest import Experiment

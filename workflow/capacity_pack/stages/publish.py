@@ -1,10 +1,12 @@
 """Stage ``publish``: the finished pack on its MLflow parent run, last of all.
 
 The parent gets the decision as its description (the Markdown the MLflow UI shows on the run's
-page: the same lines the console ends on, :mod:`capacity_pack.decide.console`) and as metrics
-(:func:`capacity_pack.decide.capacity.decision_metrics`), the decision per cache state as a
-tag, and every file of the pack folder as an artifact under ``pack/`` with its relative path,
-the failure test, the autopsy and the HTML report included: the stage runs after all of them.
+page: the same lines the console ends on, :mod:`capacity_pack.decide.console`, each cache
+state's the decision sentence of :func:`capacity_pack.vocab.words.decision_sentence`) and as
+metrics (:func:`capacity_pack.decide.capacity.decision_metrics`), the decision per cache state
+as a tag (``capacity.json``'s ``decision``: that sentence and why), and every file of the pack
+folder as an artifact under ``pack/`` with its relative path, the failure test, the autopsy and
+the HTML report included: the stage runs after all of them.
 """
 
 from __future__ import annotations

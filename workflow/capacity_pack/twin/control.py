@@ -61,6 +61,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.binomial import block_counts
+from capacity_pack.decide.bracket import centred_resolution
 from capacity_pack.evidence.analysis import MEASURED_PHASES
 from capacity_pack.plan.manifest import Pack, SimTarget, judged_by_engine_model
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, prewarm_rows
@@ -213,7 +214,9 @@ def long_run_bracket(
     interpolation of mu between the ends (mu is smooth in the rate), put on
     a grid of a quarter resolution, and the bracket is that rate -+ half the resolution
     (``resolution_rps``, or with ``resolution_rel`` the width w = rel x pass_rps, so
-    w = rel x centre / (1 + rel / 2)), its ends rounded inwards to 4 significant digits. None
+    w = rel x centre / (1 + rel / 2): :func:`capacity_pack.decide.bracket.centred_resolution`;
+    a centred bracket, not the search's, whose ends are its statuses' walk), its ends rounded
+    inwards to 4 significant digits. None
     when ``max_evaluations`` rates do not bracket the gate or the bracket would reach 0 RPS.
     Each evaluation costs 2-5 s of CPU on the default pack."""
     if not applies(pack) or not 0 < low < high:
@@ -247,11 +250,14 @@ def long_run_bracket(
     if not (mu(low) >= gate > mu(high)):
         return None
 
+    resolution = {"resolution_rps": resolution_rps, "resolution_rel": resolution_rel}
+
     def width_at(centre: float) -> float:
-        if resolution_rps is not None:
-            return resolution_rps
-        assert resolution_rel is not None
-        return resolution_rel * centre / (1 + resolution_rel / 2)
+        # Not a search bracket's resolution at its passing end but the same one solved for a
+        # bracket centred on the rate (capacity_pack.decide.bracket.centred_resolution).
+        width = centred_resolution(resolution, centre)
+        assert width is not None
+        return width
 
     def interpolated() -> float:
         return low + (mu(low) - gate) / (mu(low) - mu(high)) * (high - low)

@@ -19,8 +19,9 @@ rate (half the lowest rate while it does not pass, twice the highest while every
 else the tidy rate near the midpoint of [pass_rps, fail_rps)), which is predicted and added,
 until the bracket is within the resolution: ``sweep.search``'s (``resolution_rps``, or
 ``resolution_rel`` x pass_rps) or, for a pack without a search, :data:`DEFAULT_RESOLUTION_REL`
-x pass_rps. The bracket is the search's: pass_rps the highest rate predicted to pass with every
-lower predicted rate passing, fail_rps the lowest predicted rate above it. The prediction
+x pass_rps (:func:`capacity_pack.decide.bracket.resolution_of`). The bracket is the search's
+(:func:`capacity_pack.decide.bracket.bracket`): pass_rps the highest rate predicted to pass
+with every lower predicted rate passing, fail_rps the lowest predicted rate above it. The prediction
 searches further than the pack's own search would (down to
 :data:`capacity_pack.plan.limits.MIN_OPEN_LOOP_RPS`, up to :data:`UP_FACTOR` x the highest
 planned rate) so that the bracket is found where the planned rates miss it.
@@ -38,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from capacity_pack.decide.capacity import meets_gates
-from capacity_pack.decide.search import SearchInputs, bracket, rate_step, resolution_of
+from capacity_pack.decide.bracket import bracket, meets_gates, resolution_of
+from capacity_pack.decide.search import SearchInputs, rate_step
 from capacity_pack.io import sha256_of_obj
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
 from capacity_pack.plan.manifest import Pack, SimTarget
@@ -50,6 +51,7 @@ from capacity_pack.twin.virtual_point import (
     VirtualPointError,
     predict_point,
 )
+from capacity_pack.vocab.words import bracket_text
 
 #: The bracket's relative resolution for a pack without ``sweep.search``.
 DEFAULT_RESOLUTION_REL = 0.1
@@ -76,12 +78,15 @@ class PredictedBracket:
     long_run: tuple[tuple[float, float], ...] = ()
 
     def text(self) -> str:
-        """The bracket in words: ``[0.5, 0.56) RPS``, ``below 0.001 RPS``, ``at least 64 RPS``."""
-        if self.pass_rps is None:
-            return f"below {self.fail_rps:g} RPS (no predicted rate passes)"
-        if self.fail_rps is None:
-            return f"at least {self.pass_rps:g} RPS (every predicted rate passes)"
-        return f"[{self.pass_rps:g}, {self.fail_rps:g}) RPS"
+        """The bracket in words (:func:`capacity_pack.vocab.words.bracket_text`), with why an
+        end is missing: ``[0.5, 0.56) RPS``, ``below 0.001 RPS (no predicted rate passes)``,
+        ``at least 64 RPS (every predicted rate passes)``."""
+        text = bracket_text(self.pass_rps, self.fail_rps)
+        if self.pass_rps is None and self.fail_rps is not None:
+            return f"{text} (no predicted rate passes)"
+        if self.fail_rps is None and self.pass_rps is not None:
+            return f"{text} (every predicted rate passes)"
+        return text
 
     def inside(self, low: float, high: float) -> bool:
         """Whether both ends of the bracket lie within [low, high]."""
@@ -296,9 +301,7 @@ def predicted_bracket(
             probes.append(preds[rate])
     rows = [{"offered_rps": r, "status": preds[r].status} for r in sorted(preds)]
     low, high = bracket(rows, "offered_rps")
-    res = inputs.resolution_rps
-    if res is None and low is not None and inputs.resolution_rel is not None:
-        res = inputs.resolution_rel * low
+    res = resolution_of(inputs, low)
     if long_run and low is not None and high is not None:
         centred = long_run_bracket(
             pack, profile, cache_state, low, high, inputs.resolution_rps, inputs.resolution_rel

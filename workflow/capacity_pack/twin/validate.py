@@ -5,9 +5,11 @@ calibrate`) predicts the open-loop capacity of each cache state *before* the ope
 are read: its prediction file is made from the calibration and the manifest alone. This module
 compares that prediction with the pack's measured ``capacity.json``.
 
-Per cache state, with the measured bracket ``[p_m, f_m)`` (the highest rate shown to pass with
-every lower tested rate passing, and the lowest tested rate above it; either may be missing) and
-the predicted bracket ``[p_t, f_t)`` found by the same rule on virtual-time runs:
+Per cache state, with the measured bracket ``[p_m, f_m)`` (:mod:`capacity_pack.decide.bracket`:
+the highest tested rate meeting every gate with every lower tested rate meeting them, and the
+lowest tested rate above it; either may be missing) and the predicted bracket ``[p_t, f_t)``
+found by the same rule on virtual-time runs, each written as
+:func:`capacity_pack.vocab.words.bracket_text` writes a bracket:
 
 - predicted capacity   ``c_t = (p_t + f_t) / 2`` when both ends exist, else the one that does
   (``p_t``: at least; ``f_t``: below);
@@ -34,6 +36,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from capacity_pack.vocab.words import bracket_text
+
 DEFAULT_TOLERANCE_REL = 0.15
 
 
@@ -56,17 +60,6 @@ def capacity_error(
     gap = lo - predicted if predicted < lo else (predicted - hi if predicted > hi else 0.0)
     reference = pass_m if pass_m is not None else fail_m
     return gap / reference if reference else None
-
-
-def bracket_words(pass_rps: float | None, fail_rps: float | None) -> str:
-    """``[5, 6)``, ``>= 5`` or ``< 6`` RPS."""
-    if pass_rps is not None and fail_rps is not None:
-        return f"[{pass_rps:g}, {fail_rps:g}) RPS"
-    if pass_rps is not None:
-        return f">= {pass_rps:g} RPS"
-    if fail_rps is not None:
-        return f"< {fail_rps:g} RPS"
-    return "no bracket"
 
 
 def measured_attainment(capacity_state: dict[str, Any]) -> dict[float, dict[str, float]]:
@@ -138,9 +131,9 @@ def compare_state(
         "why": why,
         "sentence": (
             f"{state}: the twin predicts {c_t:.3g} RPS "
-            f"({bracket_words(pass_t, fail_t)}), measured {bracket_words(pass_m, fail_m)}"
+            f"({bracket_text(pass_t, fail_t)}), measured {bracket_text(pass_m, fail_m)}"
             if c_t is not None
-            else f"{state}: the twin predicts no bracket; measured " + bracket_words(pass_m, fail_m)
+            else f"{state}: the twin predicts no bracket; measured " + bracket_text(pass_m, fail_m)
         ),
         "attainment": rows,
         "attainment_error_max_abs": max(errors) if errors else None,
@@ -243,8 +236,8 @@ def readme_lines(validation: dict[str, Any] | None) -> list[str]:
         att = s["attainment_error_max_abs"]
         out.append(
             f"| {s['cache_state']} | "
-            + (f"{c:.3g} RPS ({bracket_words(p['pass_rps'], p['fail_rps'])})" if c else "none")
-            + f" | {bracket_words(m['pass_rps'], m['fail_rps'])} | "
+            + (f"{c:.3g} RPS ({bracket_text(p['pass_rps'], p['fail_rps'])})" if c else "none")
+            + f" | {bracket_text(m['pass_rps'], m['fail_rps'])} | "
             + (f"{err:.1%}" if err is not None else "n/a")
             + " | "
             + (f"{att:.3f}" if att is not None else "n/a")
