@@ -140,6 +140,21 @@ def test_load_frozen_detects_edits(tmp_path):
         (lambda d: d.__setitem__("surprise", 1), "surprise"),
         (lambda d: d["target"].__setitem__("kind", "grpc"), "target"),
         (lambda d: d["engine"]["placement"].__setitem__("gpus", 3), "tp x pp x dp"),
+        # Found by test_pack_properties: a state named twice would be one point id twice.
+        (
+            lambda d: d.__setitem__(
+                "experiments",
+                [
+                    {
+                        "name": "soak",
+                        "test_type": "soak",
+                        "cache_states": ["warm", "warm"],
+                        "segments": [{"duration_s": 10, "rate_rps": 1}],
+                    }
+                ],
+            ),
+            "experiments.0: cache_states has duplicates",
+        ),
     ],
 )
 def test_invalid_configs_name_the_field(mutate, expected):

@@ -289,6 +289,9 @@ class Experiment(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Experiment:
+        # One point per cache state and repeat: a state named twice would be one point id twice.
+        if len(set(self.cache_states)) != len(self.cache_states):
+            raise ValueError(f"cache_states has duplicates: {self.cache_states}")
         if self.test_type == "spike" and self.spike is None:
             raise ValueError("a 'spike' experiment needs a 'spike' block")
         if self.test_type == "breakpoint":
