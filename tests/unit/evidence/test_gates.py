@@ -1,5 +1,5 @@
 """The gate registry and the SLO predicate: one entry per acceptance gate, each check and message
-on crafted statistics, and the README's gate table rendered from the registry."""
+on crafted statistics, and the gate table of docs/reading.md rendered from the registry."""
 
 from __future__ import annotations
 
@@ -170,12 +170,12 @@ def test_holds_is_elementwise():
 # -- the docs follow the registry --------------------------------------------------------------
 
 
-def test_readme_gate_table_is_the_registry():
-    text = (ROOT / "README.md").read_text()
+def test_docs_gate_table_is_the_registry():
+    text = (ROOT / "docs" / "reading.md").read_text()
     found = re.search(r"<!-- gates:begin -->\n(.*?)\n<!-- gates:end -->", text, re.S)
-    assert found, "README.md lacks the gate table markers"
+    assert found, "docs/reading.md lacks the gate table markers"
     assert found.group(1) == g.markdown_table(), (
-        "README.md's gate table differs from the registry: paste "
+        "docs/reading.md's gate table differs from the registry: paste "
         "capacity_pack.evidence.gates.markdown_table() between the markers"
     )
     for gate in g.GATES:

@@ -283,7 +283,7 @@ def pack_gates(pack: Any) -> Gates:
 
 
 # ---------------------------------------------------------------------------------------------
-# The gates in words (the README's table is this table; a test keeps them equal)
+# The gates in words (docs/reading.md's gate table is this table; a test keeps them equal)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -12,13 +12,13 @@ can accept, checked on every field by the unit its name ends in (:func:`bound_of
 - any other number: an integer fits int64 (|n| <= 2^63 - 1, as numpy and parquet store it),
   a float has |x| <= 1e12 (so no sum or product of two overflows to inf).
 
-Fields with a bound of their own (``Field(le=...)`` in :mod:`capacity_pack.plan.manifest`): an
-open-loop rate at least 0.001 RPS (point ids print rates to 6 decimals), closed-loop
-concurrency at most 100,000, shared prefixes at most 1,000,000 (an array of that many weights),
-length-distribution parameters at most 10,000,000 tokens, an arrival CV at most 10, a drill's
-rate multiplier at most 100, the schedule seed below 2^63. Per point, the manifest also bounds
-the requests a schedule holds (``MAX_REQUESTS``) and how long an open-loop point's initial
-requests take to arrive (``MAX_DURATION_S``).
+Fields with a bound of their own (``Field(le=...)`` in the section models that
+:mod:`capacity_pack.plan.manifest` gathers): an open-loop rate at least 0.001 RPS (point ids print
+rates to 6 decimals), closed-loop concurrency at most 100,000, shared prefixes at most 1,000,000 (an
+array of that many weights), length-distribution parameters at most 10,000,000 tokens, an arrival CV
+at most 10, a drill's rate multiplier at most 100, the schedule seed below 2^63. Per point, the
+manifest also bounds the requests a schedule holds (``MAX_REQUESTS``) and how long an open-loop
+point's initial requests take to arrive (``MAX_DURATION_S``).
 
 Mutable revisions. A revision-like field names a moving target when, lower-cased and split at
 ``- _ . / : ~ ^ @ + { }`` and white space, one of its words is ``latest``, ``main``, ``master``,
