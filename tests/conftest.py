@@ -18,14 +18,22 @@ import pytest
 import yaml
 
 from tests.exclusive import (  # noqa: F401 (the hooks: module order, exclusive tests)
-    pytest_collection_modifyitems,
+    order_modules,
     pytest_configure,
     pytest_runtest_protocol,
     pytest_unconfigure,
 )
 from tests.paths import DEFAULT_CONFIG, ROOT
+from tests.tiers import mark_tiers
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+# Before pytest's own hook deselects by mark (`-m "not slow"`): the tiers mark first.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_tiers(items)
+    order_modules(config, items)
 
 
 #: The host checks a pipeline test's pack runs without (capacity_pack.measure.host;

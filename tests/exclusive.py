@@ -91,7 +91,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         yield
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def order_modules(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order the workers take modules in (`--no-loadscope-reorder` keeps it): modules with
     slow tests first, so that a long pipeline module does not run alone at the end while the
     other worker idles; then the rest; the exclusive modules last, the real engine's first (the

@@ -9,12 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.exclusive import lock_folder
 from tests.paths import ROOT
 
 CONFTEST = (
-    "from tests.exclusive import pytest_collection_modifyitems, pytest_configure, "
-    "pytest_runtest_protocol, pytest_unconfigure\n"
+    "from tests.exclusive import order_modules as pytest_collection_modifyitems\n"
+    "from tests.exclusive import pytest_configure, pytest_runtest_protocol, pytest_unconfigure\n"
 )
 INI = """[pytest]
 markers =
@@ -39,6 +41,7 @@ def module(tests: list[tuple[str, str]]) -> str:
     return body.replace("{{", "{").replace("}}", "}")
 
 
+@pytest.mark.slow
 def test_an_exclusive_test_overlaps_no_other_while_the_rest_run_in_parallel(tmp_path: Path):
     """Exclusive tests run alone; the others run side by side."""
     (tmp_path / "conftest.py").write_text(CONFTEST)

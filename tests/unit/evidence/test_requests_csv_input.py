@@ -175,6 +175,7 @@ def assert_analyzer_error(message: str, path: str) -> None:
 @settings(
     max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@pytest.mark.slow
 @given(st.lists(STRUCTURAL, max_size=3), st.lists(BYTES, max_size=2))
 def test_mutated_requests_csv_reports_or_names_line_or_column(tmp_path, edits, raw):
     path = tmp_path / "requests.csv"

@@ -321,6 +321,7 @@ def _normalized(pack, point, schedule, out, summary) -> dict:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build_ahead_s", [None, 0.5])
 def test_extension_continues_the_arrival_process_without_a_gap(
     tmp_path, monkeypatch, build_ahead_s
@@ -418,6 +419,7 @@ def test_appended_blocks_keep_the_constant_gap(tmp_path, transport):
     assert gated["ok_by_class"] == {"interactive": 36} and gated["sequential"] is None
 
 
+@pytest.mark.slow
 def test_a_clearly_failing_rate_stops_before_its_schedule_ends(tmp_path):
     workload = [{**w, "request_ttft_cutoff_ms": 0.01} for w in pack_data()["workload"]]
     pack = _pack(200, workload=workload, maximum_duration_seconds=20)
@@ -466,6 +468,7 @@ def test_a_clearly_passing_rate_is_not_stopped_before_its_sample_gate(tmp_path):
     json.dumps(summary)  # the summary is plain JSON
 
 
+@pytest.mark.slow
 def test_where_the_engine_model_judges_the_rate_no_look_stops_the_point_early(tmp_path):
     workload = [{**w, "request_ttft_cutoff_ms": 0.01} for w in pack_data()["workload"]]
     pack = _pack(40, workload=workload, maximum_duration_seconds=3)

@@ -59,6 +59,7 @@ def long_stream_pack() -> dict:
         pytest.param(signal.SIGINT, 130, 2, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_interrupt_records_every_request_in_flight(tmp_path, sig, status, shards):
     """The signal goes to the measuring process alone (with two shards, to their parent, which
     hands it on)."""

@@ -219,6 +219,7 @@ def short_point_pack(requests: int) -> dict:
     return data
 
 
+@pytest.mark.slow
 def test_cold_hit_rate_near_zero_and_warm_high(tmp_path):
     pack = validate_pack(short_point_pack(120))
     rates = {}
@@ -242,6 +243,7 @@ def test_cold_hit_rate_near_zero_and_warm_high(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_extension_blocks_until_the_gate_or_the_time_limit(tmp_path):
     data = pack_data()
     data["client"].update(
@@ -324,6 +326,7 @@ def test_client_stamps_agree_with_the_servers_ground_truth(tmp_path):
     assert err["matched"] == 40 and err["e2e_abs_error_ms"]["p50"] < 3
 
 
+@pytest.mark.slow
 def test_load_progress_counts_the_measured_window_only(tmp_path):
     """`capacity-pack load --progress`: the live line counts measured requests (never the
     warm-up or prewarm ones) against the measured schedule, with the time left."""

@@ -14,6 +14,7 @@ from capacity_pack.plan.manifest import OpenAITarget, SimTarget, validate_pack
 from tests.conftest import pack_data
 
 
+@pytest.mark.slow
 def test_openai_target_cold_point_resets_and_verifies(tmp_path, monkeypatch):
     with SimProcess(SimTarget(kind="sim", profile="small-fast"), "sim-small") as sim:
         # Warm the engine's prefix cache first, as a previous point would.
@@ -50,6 +51,7 @@ def test_reset_waits_while_the_engine_refuses(tmp_path):
         assert facts["cache_empty_verified"] is True and facts["kv_usage_at_start"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prepared", [False, True])
 def test_openai_target_with_a_tokenizer_json_sends_exact_prompts(tmp_path, prepared):
     """A word-level tokenizer.json counts like the simulated engine, so the server's usage

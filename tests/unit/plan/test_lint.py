@@ -162,6 +162,7 @@ def test_fixing_the_broken_benchmark_clears_findings():
     assert lint_data(data, "fixed.yaml") == []
 
 
+@pytest.mark.slow
 def test_cli_lint_exit_codes():
     bad = subprocess.run(
         [sys.executable, "-m", "capacity_pack", "lint", str(BROKEN)],

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -161,6 +162,7 @@ def check(data: Any, source: str) -> None:
     assert len(set(ids)) == len(ids)
 
 
+@pytest.mark.slow
 @settings(max_examples=2500, deadline=None)
 @given(st.lists(MUTATION, min_size=1, max_size=3))
 def test_mutated_pack_data_validates_or_names_the_field(mutations):

@@ -138,6 +138,7 @@ def test_padding_and_dropping_words_as_fit_words_does(small_bpe):
         assert fit_counted(words, n, fitter.counts) == fit_words(words, n, small_bpe)
 
 
+@pytest.mark.slow
 def test_a_tokenize_endpoint_gets_the_same_prompts_with_fewer_requests(bpe):
     """vLLM's POST /tokenize served on 127.0.0.1 by a real HTTP server counting with ``bpe``."""
     from capacity_pack.engines.tokenize import EndpointCounter

@@ -136,6 +136,7 @@ def test_differences_move_the_estimate_and_widen_the_interval():
     assert 0 <= low < est < high <= 1
 
 
+@pytest.mark.slow
 def test_the_first_bracket_is_centred_on_the_models_long_run_boundary():
     pack = validate_pack(pack_data(), "pack.yaml")
     profile = load_profile(pack.target.profile)
