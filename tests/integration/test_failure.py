@@ -244,8 +244,14 @@ def drill_pack(tmp_path: Path):
             cold_start_s=3.5,
         )
         for drill in d["failure"]["drills"]:
-            if drill["kind"] in ("kv_pressure", "cancellation", "degraded_link"):
+            if drill["kind"] in ("cancellation", "degraded_link"):
                 drill["fault_s"] = 5
+            elif drill["kind"] == "kv_pressure":
+                # The default pack's 8 s: its KVCachePressure fires 3-4 s after the injection
+                # (KV usage above 0.9 for 2 s, or a preemption), which 5 s left to chance (a
+                # fresh-clone CI run on 2026-12-07: usage peaked at 0.997, never held 2 s, no
+                # preemption, no alert).
+                drill["fault_s"] = 8
 
     return make_pack(short)
 
