@@ -1,66 +1,17 @@
 """Bounds on a binomial proportion (an SLO attainment): fixed-sample and sequential.
 
-- **Wilson score interval** of p = k / n at confidence c, with z = Phi^-1(1/2 + c/2):
-  centre = (p + z^2/2n) / (1 + z^2/n), half-width = z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n),
-  clipped to [0, 1]. Valid for ONE look at a sample whose size was fixed in advance; it keeps
-  its coverage near p = 0 or 1, where the normal (Wald) interval collapses.
-- **Confidence sequence** (the bound a run may look at as often as it likes): the beta-binomial
-  mixture of Robbins (1970), as in Howard, Ramdas, McAuliffe and Sekhon, "Time-uniform,
-  nonparametric, nonasymptotic confidence sequences" (Ann. Statist. 49, 2021). With k successes
-  of n Bernoulli trials and a Beta(a, b) mixing density over the alternative,
+- Wilson score interval (one look at a fixed sample), z = Phi^-1(1/2 + c/2):
+  centre = (p + z^2/2n) / (1 + z^2/n), half-width = z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n).
+- Confidence sequence (any number of looks): the beta-binomial mixture of Robbins (1970),
+  M_n(p) = B(a + k, b + n - k) / B(a, b) / (p^k (1 - p)^(n - k)), CS_n = {p : M_n(p) < 1/alpha},
+  centred on the gate g (a = g m, b = (1 - g) m, m = :data:`PRIOR_WEIGHT`); the sequential
+  outcome is ``pass`` when its lower end >= g, ``fail`` when its upper end < g.
+  :func:`quick_outcome` settles it from the mixture at g -/+ 1e-6 (log M_n is convex in p).
+- Serially correlated outcomes: the time-block design effect (batch means over blocks of
+  send time), deff = max(1, var(p) / (p (1 - p) / N)), the bounds taken at k / deff of n / deff.
 
-      M_n(p) = B(a + k, b + n - k) / B(a, b) / (p^k (1 - p)^(n - k))
-
-  is, under the true p, a nonnegative martingale with M_0 = 1, so by Ville's inequality
-  P(M_n(p) >= 1/alpha for SOME n) <= alpha. The confidence sequence is
-  CS_n = {p : M_n(p) < 1/alpha}, alpha = 1 - confidence: an interval around k/n (log M_n is
-  convex in p), found by root finding on each side. It covers the true p at every n at once
-  with probability >= confidence, so stopping a point as soon as its verdict is certain, or
-  extending it while it is not, keeps the stated error rate; a fixed-sample interval peeked at
-  after every request would not.
-  The mixture is centred on the gate g: a = g m, b = (1 - g) m with m = :data:`PRIOR_WEIGHT`
-  (the weight of 10 observations), chosen before any data is seen, which makes the bound
-  tightest where decisions are taken (a 0.95 gate at 95 %: 81 successes of 81 pass, about 490
-  requests at a true attainment of 0.977; the uniform mixture needs 158 and 750).
-- **Sequential outcome** against a gate g: ``pass`` when the sequence's lower end >= g, ``fail``
-  when its upper end < g, else ``undecided``. A false pass (true attainment < g) or a false fail
-  (true attainment >= g) each happens with probability <= alpha over the whole run, however
-  many times it is looked at. :func:`quick_outcome` is the same outcome for a run's frequent
-  looks: log M_n is convex in p with its minimum at k/n, so the mixture at g - d and g + d
-  (d = 1e-6) already settles it (both under 1/alpha: undecided; above 1/alpha on the side away
-  from k/n: pass or fail) and only a state within d of the boundary needs the root search.
-
-- **Serially correlated outcomes** (the SLO outcomes of requests sharing a queue: a burst
-  fills the queue and the next requests miss together). The sequence above assumes independent
-  trials; under positive correlation the variance of k/n is larger than p(1 - p)/n and the
-  sequence would decide on a burst. :func:`design_effect` estimates the inflation by batch
-  means over **time blocks** (Flegal and Jones, "Batch means and spectral variance estimators
-  in MCMC", Ann. Statist. 38, 2010), the blocks being the clusters of Kish's design effect
-  (Survey Sampling, 1965): the outcomes are cut into consecutive blocks of b seconds of send
-  time (:func:`block_seconds`: :data:`BLOCK_S`, or a fifth of the span when that is shorter,
-  so that there are at least :data:`MIN_BATCHES`), block j holding n_j outcomes of which k_j
-  met; with N = sum n_j, p = sum k_j / N and m non-empty blocks, the ratio estimator's
-  cluster variance and the design effect are
-
-      var(p) = m / (m - 1) sum_j (k_j - p n_j)^2 / N^2,
-      deff   = max(1, var(p) / (p (1 - p) / N))            (1 when p is 0 or 1, or m < 5).
-
-  Blocks of time, not of a fixed count of requests: a congestion episode lasts seconds
-  whatever the rate, and blocks of sqrt(n) requests (about 2 s at 17 requests/s) cut it in
-  pieces and under-state the inflation. Measured on the engine model's own outcomes (the
-  default pack's interactive class, 8 x 300 s at 34 RPS): the variance of the attainment of
-  windows of 1, 2, 5, 10, 20 and 30 s is 6.0, 7.6, 8.5, 8.4, 8.6 and 8.8 times the binomial
-  one; sqrt(n)-request batches over 60 s gave 5.2. At 5 s the estimate has reached its plateau.
-  The bounds are then taken at the effective sample, k / deff successes of n / deff
-  (:func:`effective_counts`): for independent outcomes deff is near 1 and nothing changes; a
-  burst of misses widens the interval instead of deciding the point. Blocks pool across
-  independent runs (the repeats of a rate: :func:`cluster_design_effect` of their blocks
-  together), which is how a rate's evidence is pooled. The estimate is itself noisy with few
-  blocks (five at the least), so this is a correction, not a guarantee: docs/metrics.md
-  states it.
-
-Why not scipy: scipy.stats has the Wilson interval (``binomtest(...).proportion_ci``) but no
-confidence sequence; this module keeps both ends in one place with one convention.
+Method: docs/metrics.md, 'Point statistics' and 'In-run decisions' (the effective sample).
+Why not scipy: scipy.stats has the Wilson interval but no confidence sequence.
 """
 
 from __future__ import annotations

@@ -1,47 +1,14 @@
 """Code hashes that decide which pipeline stages rerun: the import closure of what a stage runs.
 
-What reruns when: a rule's ``code`` param (``rules/common.smk``) is the hash of the code its job
-runs, and Snakemake reruns a job whose params changed, then every job downstream of it. That
-code is the rule's script (``scripts/<rule>.py``), its stage's entry module (which the script
-resolves by name from :mod:`capacity_pack.stages`) and every ``capacity_pack`` module they
-import, transitively; a measurement against the simulated target adds the closure of
-``capacity_pack.sim.__main__``, which it starts as a subprocess. A real change to any of those
-modules reruns the stage and its dependents; a comment or docstring edit reruns nothing; a change
-to a module outside the closure (a Grafana panel, for a measurement) reruns nothing of that
-stage.
-
-Closure. Each module's source is parsed with :mod:`ast`, and every ``import`` and
-``from ... import`` statement anywhere in it counts, function-local ones included (much of the
-library imports lazily to stay cheap), except those inside ``if TYPE_CHECKING:`` blocks, which
-never run. ``import a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``; ``from a.b import c`` runs ``a``,
-``a.b`` and, where ``c`` is a submodule rather than a name, ``a.b.c``; relative imports resolve
-against the importing module's package. So each package ``__init__`` on a module's path is in
-the closure too. Only modules of this package count: third-party code is pinned by the
-environment, not hashed. Imports by computed name (``importlib.import_module(f"...")``) are not
-seen; a rule that runs one names it as an extra entry (every rule does for its stage's entry
-module, and the ``track`` rule also for the tracked stage's record module).
-
-Hash. A module's hash is ``sha256(ast.dump(tree, include_attributes=False))`` of its syntax tree
-with docstrings removed: comments and formatting are not in the tree, line and column numbers
-are left out of the dump, and the docstring (the first statement of a module, class or function
-when it is a string literal) is dropped, as is any other statement that is a bare string literal
-(attribute docstrings), which has no effect when run. A stage's hash is
-``sha256`` of the JSON list of sorted ``[name, module hash]`` pairs, scripts named by their file
-name. Two stages with the same code therefore have the same hash, wherever the checkout lies.
-
-Why :mod:`ast` and not ``grimp`` for the closure: grimp (the graph library under import-linter)
-would fit, as it sees function-local imports too and can leave out ``TYPE_CHECKING`` ones (the
-tests check that both find the same closure for every module). But every module of a closure has
-to be parsed here anyway to hash its tree, and the import walk over that tree is free, while
-grimp scans the whole package again (about 0.15 s on each Snakefile parse, or a cache directory
-of its own), and it cannot read a rule script, which is no module of any package.
-
-Cost. Parsing the package's 25k lines takes one to two seconds, so a file's hash and imported
-names are kept per process (:func:`functools.cache`) and, where the caller names a cache file
-(:func:`use_cache_file`; the Snakefile keeps ``.snakemake/codehash.json``), on disk under the
-sha256 of the file's bytes, its package, this module's own code and Python's minor version (whose
-``ast.dump`` format the hashes depend on: a new Python reruns every stage once). A Snakefile
-parse then reads every file but parses only changed ones: about 20 ms for every rule's hash.
+A rule's ``code`` param (``rules/common.smk``) hashes its script, its stage's entry module and
+every ``capacity_pack`` module they import, transitively (every ``import`` in the :mod:`ast`,
+function-local ones included, ``if TYPE_CHECKING:`` ones not). A module's hash is
+``sha256(ast.dump(tree, include_attributes=False))`` without docstrings, so comments, formatting
+and docstrings rerun nothing; a stage's is the sha256 of the JSON list of sorted
+``[name, module hash]`` pairs. Why :mod:`ast`, not ``grimp``: each module is parsed to hash its
+tree anyway, and grimp cannot read a rule script. Hashes are cached per process and, through
+:func:`use_cache_file`, on disk keyed by the file's bytes, this module's code and Python's
+minor version. Method: docs/reference.md, 'The code hash in full'.
 """
 
 from __future__ import annotations

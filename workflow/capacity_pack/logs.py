@@ -1,34 +1,13 @@
 """Job logging and the console, with every secret redacted on the way out.
 
-Rule scripts call :func:`job_logging` with their ``log`` path so that everything a job says,
-including a traceback on failure, lands in the file Snakemake names for it; the ``capacity-pack``
-command calls :func:`redact_console` first. Every sink passes through
-:func:`capacity_pack.redact.redact_text` (the secrets of the environment at the time of writing,
-and the password of any ``scheme://user:password@`` URL):
-
-- the job log's handler, on the root logger, formats with :class:`RedactingFormatter`, so the
-  project's records and those of libraries that propagate to the root (urllib3, httpx, asyncio)
-  are redacted, exception text included;
-- ``sys.stderr`` and ``sys.stdout`` are :class:`RedactingWriter` streams for the job: MLflow's own
-  logger (its handler writes to whatever ``sys.stderr`` is at the time, and it does not
-  propagate), MLflow's "View run at <tracking URI>" lines on ``sys.stdout``, warnings and prints;
-- a failure's traceback is redacted in the log, in the one-line reason shown on the console, and
-  in the traceback Python prints when the exception leaves the script (a redacting
-  ``sys.excepthook`` and ``threading.excepthook``).
-
-A :class:`RedactingWriter` passes text on a line at a time (or at ``flush``), so a secret that a
-caller writes in pieces (``print(a, b)`` writes ``a``, `` ``, ``b``) is still whole when it is
-matched. What a child process writes to its own file or pipe is redacted where the project reads
-it back (:mod:`capacity_pack.measure.commands`).
-
-A job's log starts empty at every run of the job (mode ``w``): Snakemake reruns a job as a whole
-after removing its outputs, so the log tells of that run only. Appending kept an earlier run's
-traceback, and any secret it held, after a later good run, and made that good run's log read
-like a failure; the history of runs is in Snakemake's main logs (``.snakemake/log/``).
-
-httpx and httpcore log at WARNING and above only: httpx writes one INFO line per request, which
-in a sweep job is one redacted line per measured request, written from the load generator's
-event loop, repeating what the request records already hold.
+Rule scripts call :func:`job_logging` with their ``log`` path; the ``capacity-pack`` command
+calls :func:`redact_console` first. Every sink passes through
+:func:`capacity_pack.redact.redact_text`: the root logger's handler (:class:`RedactingFormatter`),
+``sys.stderr`` and ``sys.stdout`` (:class:`RedactingWriter`, which passes text on a line at a time
+so a secret written in pieces is matched whole: MLflow's logger and prints), and a redacting
+``sys.excepthook`` and ``threading.excepthook``. A job's log starts empty at every run (mode
+``w``). httpx and httpcore log at WARNING and above only: their one INFO line per request would
+repeat the records. What counts as a secret, and every sink: docs/security.md.
 """
 
 from __future__ import annotations

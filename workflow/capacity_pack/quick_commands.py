@@ -1,15 +1,12 @@
 """Commands that run before, and without, the command-line framework: ``analyze``.
 
-``python -m capacity_pack analyze REQUESTS_CSV DURATION_SECONDS QUEUE_TREND`` is answered here
-when its arguments are plain (three positional arguments, no option, a duration that Python's
-``float()`` reads, a CSV path that is not a folder): the process then imports only what the
-analysis uses (pyarrow, numpy, the analyzer's modules), not click, the pack's models, pandas or
-MLflow, which would cost several times the analysis of a million-row file. Any other command
-line (options such as ``--manifest`` or ``--help``, a bad argument) goes to
-:mod:`capacity_pack.cli`, which words its usage errors.
-
-Both routes run :func:`analyze_json`, and a refused input ends both the same way: ``Error:``
-and the one-line message (redacted) on standard error, exit status 1.
+``python -m capacity_pack analyze REQUESTS_CSV DURATION_SECONDS QUEUE_TREND`` with plain
+arguments (three positional, no option, a number, a CSV path that is not a folder) is answered
+here, importing only what the analysis uses (not click, the pack's models, pandas or MLflow,
+which would cost several times the analysis of a million-row file); any other command line goes
+to :mod:`capacity_pack.cli`. Both run :func:`analyze_json` and refuse an input alike (``Error:``
+and one redacted line on standard error, exit status 1). Why: docs/performance.md, "Start-up
+without the CLI's imports".
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ import pytest
 from capacity_pack.autopsy.requests import (
     CAUSES,
     attribute_misses,
-    class_cutoffs,
     miss_shares,
     read_ground_truth,
     request_autopsy,
     request_autopsy_markdown,
 )
+from capacity_pack.vocab.slo import class_cutoffs
 
 CUTOFFS = {"interactive": (250.0, 25.0), "long_context": (600.0, 30.0)}
 T0 = 5_000_000_000_000  # client CLOCK_MONOTONIC at the run's start

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capacity_pack import redact
-from capacity_pack.plan.manifest import OpenAITarget
+from capacity_pack.plan.system import OpenAITarget
 
 
 def test_a_url_password_is_redacted_however_short_and_the_user_name_kept() -> None:

@@ -28,7 +28,7 @@ from capacity_pack.engines import parse_metrics
 from capacity_pack.engines.exposition import ExpositionError, format_labels, samples
 from capacity_pack.engines.probe import metric_families
 from capacity_pack.measure.target import TargetError, open_target
-from capacity_pack.plan.manifest import Engine, Model, OpenAITarget
+from capacity_pack.plan.system import Engine, Model, OpenAITarget
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SHA = "0e9e39f249a16976918f6564b8830bc894c89659"

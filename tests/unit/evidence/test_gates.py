@@ -14,7 +14,8 @@ from pydantic_core import PydanticUndefined
 
 from capacity_pack.evidence import gates as g
 from capacity_pack.evidence.analysis import failing_gates
-from capacity_pack.plan.manifest import Acceptance, validate_pack
+from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.plan.workload import Acceptance
 from tests.paths import DEFAULT_CONFIG, ROOT
 
 

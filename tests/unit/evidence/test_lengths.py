@@ -15,7 +15,8 @@ from capacity_pack.evidence.lengths import (
     summary,
     support,
 )
-from capacity_pack.plan.manifest import WorkloadClass, length_stats, sample_lengths
+from capacity_pack.plan.lengths import length_stats, sample_lengths
+from capacity_pack.plan.workload import WorkloadClass
 
 LOGNORMAL_IN = {"distribution": "lognormal", "p50": 240, "p95": 512, "max": 1024}
 LOGNORMAL_OUT = {"distribution": "lognormal", "p50": 30, "p95": 64, "max": 128}

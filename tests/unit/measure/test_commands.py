@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from capacity_pack.measure.commands import CommandError, copy_redacted, run_command
 from capacity_pack.measure.managed import ManagedError, prepare
 from capacity_pack.measure.target import TargetError, reset_prefix_cache
-from capacity_pack.plan.manifest import DrillCommands, ManagedProcess, OpenAITarget
+from capacity_pack.plan.failure import DrillCommands
+from capacity_pack.plan.system import ManagedProcess, OpenAITarget
 
 SECRET = "sk-cmd-secret-8086"
 

@@ -28,7 +28,8 @@ from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sweep import measure_point
 from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S
-from capacity_pack.plan.manifest import SimTarget, validate_pack
+from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.plan.system import SimTarget
 from capacity_pack.vocab.slo import requests_meeting_slo
 from tests.conftest import pack_data
 

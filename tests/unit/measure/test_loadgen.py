@@ -22,7 +22,8 @@ from capacity_pack.measure.settings import LoadSettings
 from capacity_pack.measure.sweep import measure_point, measurement_error
 from capacity_pack.measure.target import SimProcess
 from capacity_pack.plan import schedule as S
-from capacity_pack.plan.manifest import SimTarget, validate_pack
+from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.plan.system import SimTarget
 from tests.conftest import pack_data
 from tests.paths import ROOT
 

@@ -10,7 +10,8 @@ import pytest
 from capacity_pack.measure.sweep import measure_point
 from capacity_pack.measure.target import SimProcess, reset_prefix_cache, verify_cold
 from capacity_pack.plan import schedule as S
-from capacity_pack.plan.manifest import OpenAITarget, SimTarget, validate_pack
+from capacity_pack.plan.manifest import validate_pack
+from capacity_pack.plan.system import OpenAITarget, SimTarget
 from tests.conftest import pack_data
 
 

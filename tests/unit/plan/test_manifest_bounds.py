@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from capacity_pack.io import sha256_of_obj
+from capacity_pack.plan.limits import is_mutable_revision
 from capacity_pack.plan.lint import lint_data, lint_file
 from capacity_pack.plan.manifest import (
     SECTIONS,
     ManifestError,
     Pack,
     freeze,
-    is_mutable_revision,
     load_pack,
     load_yaml,
     validate_pack,

@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from capacity_pack.sim import metrics as prom
-from capacity_pack.sim.cluster import Cluster, Link, cluster_app
+from capacity_pack.sim.cluster import Cluster, cluster_app
 from capacity_pack.sim.process import SimProcess
+from capacity_pack.sim.replicas import Link
 
 BODY = {"prompt": "alpha beta gamma delta", "max_tokens": 4, "ignore_eos": True}
 CHAT = {"messages": [{"role": "user", "content": "alpha beta"}], "max_tokens": 4}

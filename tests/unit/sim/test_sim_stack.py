@@ -19,7 +19,7 @@ import yaml
 from capacity_pack.sim import metrics as prom
 from capacity_pack.sim.process import SimProcess
 from capacity_pack.sim.profile import load_profile
-from capacity_pack.sim.server import serving_stack
+from capacity_pack.sim.serving import serving_stack
 
 STACKS = [("uvloop", "httptools"), ("asyncio", "h11")]
 PROMPT = " ".join(f"word{i}" for i in range(40))

@@ -1,47 +1,11 @@
 """Where the critical path's seconds went: cost buckets, counterfactuals, finding or waste.
 
-Along the critical path, in time order, with ``prev_end`` the previous job's end (the
-invocation start for the first) and ends made non-decreasing: ``gap = max(0, start -
-prev_end)`` is orchestration and ``work = end - max(start, prev_end)`` is the job's, so
-gaps + work = last end - invocation start exactly (checked in code, ``SUM_TOLERANCE_S``).
-
-Buckets: a fixed set, the same every run so that runs compare, mapped by rule with
-``RULE_BUCKET``:
-
-- ``task_intrinsic``: the measured load span of a measurement job (first send to last end, placed
-  on the realtime clock from its records: work inside ``[load_start, load_end]``) and the
-  analysis rules' work;
-- ``infrastructure``: a measurement job's work outside its load span (process start-up, target
-  launch, drain, writing) and the plumbing rules' work; a rule not in the table lands here and
-  the autopsy says so;
-- ``implementation_debugging``: the work of failed attempts on the critical path (development
-  time lives in the git history, not in the run);
-- ``orchestration``: every gap (Snakemake before the first job: DAG build, pack validation, fit
-  probe; gaps between critical jobs) and the aggregate ``all`` target's work;
-- ``documentation``: the work of ``report``, ``failure_test``, ``autopsy``.
-
-A measurement job without a valid load window counts whole as task-intrinsic (``split`` says
-so).
-
-Counterfactuals, priced against the measured critical path (never spec sheets), each with its
-arithmetic, new wall clock = wall clock - saved:
-
-- (a) the target's processor (an accelerator, or a CPU server's CPU: ``engine.device``,
-  :mod:`capacity_pack.plan.words`) ``speedup`` x faster: an open-loop point's duration is fixed
-  by its arrival schedule, so only its drain tail (last end - last due) shrinks, and a
-  closed-loop point's whole load span: saved = (1 - 1/speedup) x (drain tails on the path +
-  closed-loop load spans on the path);
-- (b) ``budget_fraction`` of the measurement budget: saved = (1 - fraction) x measurement load
-  spans on the path (a decision cost: weaker sample gates);
-- (c) ``targets`` independent targets: saved = (1 - 1/K) x the measurement jobs' work on the path
-  (estimated: assumes they were serialized by the target's slot, not by dependencies or cores);
-- (d) no MLflow tracking: saved = the ``track`` jobs' work on the path.
-
-Finding or waste, on every bucket holding at least ``DOMINANT_SHARE`` of the critical path, three
-questions answered in words: (1) does it change the measured comparison between points? (2)
-would removing it change the decision, or only the bill? (3) does it recur at the deployment
-target? A finding (it is the measurement itself) is routed to an analysis-plan line; waste
-(overhead every point pays alike) to a backlog line priced in seconds per run.
+Along the critical path ``gap = max(0, start - prev_end)`` is orchestration and
+``work = end - max(start, prev_end)`` the job's, so gaps + work = last end - invocation start
+(checked, ``SUM_TOLERANCE_S``); rules map to buckets by ``RULE_BUCKET``. Counterfactuals: new
+wall clock = wall clock - saved, e.g. saved = (1 - 1/speedup) x (drain tails + closed-loop load
+spans on the path). Buckets of at least ``DOMINANT_SHARE`` are judged finding or waste.
+Method: docs/metrics.md, 'Run autopsy: cost buckets'.
 """
 
 from __future__ import annotations

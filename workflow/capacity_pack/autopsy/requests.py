@@ -1,61 +1,16 @@
 """Request autopsy: why each request that missed its SLO missed it.
 
-A request *misses* when it is ``ok``, in a measured phase (``measure``/``extension``; warm-up and
-prewarm rows are excluded) and does not meet its class SLO (the one predicate of
-:mod:`capacity_pack.evidence.gates`: TTFT from the send within ``request_ttft_cutoff_ms`` and TPOT
-within ``request_tpot_cutoff_ms``); it missed TTFT, TPOT or both.
-Failed requests (error/timeout/rejected/cancelled) are counted by status and never attributed.
-
-Method ``ground_truth`` (measured; simulated targets, which log every request's server stamps).
-Server stamps are epoch ns; server monotonic = stamp - clock_offset_ns, the client's
-CLOCK_MONOTONIC (same host). Per request, in ms:
-
-- client_scheduling = sent - due (``client_delay_ms``, the load generator's lateness);
-- transport_in = server arrival - client send;
-- queueing = first scheduled - arrival;
-- prefill = first token computed - first scheduled;
-- emit = first token sent - first token computed (the server's send pipeline);
-- transport_out = client first token - server first token sent;
-- transport = transport_in + emit + transport_out;
-- decode = TPOT; preempted = the engine's preemption count > 0.
-
-so TTFT = transport_in + queueing + prefill + emit + transport_out exactly. The reference of a
-component is its median among the same point's SLO-meeting requests of the same class (0 when
-there are none); excess = component - reference. A TTFT miss is caused by the TTFT component
-(queueing, prefill, transport, client_scheduling) with the largest excess, so a run made slow by
-queueing is attributed to queueing, not to whichever component is merely large by nature
-(prefill of a long prompt). A TTFT from the send excludes the client's lateness, but a late send
-means the load generator's event loop was saturated (it also stamps the first token late and
-bunches its sends), so a request whose lateness excess is the largest is blamed on the client.
-A TPOT miss is caused by preemption if the request was preempted, else by decode (batch
-interference), with excess = TPOT - reference TPOT.
-
-Method ``server_series`` (estimated; no ground truth, the scraped series instead). Joins by
-``pd.merge_asof`` on the offset from the run's t0 (the scraper and the client share that clock):
-
-- queueing if the server's ``queue_depth`` sample at or just before the send exceeds the floor
-  of the series over the measured window (0 for an engine whose queue drains), else prefill,
-  for a TTFT miss; excess = TTFT - reference TTFT (the split is unknown, the whole excess goes
-  to the cause);
-- preemption if the ``preemptions`` counter rose between the sample at or before the send and
-  the first sample at or after the end (the scrape interval covering the request's lifetime),
-  else decode, for a TPOT miss;
-- client_scheduling whenever ``client_delay_ms`` exceeds the lateness bound (5 ms, the load
-  generator's), for any miss: the point is then no server result.
-
-Method ``client_only`` (neither source): client_scheduling when late as above, else
-``unattributed``.
-
-A request missing both cutoffs gets its TTFT cause as ``cause`` (primary) and its TPOT cause as
-``secondary_cause``. Shares (:func:`miss_shares`) count primary causes: share_c = misses whose
-primary cause is c / misses of the class (all zero without misses); mean excess per cause is
-the mean ``cause_excess_ms`` of those misses.
+A miss is an ``ok`` measured request outside its class SLO; its cause comes from the server's
+ground truth (``ground_truth``: TTFT = transport_in + queueing + prefill + emit +
+transport_out, the component with the largest excess over the class's SLO-meeting median),
+from the scraped series (``server_series``), or from the client alone (``client_only``).
+Shares (:func:`miss_shares`) count primary causes. Method: docs/metrics.md, 'Request autopsy'.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -128,23 +83,6 @@ ADVICE = {
     "unattributed": "neither ground truth nor a server series was recorded: scrape the server's "
     "metrics to attribute these misses",
 }
-
-
-def class_cutoffs(source: Any) -> dict[str, tuple[float, float]]:
-    """{class: (TTFT cutoff ms, TPOT cutoff ms)} from a Pack, its workload list, or a mapping of
-    class to a (ttft, tpot) pair or to {"ttft_ms"|"request_ttft_cutoff_ms": .., ...}."""
-    workload = getattr(source, "workload", source)
-    if not isinstance(workload, Mapping):
-        return slo.class_cutoffs(workload)
-    out = {}
-    for name, v in workload.items():
-        if isinstance(v, Mapping):
-            ttft = v.get("ttft_ms", v.get("request_ttft_cutoff_ms"))
-            tpot = v.get("tpot_ms", v.get("request_tpot_cutoff_ms"))
-        else:
-            ttft, tpot = v
-        out[str(name)] = (float(ttft), float(tpot))
-    return out
 
 
 def read_ground_truth(path: str | Path) -> pd.DataFrame:
@@ -264,11 +202,11 @@ def attribute_misses(
 
     ``requests``: a requests table (columns used: request_id, class, phase, status, ttft_ms,
     tpot_ms, client_delay_ms, sent_ns, sent_offset_ns, end_ns; point, cache_state and repeat
-    when present). ``cutoffs``: anything :func:`class_cutoffs` reads. ``ground_truth``: the
-    simulator's log (:func:`read_ground_truth`); ``server_series``: the scraped series of the
-    same point. Rows come in the table's order; see the module docstring for the rules.
+    when present). ``cutoffs``: anything :func:`capacity_pack.vocab.slo.class_cutoffs` reads.
+    ``ground_truth``: the simulator's log (:func:`read_ground_truth`); ``server_series``: the
+    scraped series of the same point. Rows come in the table's order (module docstring: rules).
     """
-    cut = class_cutoffs(cutoffs)
+    cut = slo.class_cutoffs(cutoffs)
     m = requests[requests["phase"].isin(MEASURED_PHASES) & (requests["status"] == "ok")]
     unknown = sorted(set(m["class"]) - set(cut))
     if unknown:
@@ -286,22 +224,46 @@ def attribute_misses(
     if meets.all():
         return _empty_attribution()
 
+    comp, sig, excess = _excess_over_reference(m, keys, meets, ground_truth, server_series)
+    slots = _assign_causes(comp, sig, excess, miss_ttft, miss_tpot, lateness_bound_ms)
+    return _attribution_table(m, comp, sig, slots, miss_ttft | miss_tpot)
+
+
+def _excess_over_reference(
+    m: pd.DataFrame,
+    keys: list[str],
+    meets: np.ndarray,
+    ground_truth: pd.DataFrame | None,
+    server_series: pd.DataFrame | None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Each request's components, server signals, and components' excess over the medians of
+    the SLO-meeting requests of the same point and class."""
     comp = _ground_truth_components(m, ground_truth)
     comp["client_scheduling_ms"] = m["client_delay_ms"].to_numpy(float)
     comp["transport_ms"] = comp["transport_in_ms"] + comp["emit_ms"] + comp["transport_out_ms"]
     comp["decode_ms"] = m["tpot_ms"].to_numpy(float)
     comp["ttft_ms"] = m["ttft_ms"].to_numpy(float)
     sig = _series_signals(m, server_series)
-
-    # References: medians over the SLO-meeting requests of the same point and class.
     group = [*keys, "class"]
     ref_cols = ["client_scheduling_ms", "queueing_ms", "prefill_ms", "transport_ms"]
     ref_cols += ["decode_ms", "ttft_ms"]
     frame = pd.concat([m[group], comp[ref_cols]], axis=1)
     ref = frame[meets].groupby(group, dropna=False)[ref_cols].median()
     ref = frame[group].join(ref, on=group)[ref_cols].fillna(0.0)
-    excess = comp[ref_cols] - ref
+    return comp, sig, comp[ref_cols] - ref
 
+
+def _assign_causes(
+    comp: pd.DataFrame,
+    sig: pd.DataFrame,
+    excess: pd.DataFrame,
+    miss_ttft: np.ndarray,
+    miss_tpot: np.ndarray,
+    lateness_bound_ms: float,
+) -> dict[str, np.ndarray]:
+    """Per request: its method, the cause and secondary cause with their excess (module
+    docstring's rules), and whether it was preempted."""
+    n = len(comp)
     has_gt = comp[["transport_in_ms", "queueing_ms", "prefill_ms", "transport_out_ms"]]
     has_gt = has_gt.notna().all(axis=1).to_numpy()
     has_series = sig["has_series"].to_numpy()
@@ -315,7 +277,7 @@ def attribute_misses(
     cand_excess = excess[[f"{c}_ms" for c in TTFT_CAUSES]].to_numpy(float)
     best = np.argmax(np.nan_to_num(cand_excess, nan=-np.inf), axis=1)
     gt_ttft_cause = cand[best]
-    gt_ttft_excess = cand_excess[np.arange(len(m)), best]
+    gt_ttft_excess = cand_excess[np.arange(n), best]
     preempted = np.where(
         has_gt,
         comp["preemptions"].fillna(0).to_numpy(dtype=np.int64) > 0,
@@ -329,8 +291,8 @@ def attribute_misses(
     est_ttft_excess = excess["ttft_ms"].to_numpy(float)
     late_excess = excess["client_scheduling_ms"].to_numpy(float)
 
-    none = np.full(len(m), None, dtype=object)
-    nan = np.full(len(m), np.nan)
+    none = np.full(n, None, dtype=object)
+    nan = np.full(n, np.nan)
     # First slot: the TTFT cause (estimates: the client first when it was late, for any miss).
     slot_gt = np.where(miss_ttft, gt_ttft_cause, none)
     slot_est = np.where(late, "client_scheduling", np.where(miss_ttft, est_ttft_cause, none))
@@ -355,27 +317,46 @@ def attribute_misses(
     secondary = np.where(has_slot & miss_tpot, tpot_slot, none)
     secondary_x = np.where(has_slot & miss_tpot, tpot_slot_x, nan)
 
+    return {
+        "method": method,
+        "miss": np.select([miss_ttft & miss_tpot, miss_ttft], ["ttft+tpot", "ttft"], "tpot").astype(
+            object
+        ),
+        "cause": cause,
+        "cause_excess_ms": cause_x,
+        "secondary_cause": secondary,
+        "secondary_excess_ms": secondary_x,
+        "preempted": preempted,
+    }
+
+
+def _attribution_table(
+    m: pd.DataFrame,
+    comp: pd.DataFrame,
+    sig: pd.DataFrame,
+    slots: dict[str, np.ndarray],
+    missed: np.ndarray,
+) -> pd.DataFrame:
+    """The attribution rows of the missed requests, in the table's order."""
     out = pd.DataFrame(index=m.index)
     out["request_id"] = m["request_id"]
     for k in POINT_KEYS:
         out[k] = m[k] if k in m.columns else None
     out["class"] = m["class"]
-    out["method"] = method
-    out["miss"] = np.select(
-        [miss_ttft & miss_tpot, miss_ttft], ["ttft+tpot", "ttft"], "tpot"
-    ).astype(object)
-    out["cause"] = cause
-    out["cause_excess_ms"] = cause_x.astype(float)
-    out["secondary_cause"] = secondary
-    out["secondary_excess_ms"] = secondary_x.astype(float)
+    out["method"] = slots["method"]
+    out["miss"] = slots["miss"]
+    out["cause"] = slots["cause"]
+    out["cause_excess_ms"] = slots["cause_excess_ms"].astype(float)
+    out["secondary_cause"] = slots["secondary_cause"]
+    out["secondary_excess_ms"] = slots["secondary_excess_ms"].astype(float)
     for c in ("ttft_ms", "tpot_ms", "ttft_cutoff_ms", "tpot_cutoff_ms"):
         out[c] = m[c].astype(float)
     for c in COMPONENTS:
         out[c] = comp[c].astype(float)
     out["preemptions"] = comp["preemptions"].astype("Int64")
-    out["preempted"] = preempted
+    out["preempted"] = slots["preempted"]
     out["queue_depth_at_send"] = sig["queue_depth_at_send"].astype(float)
-    out = out[miss_ttft | miss_tpot].reset_index(drop=True)
+    out = out[missed].reset_index(drop=True)
     out["repeat"] = out["repeat"].astype("Int64")
     return out[ATTRIBUTION_COLUMNS]
 
@@ -440,7 +421,7 @@ def request_autopsy(
     ``keys`` (``point/cache/repK``) keeps only the pack's current points: a folder left by an
     earlier configuration is not part of this run."""
     tables_dir = Path(tables_dir)
-    cut = class_cutoffs(pack)
+    cut = slo.class_cutoffs(pack)
     if lateness_bound_ms is None:
         client = getattr(pack, "client", None)
         lateness_bound_ms = float(getattr(client, "lateness_bound_ms", LATENESS_BOUND_MS))

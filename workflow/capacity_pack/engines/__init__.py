@@ -2,40 +2,9 @@
 its tokens, and which one answers at a real target.
 
 Each engine is one module that registers an :class:`~capacity_pack.engines.base.Engine` spec
-(its docstring states what identifies the engine and how its cache and metrics behave):
-
-==================  ===========================================================================
-engine              endpoints and what identifies it
-==================  ===========================================================================
-vLLM                ``GET /version`` -> ``{"version"}``; ``GET /v1/models`` -> ``owned_by
-                    "vllm"``, ``max_model_len``; ``vllm:*`` series on ``/metrics``
-                    (:mod:`~capacity_pack.engines.vllm`)
-SGLang              ``GET /get_server_info`` (newer: ``/server_info``) -> server args,
-                    ``internal_states``, ``version``; ``GET /get_model_info`` -> ``model_path``,
-                    ``is_generation``; ``owned_by "sglang"``; ``sglang:*`` series
-                    (:mod:`~capacity_pack.engines.sglang`)
-TGI                 ``GET /info`` -> ``model_id``, ``model_sha``, ``version``, ``router
-                    "text-generation-router"``; ``tgi_*`` series (:mod:`~capacity_pack.engines.tgi`)
-TensorRT-LLM        ``trtllm-serve``: ``GET /version`` -> ``{"version"}``; ``owned_by
-                    "tensorrt_llm"``; ``/metrics`` answers JSON iteration stats, Prometheus
-                    series (``trtllm_*``) are under ``/prometheus/metrics``
-                    (:mod:`~capacity_pack.engines.trtllm`)
-llama.cpp           ``GET /props`` -> ``model_path``, ``build_info`` (``b<build>-<commit>``),
-                    ``total_slots``, ``default_generation_settings.n_ctx``; ``GET /health``;
-                    ``owned_by "llamacpp"``; ``llamacpp:*`` series (with ``--metrics``)
-                    (:mod:`~capacity_pack.engines.llamacpp`)
-capacity-pack-sim   vLLM's answers plus ``sim:*`` series (the simulator speaks vLLM's wire
-                    format) (:mod:`~capacity_pack.engines.sim`)
-==================  ===========================================================================
-
-Adding an engine is one new module here that calls
-:func:`~capacity_pack.engines.registry.register`, and one import line below; everything that
-asks which engines exist iterates the registry: the identity probe
-(:mod:`~capacity_pack.engines.probe`), the signals the load generator and the cold check read
-(:mod:`~capacity_pack.engines.signals`), the ``target.cache_reset`` values and how each is done,
-the alert and dashboard metric maps (:mod:`~capacity_pack.engines.metric_map`), and the
-``/tokenize`` formats (:mod:`~capacity_pack.engines.tokenize`). Prometheus text is read by
-:mod:`~capacity_pack.engines.exposition` only.
+(its docstring states what identifies it); adding one is a new module calling
+:func:`~capacity_pack.engines.registry.register` and one import line below. The engines and
+their endpoints: docs/packs.md, 'Engines and what identifies them'.
 """
 
 # The engines, in registration order (it orders the probe, the name maps and the /tokenize

@@ -1,15 +1,11 @@
 """The Prometheus names an engine gives the canonical signals, for alerts, dashboards and the
 cold-cache check: :class:`EngineMetrics`, one per engine module.
 
-A signal an engine does not expose is ``None``; nothing is invented. Histograms are named by
-their family (``vllm:time_to_first_token_seconds``), with the bucket upper bounds the engine uses
-by default, because an SLO-burn rule can only count observations at or below a bound.
-``replica_label`` is the label that tells an engine's replicas (data-parallel ranks) apart, and
-``router`` says the capacity-pack router's ``router:*`` series (:data:`ROUTER_METRICS`) are
-exposed beside the engine's.
-
-:data:`SIGNALS` names the :class:`EngineMetrics` field of each canonical signal that
-:func:`capacity_pack.engines.signals.read_signals` reads.
+A signal an engine does not expose is ``None``. Histograms are named by their family, with the
+engine's default bucket bounds (an SLO-burn rule counts observations at or below a bound only);
+``replica_label`` tells replicas apart; ``router`` says the router's ``router:*`` series
+(:data:`ROUTER_METRICS`) are exposed beside the engine's. :data:`SIGNALS` names the field of
+each canonical signal :func:`capacity_pack.engines.signals.read_signals` reads.
 """
 
 from __future__ import annotations

@@ -207,6 +207,7 @@ def _q(value: Any) -> str:
 
 def skeleton(s: Survey, *, api_key_env: str | None = None, name: str | None = None) -> str:
     """The pack as commented YAML (see the module docstring)."""
+    # Over 80 lines on purpose: the body is the pack file itself, line for line, top to bottom.
     ident = s.identity
     engine = s.engine_name or "engine"
     name = name or _slug(f"{s.model.rsplit('/', 1)[-1]}-{engine}")

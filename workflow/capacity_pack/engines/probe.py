@@ -1,36 +1,11 @@
 """Which serving engine answers at a real target, and whether it is the one the manifest froze.
 
-:func:`probe_engine` sends GET (harmless on every engine) to :func:`~capacity_pack.engines.
-registry.probe_paths`: ``/v1/models``, each registered engine's identity endpoints, and
-``/metrics``. Every raw answer is kept in the :class:`EngineIdentity`, with secret-looking fields
-and the API key replaced by ``[redacted]`` and Prometheus text reduced to its metric-family
-prefixes and sample count. Then, per engine, the answers that point to it are its votes:
-
-- a ``/v1/models`` card whose ``owned_by`` is the engine's;
-- each of its identity endpoints whose ``identifies`` accepts the answer;
-- its metric-name prefix on ``/metrics``; an engine that speaks another's wire format (the
-  simulator speaks vLLM's) decides alone when its own prefix is there.
-
-The engine with the most votes is the kind; a tie leaves the kind unknown and says so in the
-evidence, except that an engine and the one it mimics resolve to the mimic. An engine whose
-Prometheus text lives elsewhere (``trtllm-serve``: ``/prometheus/metrics``) gets that path
-probed once it has a vote. The version is read from the kind's own endpoints (every engine's
-when the kind is unknown), and the fields (model path, TGI's model id and sha, context length,
-llama.cpp's slots) from the first answer that has them: ``/v1/models``'s ``max_model_len``, then
-the engines' endpoints in registration order.
-
-:func:`check_identity` compares an identity with the manifest: the engine kind of
-``engine.name``, ``engine.version`` (when the server reports one), the served model
-(``model.served_name`` or ``model.id``), TGI's ``model_sha`` against ``model.revision``, and
-whether ``target.cache_reset`` can reset that engine. Each mismatch is one message naming both
-values and the URL that reported the server's.
-
-Version match (:func:`version_matches`): equal after dropping a leading ``v``; or equal to the
-reported version without its local build tag (``0.11.0`` matches ``0.11.0+cu128``); or equal to
-one ``-``-separated part of a llama.cpp build (``b6123`` or ``a1b2c3d`` match ``b6123-a1b2c3d4``,
-a commit also by prefix). ``0.11.0`` never matches ``0.11.0rc1`` or ``0.11.1.dev3``. A version
-of ``unknown`` or ``b0-unknown`` (llama.cpp built outside a git checkout) is no version to
-compare, and the evidence says so.
+:func:`probe_engine` GETs ``/v1/models``, every engine's identity endpoints and ``/metrics``,
+keeps every answer redacted in the :class:`EngineIdentity`, and takes the engine with the most
+votes (``owned_by``, identity endpoints, metric prefix; a tie is unknown, except that an engine
+and the one it mimics resolve to the mimic). :func:`check_identity` compares it with the
+manifest; :func:`version_matches` matches ``0.11.0`` to ``0.11.0+cu128`` and ``b6123`` to
+``b6123-a1b2c3d4``, never to ``0.11.0rc1``. Method: docs/packs.md, 'Which engine answers'.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""The registry of engines: every question "which engines exist, what does engine X do" is
-answered here, by iterating the registered :class:`~capacity_pack.engines.base.Engine` specs in
-registration order.
+"""The registry of engines: which engines exist and what engine X does, answered by iterating the
+registered :class:`~capacity_pack.engines.base.Engine` specs in registration order.
 
-- :func:`register` adds a spec (an engine module calls it once, at import); :func:`unregister`
-  removes one (a test's toy engine). Kinds, aliases, ``owned_by`` values and metric-name
-  prefixes must not collide with a registered engine's.
-- :func:`engine_kind` maps a manifest's ``engine.name`` to a kind: a kind or alias, exactly or
-  followed by a non-alphanumeric suffix (``vllm-0.11``, ``llamacpp-b6123``; the longest name
-  first, so ``vllmx`` is no engine).
-- Metric maps: :func:`metric_maps`, :func:`engine_metrics` (by kind, exactly or by kind prefix,
-  with overrides), :func:`metric_map` (by kind or any engine name), :func:`metric_map_name`
-  (which map a pack's series follow).
-- Cache resets: :func:`cache_reset` (the reset a ``target.cache_reset`` name performs),
-  :func:`cache_reset_names` (every allowed value: ``none``, ``restart`` and each engine's own),
-  :func:`check_cache_reset` (the one-line error for any other value).
-- :func:`metric_names` (canonical signal -> every engine's names, registration order),
-  :func:`probe_paths`, :func:`tokenize_formats`, :func:`metrics_path`.
+:func:`register` / :func:`unregister` (kinds, aliases, ``owned_by`` values and metric-name
+prefixes must not collide); :func:`engine_kind` maps ``engine.name`` to a kind (a kind or alias,
+exactly or followed by a non-alphanumeric suffix, ``vllm-0.11``; longest name first, so
+``vllmx`` is no engine); the metric maps, cache resets (``none``, ``restart`` and each engine's
+own), probe paths and tokenize formats by kind.
 """
 
 from __future__ import annotations
@@ -121,9 +111,7 @@ def tokenize_formats() -> tuple[TokenizeFormat, ...]:
     return tuple(formats.values())
 
 
-# ---------------------------------------------------------------------------------------------
-# Cache resets
-# ---------------------------------------------------------------------------------------------
+# --- Cache resets ---
 
 
 def cache_reset_names() -> tuple[str, ...]:
@@ -154,9 +142,7 @@ def check_cache_reset(target: Any) -> str | None:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Metric maps
-# ---------------------------------------------------------------------------------------------
+# --- Metric maps ---
 
 
 def metric_maps() -> dict[str, EngineMetrics]:

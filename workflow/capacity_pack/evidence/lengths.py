@@ -1,45 +1,18 @@
 """The token lengths a point sent and received per class, and whether they match the manifest.
 
-Per class, over the point's measured requests (phases ``measure`` and ``extension``):
+Per class, over the measured requests: sent input (scheduled input tokens of every attempt),
+server prompt tokens (``usage.prompt_tokens`` of the successes; reported, never tested),
+requested output (scheduled ``max_tokens``) and received output (of the successes), each as
+count, mean and nearest-rank P50, P95 and max, beside the manifest's
+(:func:`capacity_pack.plan.lengths.length_stats`).
 
-- **sent input**: the scheduled input tokens of every attempted request (the prompt the client
-  built has exactly that many tokens of the pack's tokenizer);
-- **server prompt tokens**: ``usage.prompt_tokens`` of the successful requests whose responses
-  carried usage, with how many differ from the scheduled input (a server tokenizer other than the
-  pack's counts differently); reported, not tested against the manifest;
-- **requested output**: the scheduled output length (``max_tokens`` with EOS ignored) of every
-  attempted request;
-- **received output**: the output tokens of the successful requests.
-
-Each sample is summarised by its count, mean and nearest-rank P50, P95 and max
-(:mod:`.statistics`), beside the manifest's mean, P50, P95, P99 and max
-(:func:`capacity_pack.plan.manifest.length_stats`).
-
-**The match check** (reported, not a capacity gate), per class and sample (sent input, requested
-output, received output):
-
-- a fixed-length class: every value equals the fixed length (exact equality);
-- a distribution (lognormal or empirical): (i) every value lies in the distribution's support
-  [min, max] (the clip bounds of a lognormal, the extremes of an empirical file); and (ii) for
-  each q in {0.50, 0.95, 0.99} the manifest's q-quantile lies in the distribution-free
-  confidence interval of the population q-quantile from order statistics: with the n values
-  sorted x_(1) <= ... <= x_(n) and B ~ Binomial(n, q),
-
-      l = F_B^-1(a / 2),  u = F_B^-1(1 - a / 2) + 1,   interval [x_(l), x_(u)],
-
-  x_(l) read as the support's minimum when l < 1 and x_(u) as its maximum when u > n. For any
-  distribution, discrete ones included, P(x_(l) <= xi_q <= x_(u)) >= 1 - a, xi_q = inf{x :
-  F(x) >= q} (the count of values <= xi_q is binomial with success probability >= q, the count
-  below it with probability <= q; Hahn and Meeker, *Statistical Intervals*, 1991, ch. 5). The
-  manifest's quantiles are exactly these xi_q: the rounded, clipped lognormal quantile
-  round(exp(mu + sigma z_q)) (rounding and clipping are monotone), the nearest-rank quantile of an
-  empirical file. Multiple comparisons: Bonferroni over every quantile test of the point
-  (classes x samples x quantiles), a = ``FAMILY_ALPHA`` / m, so a point whose lengths all follow
-  the manifest fails the check with probability at most ``FAMILY_ALPHA``.
-
-Why it can fail: a schedule not drawn from the manifest (sent, requested), or successes that are
-not a random subset of the attempts (received: long outputs timing out or erroring shift the
-received quantiles down). ``lengths_match_manifest`` is None for a class with nothing to test.
+**The match check** (reported, not a capacity gate), per class and sample: a fixed-length class
+matches when every value equals its length; a distribution when every value lies in its support
+and, for q in {0.50, 0.95, 0.99}, the manifest's q-quantile lies in the distribution-free
+order-statistic interval [x_(l), x_(u)], l = F_B^-1(a / 2), u = F_B^-1(1 - a / 2) + 1,
+B ~ Binomial(n, q) (Hahn and Meeker, 1991, ch. 5), with a = ``FAMILY_ALPHA`` / m (Bonferroni
+over the point's m quantile tests). Why it can fail, and the interval's proof: docs/metrics.md,
+"Lengths sent and received".
 """
 
 from __future__ import annotations
@@ -50,12 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from capacity_pack.plan.manifest import (
-    EmpiricalLength,
-    LengthSpec,
-    LognormalLength,
-    length_stats,
-)
+from capacity_pack.plan.lengths import EmpiricalLength, LengthSpec, LognormalLength, length_stats
 from capacity_pack.vocab.percentile import nearest_rank
 
 FAMILY_ALPHA = 0.01

@@ -1,42 +1,11 @@
 """Normalization: raw load-generator records -> validated, reconciled request tables.
 
-Tables (one pandera ``DataFrameModel`` each, strict and coercing, validated lazily so every
-failure is reported at once):
-
-- ``RequestsTable``: one row per attempted request of a point (prewarm, warm-up, measured and
-  extension rows alike), with raw nanosecond stamps and derived milliseconds, all from one
-  monotonic client clock (the client-side definitions of vLLM's benchmark docs, ``vllm bench
-  serve``): TTFT = first - sent, E2E = last - sent, TPOT = (E2E - TTFT) / (O - 1) for O > 1
-  output tokens (undefined for O <= 1, written as 0), client scheduling delay = sent - due,
-  and latencies from the *scheduled* arrival (first - due, last - due), so a late client cannot
-  hide queueing. Failed rows carry zeros in the latency columns (their raw stamps stay), so a
-  row's latencies are either measured or plainly absent.
-- ``ChunksTable``: long format, one row per streamed chunk: request_id, chunk index, arrival
-  offset from the request's send, tokens in the chunk, gap to the previous chunk (ITL).
-- ``ServerMetricsTable``: the scraped time series (server signals and the client's backlog).
-
-Dataframe checks (the same rules ``capacity-pack analyze`` applies to a requests.csv): unique
-non-empty IDs, known classes, recognized terminal statuses (ok, error, timeout, rejected,
-cancelled), finite non-negative latencies on ``ok`` rows, ``ok`` output length equal to the
-row's scheduled length (``output_tokens_expected``: the class's fixed length for a fixed-length
-class, the length drawn for the request from a distribution otherwise), and
-E2E = TTFT + TPOT x (O - 1) within 0.5 ms.
-
-Reconciliation against the precommitted schedule: every scheduled request (the schedule file,
-the extension blocks the run used, the prewarm rows) appears exactly once; a missing or extra ID
-is an error, never silently dropped. The only rows of the schedule allowed to be absent, each
-counted in the facts, are (i) after an early stop of the in-run decision
-(:mod:`capacity_pack.measure.sequential`; the sweep summary's ``stopped_early``), exactly the
-last ``unsent_requests`` rows in schedule order, never sent (``unsent_after_early_stop``);
-(ii) the tail of the last extension block cut at the declared maximum duration
-(``cut_at_max_duration``); and (iii) the later turns of a multi-turn session that the run
-lists as never sent (``session_turns_not_sent``: an earlier turn failed;
-:mod:`capacity_pack.measure.sessions`), each named by its ID. A row the summary
-calls unsent that has a record is an error too.
-A sharded point's records are also checked against its shard assignment
-(:func:`capacity_pack.measure.shards.check_merge`: every record on the shard it was assigned to,
-each
-shard's record count as that shard reported it, dispatch lateness per shard).
+Tables (pandera ``RequestsTable``, ``ChunksTable``, ``ServerMetricsTable``; strict, coercing,
+validated lazily); dataframe checks (those ``capacity-pack analyze`` applies to a
+requests.csv, with E2E = TTFT + TPOT x (O - 1) within 0.5 ms); reconciliation of every
+scheduled request exactly once, with the three kinds of rows allowed absent, and a sharded
+point's merge (:func:`capacity_pack.measure.shards.check_merge`).
+Method: docs/metrics.md, 'Per-request metrics' and 'Normalization'.
 """
 
 from __future__ import annotations
@@ -253,6 +222,28 @@ def reconcile(
     return facts
 
 
+def _latencies(r: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Latency columns (ms) of the records: TTFT, TPOT and E2E from the send stamp (zeros on a
+    failed row, never a partial latency), client delay and the two from the scheduled instant."""
+    sent = r["sent_ns"].to_numpy(dtype=np.int64)
+    due = r["due_ns"].to_numpy(dtype=np.int64)
+    first = pd.to_numeric(r["first_token_ns"], errors="coerce").to_numpy(dtype=float)
+    last = pd.to_numeric(r["last_token_ns"], errors="coerce").to_numpy(dtype=float)
+    ok = (r["status"] == "ok").to_numpy()
+    ttft = latency.ttft_ms(sent, first)
+    e2e = latency.e2e_ms(sent, last)
+    tpot = latency.tpot_ms(e2e, ttft, r["output_tokens"].to_numpy(dtype=np.int64))
+    has_due = due > 0
+    return {
+        "client_delay_ms": np.where(has_due, (sent - due) / NS_PER_MS, np.nan),
+        "ttft_ms": np.where(ok, ttft, 0.0),
+        "tpot_ms": np.where(ok, tpot, 0.0),
+        "e2e_ms": np.where(ok, e2e, 0.0),
+        "ttft_from_scheduled_ms": np.where(ok & has_due, (first - due) / NS_PER_MS, np.nan),
+        "e2e_from_scheduled_ms": np.where(ok & has_due, (last - due) / NS_PER_MS, np.nan),
+    }
+
+
 def normalize(
     records: pd.DataFrame,
     *,
@@ -267,24 +258,9 @@ def normalize(
     r = records
     n = len(r)
     sent = r["sent_ns"].to_numpy(dtype=np.int64)
-    end = r["end_ns"].to_numpy(dtype=np.int64)
     t0 = r["t0_ns"].to_numpy(dtype=np.int64)
     due = r["due_ns"].to_numpy(dtype=np.int64)
-    first = pd.to_numeric(r["first_token_ns"], errors="coerce").to_numpy(dtype=float)
-    last = pd.to_numeric(r["last_token_ns"], errors="coerce").to_numpy(dtype=float)
-    out = r["output_tokens"].to_numpy(dtype=np.int64)
-    ok = (r["status"] == "ok").to_numpy()
-    ttft = latency.ttft_ms(sent, first)
-    e2e = latency.e2e_ms(sent, last)
-    tpot = latency.tpot_ms(e2e, ttft, out)
-    # Failed rows carry zeros, never a partial latency; their raw stamps stay.
-    ttft = np.where(ok, ttft, 0.0)
-    e2e = np.where(ok, e2e, 0.0)
-    tpot = np.where(ok, tpot, 0.0)
     has_due = due > 0
-    delay = np.where(has_due, (sent - due) / NS_PER_MS, np.nan)
-    ttft_sched = np.where(ok & has_due, (first - due) / NS_PER_MS, np.nan)
-    e2e_sched = np.where(ok & has_due, (last - due) / NS_PER_MS, np.nan)
     klass = r["class"].astype(str)
     # The class's fixed length is the contract; prewarm rows ask for one token on purpose.
     fixed_len = klass.map(lambda c: fixed_output.get(c)).astype("Float64").to_numpy(na_value=np.nan)
@@ -307,21 +283,16 @@ def normalize(
             "error": r["error"].astype(object),
             "input_tokens": r["input_tokens"].astype(np.int64),
             "output_tokens_expected": expected_col,
-            "output_tokens": out,
+            "output_tokens": r["output_tokens"].to_numpy(dtype=np.int64),
             "prompt_tokens": pd.array(r["prompt_tokens"], dtype="Int64"),
             "cached_tokens": pd.array(r["cached_tokens"], dtype="Int64"),
             "scheduled_offset_ns": r["scheduled_offset_ns"].astype(np.int64),
             "due_offset_ns": np.where(has_due, due - t0, 0),
             "sent_offset_ns": sent - t0,
-            "client_delay_ms": delay,
-            "ttft_ms": ttft,
-            "tpot_ms": tpot,
-            "e2e_ms": e2e,
-            "ttft_from_scheduled_ms": ttft_sched,
-            "e2e_from_scheduled_ms": e2e_sched,
+            **_latencies(r),
             "chunks": r["chunk_ns"].map(len).astype(np.int64) if n else np.zeros(0, np.int64),
             "sent_ns": sent,
-            "end_ns": end,
+            "end_ns": r["end_ns"].to_numpy(dtype=np.int64),
             "sent_realtime_ns": r["sent_realtime_ns"].astype(np.int64),
             "end_realtime_ns": r["end_realtime_ns"].astype(np.int64),
             "warmup": r["phase"].isin(["warmup", "prewarm"]).to_numpy(),

@@ -2,32 +2,17 @@
 
 It reads a flat requests.csv (columns request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens,
 status, and optionally output_tokens_expected: each row's scheduled output length, as a pack's own
-requests.csv carries it), validates it, and writes the per-class SLO report of :mod:`.slo_report`
-(attainment, nearest-rank percentiles, goodput, the capacity gate) for a window of DURATION
-seconds and the stated queue trend (flat or growing).
+requests.csv carries it), validates it (the rules: :func:`validate_requests_table`; without
+output_tokens_expected the lengths of a distribution class are not checked), and writes the
+per-class SLO report of :mod:`.slo_report` for a window of DURATION seconds and the stated queue
+trend. The header must be UTF-8 and name every column at most once (a repeated name is refused
+with the column named); a file that is not UTF-8 is refused with the offset of its first bad
+byte ("FILE is not UTF-8 text (byte N)").
 
-Validation, each rule checked over every row, the first failing row in file order reported with
-the file, its CSV line (header = line 1) and the rule:
-
-- every row: a non-empty request ID seen on no earlier row; a known class; a recognized terminal
-  status (ok, error, timeout, rejected, cancelled);
-- every ``ok`` row (failed rows carry no latencies to check): TTFT, TPOT and E2E are numbers as
-  Python's ``float()`` reads them and output_tokens a whole number as ``int()`` reads it; the
-  latencies are finite and non-negative; the output length is the class's fixed length (fixed
-  classes) and, where the file has output_tokens_expected, the row's own scheduled length (a
-  whole number as ``int()`` reads it; for a class whose lengths follow a distribution this is
-  the only length check: without the column its rows' lengths are not checked); and
-  |E2E - (TTFT + TPOT x (O - 1))| <= 0.5 ms (TPOT is the mean gap after the first token).
-
-Before either path, the header (line 1) must be UTF-8 text and name every column at most once:
-a repeated name (``status`` twice) is refused with the column named, since a reader would
-silently take one of the two. A file that is not UTF-8 is refused with the offset of its first
-bad byte from 0 ("FILE is not UTF-8 text (byte N)").
-
-Two paths give the same report. The fast path parses the file typed with pyarrow on two threads
-and checks every rule at once; at the first doubt (a rule failing, a value outside pyarrow's
-number grammar, two equal ID hashes) it declines and the exact path reads the file again as text
-and words the first failure.
+Two paths give the same report: a fast one that parses the file typed with pyarrow on two
+threads and checks every rule at once (:func:`_fast_summary`), and at its first doubt the exact
+one, which reads the file again as text and words the first failure. Why and the timings:
+docs/performance.md, the requests.csv analyzer.
 """
 
 from __future__ import annotations
@@ -728,12 +713,7 @@ def analyze_csv(
     classes: list[ClassSpec] | None = None,
     gates: Gates | None = None,
 ) -> dict[str, Any]:
-    """``capacity-pack analyze``: the SLO report of a requests.csv (see the module docstring).
-
-    The fast path parses the file typed and checks every rule at once; a file it cannot clear
-    (a rule fails, or a value pyarrow does not read as a number) is read again as text and
-    checked by the exact path, which reports the first failing row and its rule.
-    """
+    """``capacity-pack analyze``: the SLO report of a requests.csv (see the module docstring)."""
     classes = classes or tutorial_classes()
     gates = gates or Gates()
     check_arguments(duration_s, queue_trend)

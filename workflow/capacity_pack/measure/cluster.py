@@ -1,39 +1,10 @@
 """The per-target measurement resource: one measurement at a time per target.
 
-A measurement (rules ``sweep`` and ``failure_drill``) loads its target; two at once against one
-target measure each other's load, not the target's capacity. Every measurement job therefore
-takes one unit of a Snakemake resource named after its target, and the Snakefile gives that
-resource a limit of 1 (``workflow.global_resources.setdefault``), so no flag is needed locally
-or on a cluster executor. The name is derived from the target's identity, never from the
-executor or the host, so two invocations agree on it.
-
-What counts as "the same target" (a collision only ever costs parallelism, never correctness,
-so the identity errs on the side of merging):
-
-- ``openai`` with a ``base_url``: the server's host and port (the port defaulting by scheme).
-  The path, API key and model are ignored: two paths on one host:port are one front end, and
-  usually one set of accelerators, so they are serialized. The host is compared as written
-  (case aside), never resolved: ``localhost`` and ``127.0.0.1`` are two names for one server,
-  so a pack should spell its target the way every other pack measuring it does.
-- ``openai`` with ``managed``: the pack's own server process, started by each measurement on
-  the job's host (its base_url is replaced by a free loopback port): the pack name.
-- ``sim``: the embedded simulated engine, also started by each measurement inside the job: the
-  pack name. Two packs' simulators never share a server.
-
-**Isolation** (:func:`local_target`). A target on the pipeline's own host (the simulated engine, a
-managed server, a URL on a loopback address) shares its CPUs with every job beside the
-measurement: an analysis job running beside a point slows the engine and the client and moves
-the measured capacity (measured: a real-engine pack's warm capacity 0.41 RPS against cold 2.8
-with ``--cores 2``). A measurement of a local target therefore asks for every core the
-invocation has (``threads: workflow.cores``, rules/common.smk ``measure_threads``), so no other
-job of this invocation runs beside it whatever ``--cores`` says; what it cannot keep away (other
-programs) it measures (:mod:`capacity_pack.measure.host`). A remote target keeps the pipeline
-parallel: its jobs do not share the target's CPUs.
-
-Snakemake resources are counted by one invocation's scheduler. Two separate invocations against
-one target are serialized by the target lock (:mod:`capacity_pack.measure.lock`, one user on one
-host; see docs/cluster.md), whose key is finer for an endpoint (the URL's path counts) and
-coarser for local servers (every simulator and managed server of this host is one target).
+Every measurement job (rules ``sweep`` and ``failure_drill``) takes one unit of a Snakemake
+resource named after its target's identity (:func:`target_resource`: an endpoint's host and
+port; a managed or simulated target's pack name), limited to 1 by the Snakefile; a local target
+(:func:`is_local`) asks for every core. Across invocations: :mod:`capacity_pack.measure.lock`.
+Method: docs/cluster.md, 'One measurement at a time per target'.
 """
 
 from __future__ import annotations

@@ -1,58 +1,14 @@
 """The garbage collector during a run: kept out of the measured window's hot path, and timed.
 
-CPython's cyclic collector runs when allocations pass a threshold, wherever the program is,
-holding the GIL for the whole pass: a young collection takes tens of microseconds, but a
-generation-1 pass took 5-15 ms at 400 RPS and a full one 60-178 ms at 800 RPS
-(tests/bench/bench_loadgen.py, docs/performance.md), making the sends it interrupted that late
-and adding as much to the TTFT error. So, during the window (the clock's
-start to the load's end, :class:`QuietCollector`):
-
-- before the clock, one full collection, then ``gc.freeze()``: everything built so far (the
-  schedule, the prepared requests, pandas, the modules) is moved out of every later pass;
-- ``gc.disable()``: no collection starts on its own;
-- the dispatcher thread (:class:`capacity_pack.measure.dispatcher.Dispatcher`) calls
-  :meth:`QuietCollector.idle` when its next deadline is at least ``IDLE_GAP_NS`` away (it wakes
-  at least every ``IDLE_CHECK_NS`` for that); there, once ``YOUNG_INTERVAL_NS`` have passed
-  since the last pass or ``YOUNG_THRESHOLD`` container objects are pending, it collects the
-  youngest generation (generation 0). The interval matters more than the count: CPython's
-  count is allocations minus deallocations of any generation, so each request freeing its
-  prepared (frozen) request objects keeps it near zero while the young list grows; a pass
-  every 10 ms walks the few hundred objects still alive of those made since (0.1-0.9 ms at 400
-  RPS on a 2-core VM; every 25 ms, up to 2.8 ms) and ends well inside the gap. What survives
-  it moves to generation 1 and is never walked again inside the window: the survivors are
-  mostly alive (requests in flight and what the event loop holds for them), and
-  walking them again and again (CPython's generation-1 pass every 10 young ones) took 2-20 ms
-  a pass at 400-800 RPS, their number growing with the rate;
-- should the idle moments not come (``FORCE_INTERVAL_NS`` since the last pass, or
-  ``FORCE_THRESHOLD`` objects pending), the next check collects the youngest generation at
-  once, gap or not, so the young list stays bounded;
-- generations 1 and 2 are never collected inside the window; after it, one full collection (its
-  duration and the objects it freed are reported) and the collector as it was before.
-
-Memory stays bounded without full collections because what a request allocates is freed by
-reference counting once it ends: the one cycle every request made (httpx binds each response
-and its stream to each other) is undone when the response is closed (:func:`unbind`, for the
-requests and the ``/metrics`` scrapes), so a run of the load generator leaves no cyclic
-garbage at all (``gc_freed_after_window`` 0 at 100 RPS against the simulator), and what other
-cyclic garbage a run makes (a side task's, a library's) is collected by the young passes; only
-what outlives them waits in generation 2 for the collection after the window, which reports
-it (``gc_freed_after_window``).
-
-With httpx's own transport (``https://`` targets, ``client.transport: httpx``) the policy is
-off (``QuietCollector.start(quiet=False)``): httpcore leaves about five objects of cyclic
-garbage per request, so young passes alone let it pile up (at 100 RPS: passes of 11-15 ms,
-275-351 ms in all, against 3.1 ms and 41 ms with the automatic collector); there the
-automatic collector runs as before (after the freeze) and its passes are only timed.
-
-Every collection in the window is timed through ``gc.callbacks`` (start and stop, with its
-generation), whoever triggered it; :meth:`QuietCollector.summary` gives the client-health
-fields: ``gc_policy`` (``quiet`` or ``automatic``), ``gc_collections`` (in the window),
-``gc_collections_by_generation``,
-``gc_pause_max_ms``, ``gc_pause_total_ms``, ``gc_pauses_over_1ms`` (each such pause: seconds
-from the clock's start, its wall-clock milliseconds, the collecting thread's CPU milliseconds
-in it, generation; the first ``LISTED_PAUSES``; a pause much longer than its CPU time is the
-thread descheduled by other processes, not the collector's work),
-``gc_pauses_over_1ms_count``, ``gc_after_window_ms`` and ``gc_freed_after_window``.
+:class:`QuietCollector`: before the clock one full collection and ``gc.freeze()``, then
+``gc.disable()``; the dispatcher thread calls :meth:`QuietCollector.idle` when its next deadline
+is at least ``IDLE_GAP_NS`` away, which collects generation 0 once ``YOUNG_INTERVAL_NS`` have
+passed (or ``YOUNG_THRESHOLD`` objects are pending; forced after ``FORCE_INTERVAL_NS`` or
+``FORCE_THRESHOLD``); generations 1 and 2 never inside the window, one full collection after
+it. Every pass is timed through ``gc.callbacks`` into the client-health fields of
+:meth:`QuietCollector.summary`. With httpx's own transport (``https://``) the policy is off
+(``start(quiet=False)``): httpcore leaves cyclic garbage per request, so passes are only timed.
+Why and the measurements: docs/performance.md, the garbage-collector section ('What changed').
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """The commands a pack config names: trusted code, run with a timeout, their output redacted.
 
-A pack config is trusted input. These argv lists run as given (no shell), as the user who runs
-the pipeline, with that user's whole environment (the API key and any tracking credentials
-included), so a pack config from someone else is to be read like a script before it is run:
-
-========================================  ============================================  =======
-command                                   bounded by                                    default
-========================================  ============================================  =======
-``target.restart_command``                ``target.restart_timeout_s``                  600 s
-``target.managed.prepare``                ``target.managed.prepare_timeout_s``          1800 s
-``target.managed.command`` (a server)     ``target.managed.startup_timeout_s`` to be    120 s
-                                          ready; stopped (SIGTERM, SIGKILL 10 s later)
-                                          when its point ends
-a drill's ``commands.inject``/``restore``  the drill's ``commands.timeout_s``            60 s
-``client.shard_launcher`` (a prefix of    the point's budget: ``shard_ready_timeout_     derived
-each shard's argv)                        seconds + shard_start_lead_seconds +
-                                          warmup_seconds + maximum_duration_seconds +
-                                          request_timeout_seconds + 60 s``
-========================================  ============================================  =======
-
-:func:`run_command` runs one short command: standard input from ``/dev/null``, standard output
-and error through pipes into memory, in a session (process group) of its own, so that at the
-timeout SIGKILL reaches everything it started (a shell script's children too), not only its
-first process. What it printed comes back redacted (:func:`capacity_pack.redact.redact_text`)
-before anything can log, record or raise it. A long-lived child (the simulated engine, a managed
-server, a shard) writes instead to a file in a private temporary directory (mode 0700, outside
-the results), which cannot fill up and block it as a pipe nobody reads would, and whose text is
-redacted when it is read back: only the redacted copy reaches the results (:func:`copy_redacted`).
-Reading it back whole also matches a secret that a streaming copier would see cut in two.
+A pack config is trusted input: its argv lists (``target.restart_command``,
+``target.managed.prepare`` and ``.command``, a drill's ``commands.inject``/``restore``,
+``client.shard_launcher``) run as given, no shell, as the user with the whole environment; each
+is bounded by its timeout (the table: docs/security.md, 'A pack config is trusted input').
+:func:`run_command` runs a short one with stdin from ``/dev/null``, output piped into memory, in a
+process group of its own (SIGKILL at the timeout reaches all it started), and redacts what it
+printed (:func:`capacity_pack.redact.redact_text`) before anything logs it. A long-lived child
+writes to a file in a private temporary folder (a pipe nobody reads would block it), redacted
+whole when read back (:func:`copy_redacted`), so a secret cut in two is still matched.
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """The dispatcher thread: timed sends at their due instant, outside the event loop's backlog.
 
-Timed sends (open loop, the project's transport). Requests are built before the clock starts.
-The run starts each one ``LEAD_NS`` (5 ms) ahead of its due time: connection taken from the pool
-(or opened), bytes ready. The dispatcher thread (:class:`Dispatcher`) sleeps until the due time
-and writes them to the socket itself (:class:`~capacity_pack.measure.connection.TimedWrite`),
-stamping the send there, so the loop's backlog and httpx's request handling never delay the
-send. The thread sleeps outside the GIL with 1 us timer slack (:func:`dispatcher_priority`);
-with ``client.realtime_dispatch: true`` it also asks for SCHED_FIFO, which only a privileged
-process gets (root, CAP_SYS_NICE) and which no ``nice`` value limits, hence opt-in (the summary
-says whether it was requested and whether it took effect: ``realtime_dispatch``,
-``dispatcher_scheduling``). The GIL switch interval is lowered to ``SWITCH_INTERVAL_S`` (0.2 ms)
-during a run so the thread gets the GIL promptly. With httpx's transport the thread hands each
-arrival to the loop at its due time instead.
-
-The lateness this leaves is measured per request as dispatch lateness, s - (t0 + scheduled
-offset) (:mod:`capacity_pack.measure.records`).
-
-Threads on their own CPUs (``client.pin_threads``, on by default where the process may use two
-or more CPUs): for the run, the dispatcher thread is bound to one CPU and the event loop's thread
-to the others (:func:`thread_placement`). Why: the loop thread reads the streams in bursts of
-several milliseconds, and a timer wake-up of the dispatcher lands on the CPU where it last ran.
-Traced with ``perf sched timehist`` at 400 RPS on 2 cores, the sends late by 2-3 ms were each the
-dispatcher runnable behind the loop thread on one CPU while the other CPU was idle: the scheduler
-neither preempted the loop thread (it ran on to the next 4 ms tick) nor moved the woken thread.
-Apart, nothing of this process can queue in front of the dispatcher.
-
-The thread also knows when the process is idle: before each sleep it offers the time to its
-next deadline to an ``idle`` callback (at least every ``IDLE_CHECK_NS``), where the run
-collects young garbage between sends (:mod:`capacity_pack.measure.collector`).
+Timed sends (open loop, the project's transport): the run starts each prebuilt request
+``LEAD_NS`` ahead of its due time (connection taken, bytes ready) and the dispatcher thread
+(:class:`Dispatcher`) sleeps until the due time and writes them to the socket itself
+(:class:`~capacity_pack.measure.connection.TimedWrite`), stamping the send there. The thread is
+made punctual by :func:`dispatcher_priority` (1 us timer slack, a short slice, SCHED_FIFO only
+with ``client.realtime_dispatch``), the GIL switch interval is ``SWITCH_INTERVAL_S`` during a
+run, and with ``client.pin_threads`` the dispatcher and the loop get CPUs of their own
+(:func:`thread_placement`). With httpx's transport the thread hands each arrival to the loop at
+its due time instead. Before each sleep it offers the idle time to an ``idle`` callback (at least
+every ``IDLE_CHECK_NS``: :mod:`capacity_pack.measure.collector`).
+Why, with the traces behind each choice: docs/performance.md ("Threads on CPUs of their own").
 """
 
 from __future__ import annotations
@@ -343,20 +326,11 @@ def thread_slice_ns() -> int | None:
 def short_slice(slice_ns: int = SHORT_SLICE_NS) -> bool:
     """Ask the scheduler for a short time slice for the calling thread; whether it took.
 
-    Why: while other work keeps both cores of a small host busy, a thread that wakes waits
-    for the running task's slice to end (EEVDF's default, 0.75 ms x (1 + log2 cores), read
-    1.4 ms here). With two CPU-bound neighbours at nice 19, the dispatcher's sends at 400 RPS
-    were 3.1-3.5 ms late at p99 with the default slice and 2.2-2.6 ms with 0.1 ms (four runs
-    each way, docs/performance.md): a shorter slice gives the waking thread an earlier virtual
-    deadline, so it preempts sooner. Its share of the CPU is unchanged, and unlike SCHED_FIFO
-    it needs no privilege. Before Linux 6.12 the kernel ignores the request (False).
-
-    Not asked for when the thread has a CPU of its own (``client.pin_threads``): there the
-    wake-up no longer queues behind this process's loop, and the short slice also lets any
-    waking task (a server on the same CPU) preempt the thread in a young collection, which
-    then holds the GIL off the CPU: at 400 RPS pinned, 2-10 passes per run took 1-2 ms of
-    wall time for 0.1-0.4 ms of CPU with the short slice, none over 0.21 ms without it (three
-    runs each), for dispatch lateness p99 0.84-1.04 against 1.06-1.10 ms."""
+    A shorter slice gives a waking thread an earlier virtual deadline (EEVDF), so it preempts
+    sooner, with no privilege and no change to its CPU share; ignored before Linux 6.12 (False).
+    Not asked for a thread on a CPU of its own, where it would only let a waking task preempt a
+    young collection holding the GIL. Measured: docs/performance.md.
+    """
     import struct
 
     with contextlib.suppress(Exception):

@@ -1,45 +1,17 @@
 """The host a point is measured on: who else used its CPUs, how late the simulated engine ran,
 and where the target and the load generator were placed.
 
-A capacity measured on a local target (the simulated engine, a managed server, a URL on
-127.0.0.1) is the target's only while nothing else competes for the host's CPUs: an analysis
-job, a test, a compiler beside the point slows the engine and the client alike, and the
-point's latencies then describe the host's load, not the target. The pipeline keeps its own
-jobs away (a measuring rule on a local target takes every core Snakemake is given); this module
-measures what it cannot keep away and says when a point was disturbed beyond the pack's bound.
+- other processes' CPU (:func:`cpu_snapshot` before and after): other = delta(busy of
+  /proc/stat) - delta(utime + stime + cutime + cstime of the job's process tree);
+  other_cpu_share = (other - niced) / (wall seconds x host CPUs), niced work reported but not
+  counted (a nice-19 task gets about 1.5 % of a CPU against nice 0);
+- step lateness of the simulated engine (:func:`step_lateness`): the run's delta of its
+  ``sim:step_lateness_seconds`` histogram;
+- :func:`judge`: disturbed beyond ``client.other_cpu_bound`` or ``client.step_lateness_bound_ms``;
+- :class:`Placement`: with at least :data:`MIN_SPLIT_CPUS` CPUs the target gets the upper half
+  of the CPU set and the load generator the lower.
 
-**Other processes' CPU time** over the point's run (:func:`cpu_snapshot` before and after):
-
-    busy      = user + nice + system + irq + softirq + steal      (/proc/stat, all CPUs)
-    own       = sum over the measuring process's tree of utime + stime + cutime + cstime
-                (/proc/<pid>/stat: the job's process, the target it started, its client
-                shards; a process that ended inside the run is counted through its parent's
-                cutime/cstime, its start value taken off)
-    other     = delta(busy) - delta(own)                            [CPU seconds]
-    niced     = delta(nice) (when the job itself is not niced)     [CPU seconds]
-    other_cpu_share = (other - niced) / (wall seconds x host CPUs)
-
-Niced work (``nice`` > 0: a build at idle priority) is reported but not counted against the
-point: the kernel's fair scheduler gives a nice-19 task about 1.5 % of a CPU a nice-0 task
-wants (weight 15 against 1024), so it takes idle cycles, not the point's. The share is over
-every CPU of the host (/proc/stat counts them all, whatever this process's affinity).
-
-**Step lateness** of the simulated engine (:func:`step_lateness`): the delta, over the run, of
-the engine's ``sim:step_lateness_seconds`` histogram (wake-up time of its loop minus the step's
-deadline), read as the share of steps later than the bound and the p99 by bucket upper bound.
-A simulated engine starved of CPU shows there instead of in the model's step times.
-
-**Disturbed** (:func:`judge`): a point whose other processes' share exceeds
-``client.other_cpu_bound`` or whose engine steps ran later than ``client.step_lateness_bound_ms``
-at p99 measured the host, not the target: its report is ``inconclusive (disturbed)``, it
-decides nothing, and a search measures the rate again at its next repeat (the same treatment as
-a client-bound point, whose dispatch lateness p99 exceeded ``client.lateness_bound_ms``).
-
-**Placement** (:class:`Placement`): where the host has at least :data:`MIN_SPLIT_CPUS` CPUs in
-this process's set and the target is started by the pack (simulated engine, managed server),
-the target's processes get the upper half of the set and the load generator the lower half, so
-neither competes with the other for a core; with fewer the processes are left to the scheduler
-and the pack says so.
+Method: docs/metrics.md, 'The host: disturbed points'.
 """
 
 from __future__ import annotations

@@ -29,20 +29,13 @@ from capacity_pack.engines.tokenize import EndpointCounter
 from capacity_pack.io import canonical_json
 from capacity_pack.measure.sequential import MIN_LOOK_SAMPLES, SequentialSettings
 from capacity_pack.measure.settings import LoadSettings
-from capacity_pack.plan.manifest import (
-    Acceptance,
-    Client,
-    Engine,
-    Model,
-    OpenAITarget,
-    Pack,
-    Prompts,
-    RequestShape,
-    SimTarget,
-    judged_by_engine_model,
-)
+from capacity_pack.plan.client import Client
+from capacity_pack.plan.manifest import Pack
 from capacity_pack.plan.prompts import FileTokenizerCounter
 from capacity_pack.plan.schedule import Point, ScheduleInputs
+from capacity_pack.plan.sweep import judged_by_engine_model
+from capacity_pack.plan.system import Engine, Model, OpenAITarget, SimTarget
+from capacity_pack.plan.workload import Acceptance, Prompts, RequestShape
 from capacity_pack.vocab.slo import class_cutoffs
 
 

@@ -1,36 +1,12 @@
-"""A measurement's processes die with the process that started them.
+"""A measurement's processes die with the process that started them (Linux; elsewhere no-ops).
 
-A load generator left running after its pipeline is gone keeps loading the target: the next
-measurement (of this or another invocation) then measures two loads at once. Two mechanisms,
-both Linux-only (elsewhere they do nothing):
-
-- :func:`dies_with_parent` gives a child process ``PR_SET_PDEATHSIG`` (``prctl(2)``) as its
-  ``subprocess.Popen(preexec_fn=...)``: the kernel sends it a signal when its parent dies, even
-  by SIGKILL. The simulated engine, a managed server and the shard processes get it. Two
-  properties of ``prctl`` matter here. The "parent" is the *thread* that forked the child: a
-  child started from a thread that ends before the measurement does is signalled early, so
-  measurement children are started from the thread that outlives them (the job's main thread).
-  And a parent that dies between ``fork`` and the ``prctl`` call would never signal: the child
-  checks that its parent is still the process that forked it, and signals itself otherwise.
-  Shards get SIGTERM, not SIGKILL: a ``client.shard_launcher`` (``srun``, ``ssh``) is the
-  direct child then, and it stops the remote shard on SIGTERM, while a SIGKILLed launcher
-  leaves the shard running where it was launched.
-- :func:`follow_invoker` covers the measurement job itself. Snakemake runs a rule script as
-  ``bash -c 'set -euo pipefail; python script.py'`` and gives it no parent-death signal, so a
-  SIGKILLed Snakemake leaves its running jobs behind; the job cannot set one on itself either,
-  since its parent may be that shell (bash execs a last command only sometimes), which survives
-  Snakemake. Instead the Snakefile exports its own PID and start time
-  (``CAPACITY_PACK_INVOKER``, from :func:`invoker_token`); a measurement job whose ancestors
-  include that process watches it (a ``pidfd`` where the kernel has them, else a poll of
-  ``/proc``) and, when it is gone, sends itself SIGTERM, then SIGKILL after a grace period.
-  Its children follow through the first mechanism, and its target lock
-  (:mod:`capacity_pack.measure.lock`) is released by the kernel with its last file descriptor.
-  A job not descended from the exported process (a cluster executor's job on another node, a
-  stale variable) follows nothing.
-
-The simulator's own copy of the first mechanism (``capacity_pack.sim.process.die_with_parent``,
-used for its replicas by ``capacity_pack.sim.cluster``) stays there: the simulated engine imports
-nothing of the rest of the project.
+:func:`dies_with_parent`: a child's ``PR_SET_PDEATHSIG`` (the parent is the forking *thread*,
+so children start from the job's main thread; a parent dead before the ``prctl`` is caught by
+checking the parent PID). :func:`follow_invoker`: a measurement job watches the Snakemake
+process the Snakefile exports (``CAPACITY_PACK_INVOKER``, :func:`invoker_token`) and
+terminates itself when it is gone. The simulator keeps its own copy
+(``capacity_pack.sim.process.die_with_parent``): it imports nothing of the rest.
+Method: docs/cluster.md, 'A measurement's processes die with it'.
 """
 
 from __future__ import annotations

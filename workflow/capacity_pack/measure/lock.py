@@ -1,50 +1,18 @@
 """One measurement per target at a time, across every invocation of this user on this host.
 
-Inside one Snakemake invocation the per-target resource (:mod:`capacity_pack.measure.cluster`)
-serializes the measurement jobs; two invocations (two packs, two output folders, a CLI ``load``
-beside a pipeline) count their resources separately. Every stage that sends load (``sweep``
-points, ``failure_drill`` drills, and the CLI's ``load`` and ``drill`` that run them) therefore
-also holds an exclusive ``flock(2)`` on a lock file named after its target
-(:func:`hold_target`), from before the target is started or reset until its last request ends.
-The kernel drops the lock with the holder's last file descriptor, so a killed holder (SIGKILL
-included) frees it at once and nothing is ever stale; the file is opened close-on-exec, so the
-holder's children (the simulator, shards) never keep it.
+Every stage that sends load holds an exclusive ``flock(2)`` on a lock file named after its
+target (:func:`hold_target`, :func:`lock_key`: the normalized ``base_url``, or ``local@localhost``
+for a simulated or managed target), from before the target is started or reset until its last
+request ends; the kernel drops it with the holder's last descriptor (opened close-on-exec).
+Folder: ``$XDG_RUNTIME_DIR/capacity-pack/locks``, else literal ``/tmp/capacity-pack-<uid>/locks``
+(Snakemake points ``TMPDIR`` at a per-job folder); each folder made mode 0700 and checked to be
+a real directory owned by this user. The file holds its holder as one JSON line. A second
+measurement waits (polling every ``POLL_S``, warning every ``REPORT_EVERY_S``, giving up with
+:class:`TargetBusy` after ``DEFAULT_TIMEOUT_S``) or, with ``wait`` off, fails at once.
+:class:`LockSettings` come from the CLI or the Snakemake config keys ``target_lock_wait`` and
+``target_lock_timeout_seconds``: not pack fields, so they rerun nothing.
 
-The target, as a lock key (:func:`lock_key`):
-
-- ``openai`` with a ``base_url``: the normalized URL ``scheme://host:port/path``: scheme and
-  host lowercased (an IPv6 host in brackets, a trailing dot dropped), the port written out
-  (80 for http, 443 for https), the path without trailing slashes; user info, query and
-  fragment dropped (a key never holds a credential). The host is compared as written, never
-  resolved: ``localhost`` and ``127.0.0.1`` are two keys for one server.
-- ``sim`` and ``openai`` with ``managed``: ``local@localhost``. Such a measurement starts its
-  own server on a free port of this host, so no two ever share a server; but the server and
-  the load generator both run on this host's CPU (and accelerators), which is what a
-  measurement needs to itself. So every measurement whose server runs here is one target.
-
-Where: ``$XDG_RUNTIME_DIR/capacity-pack/locks`` (the user's runtime folder, where that
-variable names an existing absolute folder), else ``/tmp/capacity-pack-<uid>/locks``: literal
-``/tmp``, since Snakemake points ``TMPDIR`` at a per-job folder. Each folder this creates is mode
-0700 and must be a real directory owned by this user (no symlink, no other user's folder in its
-place). The lock therefore serializes one user's measurements on one host: two users, or jobs of
-a cluster executor on two nodes, see different locks (docs/cluster.md says what guards those),
-and so do a run without ``XDG_RUNTIME_DIR`` (cron, some ``sudo``) and a run with it.
-
-The lock file holds its holder, one JSON line written after the lock is taken: ``key``, ``pid``,
-``pack``, ``stage``, ``what`` (point or drill), ``host``, ``started`` (UTC, ISO 8601) and
-``started_unix_ns``; a clean release empties it. A second measurement either waits or fails:
-
-- waiting, it tries again every ``POLL_S`` (0.1 s; the holder's next job needs seconds to
-  start, so a waiter takes a freed lock first and two invocations alternate rather than one
-  starving the other), logs a warning naming the holder's PID, pack and point once, then
-  every ``REPORT_EVERY_S`` (30 s), and gives up with :class:`TargetBusy` after ``timeout_s``
-  (default ``DEFAULT_TIMEOUT_S``, two hours: a few long points of another pack);
-- with ``wait`` off it fails at once with a one-line :class:`TargetBusy` naming the holder.
-
-The settings (:class:`LockSettings`) come from the CLI (``--no-wait``, ``--lock-timeout``) or
-from the Snakemake config keys ``target_lock_wait`` and ``target_lock_timeout_seconds``
-(``snakemake --config target_lock_wait=false``): settings of one invocation, not of the pack,
-so they are not validated as pack fields and never rerun a job.
+Method: docs/cluster.md, 'What it does and does not do'.
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """Managed-process targets: a real engine the pack starts, probes and stops itself.
 
-An ``openai`` target with a ``managed`` block (:class:`capacity_pack.plan.manifest.ManagedProcess`)
-is a server process the pipeline owns, e.g. llama.cpp's ``llama-server`` on this machine's CPU:
-
-1. ``prepare`` (optional argv) runs first and must exit 0 within ``prepare_timeout_s``; the
-   last line it prints is ``{prepared}`` (a build-or-find step prints the binary it built or
-   found);
-2. ``command`` (argv) starts the server on 127.0.0.1 and a free port; placeholders:
-   ``{host}``, ``{port}``, ``{prepared}``, ``{python}`` (the pipeline's own interpreter, so a
-   server shipped as a Python package runs in the pack's environment), and
-   ``{package_file:PKG/REL/PATH}`` (a file shipped inside an installed Python package, e.g. a
-   model in a wheel);
-3. readiness: ``GET {ready_path}`` until 200 within ``startup_timeout_s`` (the process exiting
-   first is an error that quotes its output);
-4. stop: SIGTERM, then SIGKILL after a grace period. The server dies with this process
-   (``PR_SET_PDEATHSIG``), so an interrupted measurement leaves nothing running.
-
-What the server prints goes to a file in a private temporary directory; its log in the results
-and every error that quotes it are redacted (:mod:`capacity_pack.measure.commands`).
-
-With ``per_point`` (the default) every measurement point gets a fresh process, so a cold point
-starts from an empty cache by construction, as with the simulated engine.
-
-A failure drill runs the same command as the replicas of the project's router
-(:class:`ManagedFleet`: ``capacity-pack sim cluster --replica-command``), so that it can kill a
-replica the pack started, have the router's supervisor restart it, and see detection, removal,
-errors and recovery exactly as with simulated replicas.
+An ``openai`` target with a ``managed`` block (:class:`capacity_pack.plan.manifest.ManagedProcess`):
+``prepare`` (optional; its last printed line is ``{prepared}``) within ``prepare_timeout_s``;
+``command`` on 127.0.0.1 and a free port (placeholders ``{host}``, ``{port}``, ``{prepared}``,
+``{python}``, ``{package_file:PKG/REL/PATH}``); ready when ``GET {ready_path}`` answers 200
+within ``startup_timeout_s``; stopped by SIGTERM, then SIGKILL, and dying with this process
+(``PR_SET_PDEATHSIG``). Its output is redacted (:mod:`capacity_pack.measure.commands`). With
+``per_point`` every point gets a fresh process. A failure drill runs the same command as the
+router's replicas (:class:`ManagedFleet`). Method: docs/packs.md, 'Real targets'.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """The load generator's records: what the client observed about each request, one JSON line each.
 
-Per request, from one monotonic clock (``time.perf_counter_ns``, CLOCK_MONOTONIC on Linux, the
-same clock in every process of the machine) plus a realtime stamp (``time.time_ns``) at send and
-at end: scheduled offset, due time, actual send time (when the request's bytes were written),
-every streamed chunk's arrival and its token count, HTTP status, terminal status (``ok``,
-``error``, ``timeout``, ``rejected``, ``cancelled``: by the cancellation policy, or in flight
-when SIGINT/SIGTERM interrupted the run, with the stamps it got so far), error text, usage
-(prompt, completion, cached tokens); a session class's request also its ``session`` and
-``turn`` (:mod:`capacity_pack.measure.sessions`). A chunk's arrival is the kernel's receive
-time of the socket read that completed it (:mod:`capacity_pack.measure.connection`), so a busy
-loop does not blur it; events read together share it. A request that is never written (no
-connection) keeps the later of its start and due time as its send time.
+Per request, on one monotonic clock (``time.perf_counter_ns``) plus a realtime stamp at send
+and end: scheduled offset, due time, send time, every chunk's arrival (the kernel's receive
+time, :mod:`capacity_pack.measure.connection`) and tokens, HTTP and terminal status, error
+text, usage, and a session request's ``session`` and ``turn``. The latencies derived from it
+(:mod:`capacity_pack.evidence.normalize`): TTFT = f - s, E2E = e - s,
+TPOT = (E2E - TTFT) / (O - 1) for O > 1, ITL_j = t_j - t_(j-1), lateness = s - due.
+Method: docs/metrics.md, 'Per-request timestamps' and 'Per-request metrics'.
 
-The latencies derived from a record (by :mod:`capacity_pack.evidence.normalize`) follow vLLM's
-serving benchmark (``benchmarks/benchmark_serving.py``: TTFT, TPOT, ITL), with s = send,
-f = first non-empty chunk, e = last non-empty chunk, O = output tokens, t_j = chunk j's arrival:
-
-    TTFT = f - s        E2E = e - s        TPOT = (E2E - TTFT) / (O - 1)  for O > 1
-    ITL_j = t_j - t_(j-1) over chunks (gaps between observed chunks, not invented per token)
-    client scheduling delay (dispatch lateness) = s - (t0 + scheduled offset)
-
-Records are appended to a JSONL file and flushed as each request ends (:class:`RecordWriter`),
-so a killed run keeps every finished request; a torn last line is ignored on reading
-(:func:`read_records` as dicts, :func:`records_frame` as a frame for normalization).
+Records are appended and flushed as each request ends (:class:`RecordWriter`), so a killed run
+keeps every finished request; a torn last line is ignored on reading (:func:`read_records` as
+dicts, :func:`records_frame` as a frame for normalization).
 """
 
 from __future__ import annotations

@@ -1,65 +1,9 @@
 """One measurement run: a point's schedule sent to an OpenAI-compatible endpoint, all recorded.
 
-Open loop (``mode == "open"``/``"exp"``): each request is sent at its scheduled offset regardless
-of completions; nothing ever holds a scheduled arrival behind a concurrency cap. An optional
-in-flight ceiling (``client.max_in_flight``; in flight = written and not yet ended) answers an
-arrival beyond it, at its due time, with a client-side ``rejected`` record. Closed loop
-(``mode == "closed"``): N workers, each sending its next request when the previous one ends, in
-schedule order. Open-loop arrivals are sent at their due instant by the dispatcher thread
-(:mod:`capacity_pack.measure.dispatcher`).
-
-Client: one ``httpx.AsyncClient`` per run (keep-alive, explicit ``httpx.Timeout``, ``httpx.Limits``
-without connection caps, ``Accept-Encoding: identity``, no cookie carried between requests) over
-:class:`~capacity_pack.measure.transport.PlainHTTPTransport` for ``http://`` targets, httpx's
-default transport for ``https://`` (``LoadSettings.transport`` overrides), verifying an https://
-server's certificate unless ``LoadSettings.tls_verify`` is false (``ca_bundle``: a private CA).
-The API key goes with every request and scrape, and a record whose text quotes it (a server's
-error) has it replaced by ``[redacted]`` (:mod:`capacity_pack.measure.payload`).
-
-Timeouts and cancellation deadlines run from the due time (from the start in closed loop): one
-overall deadline per request (``asyncio.timeout``), whatever phase it is in (connecting, waiting
-for the head, reading the body), so a request unfinished after ``request_timeout_s`` is a
-``timeout`` and says in which phase. The transports' own per-phase timeouts are a backstop set
-past that deadline (``BACKSTOP_S``), never what ends a request; a connection refused, reset or
-unresolvable is an ``error`` with its cause. No automatic retries, ever. A request counts as
-``ok`` only when the stream ended normally with the class's exact output length (the workload
-contract of ``ignore_eos`` fixed-length classes); a short or long output is an ``error`` whose
-text says so, never silently a success. Streams are read by
-:class:`~capacity_pack.measure.sse.SSEReader`; each finished request is written as one record
-(:mod:`capacity_pack.measure.records`, where the stamps and the latency definitions are).
-SIGINT or SIGTERM stops the run with every request accounted for
-(:mod:`capacity_pack.measure.interrupt`).
-
-In-run decisions and extension (open loop, :mod:`capacity_pack.measure.sequential`): every
-``look_interval_s`` a look judges each class's attainment by its time-uniform confidence
-sequence. A class certain to fail stops the arrivals; every class certain to pass, at its
-sample gate and past the minimum duration, stops them too; requests in flight finish and are
-recorded, and the rows never sent are counted (``unsent_requests``). Otherwise the point
-continues: when the queued arrivals cover less than the extension lead, a look that finds it
-undecided (or, without an in-run decision, a class projected short of
-``min_successful_per_class``) appends the schedule's next block to the running arrivals on
-the same clock (block k+1's offsets continue block k's: no rebase, no pause, no idle drain),
-up to ``maximum_duration_s``; every block is built, requests and all, ahead of its arrivals
-and never by the loop: before the clock up to the minimum duration and two build leads
-(``BUILD_AHEAD_S``), then by a worker thread a lead ahead of the clock
-(:class:`capacity_pack.measure.arrivals.BlocksAhead`), so appending one costs the loop
-nothing and a point decided early pays only for the blocks it could have used. Closed-loop
-extension blocks run after the previous block has ended, as before.
-
-The client watches itself: dispatch lateness, event-loop lag (a 10 ms ticker's wake-up delay)
-and its own CPU time from the clock's start (request building before it is not counted); when
-lateness p99 exceeds ``client.lateness_bound_ms`` the summary labels the point ``client_bound``
-and the analysis treats it as invalid. The garbage collector is kept out of the measured
-window (:mod:`capacity_pack.measure.collector`): what is alive at the clock's start is frozen
-(``gc.freeze``), automatic collections are off until the load ends, the dispatcher thread
-collects the young generations at its idle moments, and every pass is timed into the
-summary's ``gc_*`` fields; a response is unbound from its stream when it ends, so requests
-leave no cyclic garbage behind. ``/metrics`` is scraped every
-``client.metrics_interval_seconds`` into a long time series (queue depth, running, KV usage,
-prefix-cache queries/hits, preemptions) through a name map for vLLM, SGLang, llama.cpp, TGI,
-TensorRT-LLM and the simulator (:func:`capacity_pack.engines.signals.parse_metrics`), with the
-client's own backlog series (due but unsent, in flight) alongside
-(:mod:`capacity_pack.measure.watchers`).
+Open loop sends each request at its scheduled offset (the dispatcher thread), closed loop runs
+N workers; one ``httpx.AsyncClient`` per run; one overall deadline per request from its due
+time (the transports' timeouts a backstop past it, ``BACKSTOP_S``); no retries; ``ok`` only with
+the class's exact output length. Method: docs/metrics.md, 'The load generator's client'.
 
 Module map: this module holds the run (:class:`Run`: its client, clock, watchers and summary)
 and :func:`run_point`; :mod:`capacity_pack.measure.send` one request's life (send, read,

@@ -1,72 +1,21 @@
 """The in-run decision of an open-loop rate point: stop it as soon as its verdict is certain.
 
-While the point runs, each class c keeps two counts over its finished *measured* requests
-(phases ``measure`` and ``extension``; warm-up and prewarm rows never count): n_c, the
-successful ones (status ``ok``), and k_c, those that also meet the class SLO, the predicate of
-:func:`capacity_pack.vocab.slo.meets_slo` computed on the client's own stamps exactly as
-:mod:`capacity_pack.measure.records` defines the latencies (s = send, f = first token, e = last
-token, O = output tokens):
-
-    passed  <=>  ok  and  (f - s) <= TTFT cutoff  and  TPOT <= TPOT cutoff,
-    TPOT = ((e - s) - (f - s)) / (O - 1) in ms for O > 1, else 0.
-
-A *look* (every ``look_interval_s``, 0.25 s by default: per class one batch-means pass over
-its outcomes and two evaluations of a Beta function) judges each class with n_c >=
-``min_samples`` (:data:`MIN_LOOK_SAMPLES`, 20: five batches of four; fewer where the gate can
-pass on fewer, :func:`capacity_pack.measure.inputs.look_floor`) by the time-uniform
-confidence sequence of its attainment at ``acceptance.attainment_confidence``
-(:func:`capacity_pack.binomial.sequential_outcome`, the beta-binomial mixture of Robbins 1970
-as in Howard et al., Ann. Statist. 2021), against ``acceptance.class_slo_attainment_min``,
-taken at the effective sample k_c / deff_c of n_c / deff_c, where deff_c is the design
-effect of the class's outcomes over blocks of send time
-(:func:`capacity_pack.binomial.design_effect`): requests that share a queue miss together,
-and a burst of misses counted as independent trials would decide a point on one burst.
-
-No look stops a point before the minimum duration (warm-up plus
-``client.minimum_duration_seconds``), whatever it shows: the minimum is the least window any
-point's verdict rests on, so a point that decides a bracket end has at least that much of the
-target's time behind it (on a real engine, where a host's hiccup of a few seconds can sink a
-short window, the shipped llama.cpp pack asks 60 s). Where the engine model judges the rate as
-control variate, the minimum is the maximum duration: no look stops the point
-(:func:`capacity_pack.measure.inputs.sequential_settings`). From then on:
-
-- some class ``fail`` (its upper bound below the gate): the point stops, **fail**;
-- every class ``pass`` (lower bound at or above the gate) and every class at its sample gate
-  (``min_successful_samples_per_class``): the point stops, **pass**;
-- no class ``fail``, but some class cannot even *meet* the gate by the maximum duration
-  (**futile**, judged from the warm-up's end, as ``fail`` is): at the rate it has run so far
-  it would have n_c' = n_c (T - w) / (t - w) requests by then (T the maximum duration, w the
-  warm-up, t now, from the clock's start), and even if every one of the n_c' - n_c still to
-  come met the SLO, its attainment (k_c + n_c' - n_c) / n_c' would stay under the gate: the
-  point stops, **futile**. A rate is decided on the pooled estimate of its repeats
-  (:func:`capacity_pack.decide.capacity.rate_status`), so a point stops on its data only when
-  the data cannot change the rate's side of the gate: a stop on a statistical projection (an
-  upper confidence bound, as until 2026-12-05) cut points whose first seconds held a queue
-  burst (the default pack, seed 20261207: warm 40 RPS stopped at 2.8 s and 7 s, 0.71 and 0.82,
-  where the engine model's long-run attainment is 0.978), and cutting a run because it looks
-  bad biases the pooled estimate downwards. Non-binding, as in group-sequential designs: it
-  never makes a pass, so the false-pass rate above is untouched;
-- otherwise it continues, and extends while time remains (:func:`wants_extension`).
-
-A stop ends the arrivals only: requests in flight finish and are recorded, nothing is
-cancelled, and the scheduled rows never sent are counted (``unsent_requests``). The sequence
-covers the true attainment at every n at once with probability >= confidence (Ville's
-inequality), so looking after every request, or every 0.25 s, does not raise the error rate:
-per class, a stop for fail while the true attainment meets the gate, or a pass while it does
-not, each happens with probability <= 1 - confidence over the whole run. For the point, a
-false pass needs a class that misses the gate to pass (<= 1 - confidence); a false fail needs
-one of the C classes that meet it to fail (<= C (1 - confidence), by the union bound). The
-offline analysis computes the same sequence at the final n, the requests in flight at a stop
-included.
-
-Extension (continuous). The precommitted schedule's next block continues the seeded arrival
-process on the same clock (:func:`capacity_pack.plan.schedule.build_schedule`). It is appended
-while arrivals are still queued: once the scheduled arrivals left cover less than the lead
-(:func:`extension_lead_ns`: the larger of :data:`EXTEND_LEAD_S` and :data:`EXTEND_LEAD_FRACTION`
-of the last block's span), a look that finds the point undecided (or, without an in-run
-decision, a class projected short of its sample gate) appends the next block (as many as it
-takes to cover the lead again); a point whose last arrival is started before that is closed.
-The declared maximum duration cuts the arrivals.
+Per class c, over its finished measured requests: n_c successful, k_c of them meeting the SLO
+(:func:`capacity_pack.vocab.slo.meets_slo` on the client's stamps: TTFT = f - s,
+TPOT = ((e - s) - (f - s)) / (O - 1) for O > 1, else 0). A *look* (every ``look_interval_s``)
+judges each class with n_c >= ``min_samples`` by the time-uniform confidence sequence of its
+attainment (:func:`capacity_pack.binomial.sequential_outcome`) at the effective sample
+k_c / deff_c of n_c / deff_c (:func:`capacity_pack.binomial.design_effect`: requests that share
+a queue miss together). After the minimum duration: a class ``fail`` stops the point (fail);
+every class ``pass`` at its sample gate stops it (pass); a class that cannot meet the gate by
+the maximum duration even if every request still to come met the SLO,
+(k_c + n_c' - n_c) / n_c' < gate with n_c' = n_c (T - w) / (t - w), stops it (futile:
+non-binding, it never makes a pass); otherwise it goes on and extends (:func:`wants_extension`:
+the next precommitted block is appended once the queued arrivals cover less than
+:func:`extension_lead_ns`). A stop ends the arrivals only; requests in flight finish. The
+sequence covers the true attainment at every n at once (Ville's inequality), so looking often
+does not raise the error rate. The method, its error rates and its history: docs/metrics.md,
+"In-run decisions".
 """
 
 from __future__ import annotations

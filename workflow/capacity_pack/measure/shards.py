@@ -1,47 +1,16 @@
 """Sharded load generation: one open-loop point run by K client processes.
 
-One client process holds a few hundred requests per second before its dispatch lateness
-grows (docs/scaling.md); a higher rate is split over K processes, each its own Python
-interpreter, event loop and dispatcher thread.
+Assignment (:func:`assign_shards`, :func:`assignment_seed`): consecutive windows of K arrivals,
+each permuted by ``numpy.random.default_rng([seed, w])``; prewarm rows go to shard 0; an
+in-flight ceiling is shared out as ceil(ceiling / K). Shared start: ``ready-<i>.json`` in a
+rendezvous folder, start = max(ready realtime) + lead, mapped onto each shard's monotonic clock
+``t0 = monotonic_now + (start - realtime_now)``. Clock check: offset = rt - (m1 + m2) / 2, drift
+within a shard, skew on one host (one boot id) and across hosts (chrony bound
+``|sys_a - sys_b| + (delay_a / 2 + dispersion_a) + (delay_b / 2 + dispersion_b)``); beyond
+``client.shard_clock_tolerance_ms`` the point is invalid. Merge and its checks:
+:func:`check_merge`.
 
-Assignment. The schedule's arrivals, in arrival order (``scheduled_offset_ns``, then ``seq``),
-are cut into consecutive windows of K; within window w the K positions go to the K shards in
-the order of a permutation drawn from ``numpy.random.default_rng([seed, w])``, with ``seed``
-derived from the pack's schedule seed and the point (:func:`assignment_seed`). Every shard thus
-gets every K-th arrival on average (rate lambda / K, the same class mix), the split is the same
-on every rerun, and no shard is tied to a periodic slot of the arrival process. Prewarm rows
-(warm points) go to shard 0, which sends them before it reports ready. A client-side in-flight
-ceiling (``client.max_in_flight``) is shared out: each shard enforces ceil(ceiling / K).
-
-Shared start. Each shard builds its requests, then writes ``ready-<i>.json`` (host, boot id,
-realtime and monotonic stamps) into a rendezvous directory on a filesystem every shard sees, and
-polls until all K files exist. The start is ``max(ready realtime) + lead`` (every shard computes
-the same number); each shard maps it onto its own monotonic clock,
-``t0 = monotonic_now + (start - realtime_now)``, and sends request r at ``t0 + offset_r``.
-Records keep each shard's own ``t0``; offsets (``sent - t0``) share one axis.
-
-Clock check. At the start and the end each shard samples (realtime - monotonic) as the tightest
-of a few bracketed reads: ``offset = rt - (m1 + m2) / 2`` with uncertainty ``(m2 - m1) / 2``.
-
-- drift of one shard: ``|offset_end - offset_start|`` (the realtime clock was stepped or slewed
-  during the run, so the start it computed no longer matches the others');
-- skew between shards on one host (same ``/proc/sys/kernel/random/boot_id``, one
-  CLOCK_MONOTONIC): the spread of their offsets at the start and at the end;
-- skew between hosts: their monotonic clocks are unrelated, so it is bounded from each host's
-  NTP state (``chronyc -c tracking``): ``|sys_a - sys_b| + (delay_a / 2 + dispersion_a) +
-  (delay_b / 2 + dispersion_b)``; without chrony on every host it is unmeasured (reported as
-  missing evidence, not as valid).
-
-Any measured skew or drift above ``client.shard_clock_tolerance_ms`` (plus the read
-uncertainty) marks the point invalid (``shard_clock_valid: false``): the analysis labels it
-inconclusive.
-
-Merge. The measurement job concatenates the shards' records (each tagged ``shard``) into the
-point's ``records.jsonl`` and sums the shards' client series sample by sample (they sample on
-one grid from the shared start; the server's series comes from shard 0 alone, the only one that
-scrapes). Normalization checks the merge (:func:`check_merge`): every record on the shard it was
-assigned to, every shard's record count equal to what that shard reported, every scheduled
-request exactly once overall, and dispatch lateness per shard.
+Method: docs/scaling.md, 'Sharded load generation'.
 """
 
 from __future__ import annotations
@@ -182,72 +151,13 @@ def clock_check(shards: list[dict[str, Any]], tolerance_ms: float) -> dict[str, 
     figures, ``valid`` (True, False, or None when a cross-host skew could not be measured and
     nothing measured exceeded the tolerance) and the reasons.
     """
-    tol_ns = tolerance_ms * 1e6
-    reasons: list[str] = []
-    missing: list[str] = []
-    drift = []
-    for i, c in enumerate(shards):
-        d = c["end"]["offset_ns"] - c["start"]["offset_ns"]
-        u = c["end"]["uncertainty_ns"] + c["start"]["uncertainty_ns"]
-        drift.append({"shard": i, "drift_ms": d / 1e6, "uncertainty_ms": u / 1e6})
-        if abs(d) > tol_ns + u:
-            reasons.append(
-                f"shard {i}: realtime moved {d / 1e6:+.3f} ms against the monotonic clock "
-                f"during the run (tolerance {tolerance_ms} ms)"
-            )
-    same_host = []
     groups: dict[str, list[int]] = {}
     for i, c in enumerate(shards):
         groups.setdefault(c["boot_id"], []).append(i)
-    for bid, members in groups.items():
-        if len(members) < 2:
-            continue
-        for edge in ("start", "end"):
-            offs = [shards[i][edge]["offset_ns"] for i in members]
-            unc = max(shards[i][edge]["uncertainty_ns"] for i in members)
-            spread = max(offs) - min(offs)
-            same_host.append(
-                {
-                    "host": shards[members[0]]["host"],
-                    "boot_id": bid,
-                    "shards": members,
-                    "at": edge,
-                    "spread_ms": spread / 1e6,
-                    "uncertainty_ms": 2 * unc / 1e6,
-                }
-            )
-            if spread > tol_ns + 2 * unc:
-                reasons.append(
-                    f"shards {members} on {shards[members[0]]['host']}: realtime-monotonic "
-                    f"offsets spread {spread / 1e6:.3f} ms at the {edge} "
-                    f"(tolerance {tolerance_ms} ms)"
-                )
-    cross = []
-    hosts = list(groups)
-    for a in range(len(hosts)):
-        for b in range(a + 1, len(hosts)):
-            ca, cb = shards[groups[hosts[a]][0]], shards[groups[hosts[b]][0]]
-            na, nb = ca.get("ntp"), cb.get("ntp")
-            if not na or not nb:
-                missing.append(
-                    f"skew between {ca['host']} and {cb['host']}: no NTP state (chronyc) on "
-                    f"{'both' if not na and not nb else (ca if not na else cb)['host']}"
-                )
-                cross.append({"hosts": [ca["host"], cb["host"]], "bound_ms": None})
-                continue
-            bound_s = (
-                abs(na["system_offset_s"] - nb["system_offset_s"])
-                + na["root_delay_s"] / 2
-                + na["root_dispersion_s"]
-                + nb["root_delay_s"] / 2
-                + nb["root_dispersion_s"]
-            )
-            cross.append({"hosts": [ca["host"], cb["host"]], "bound_ms": bound_s * 1e3})
-            if bound_s * 1e3 > tolerance_ms:
-                reasons.append(
-                    f"{ca['host']} vs {cb['host']}: NTP bounds their realtime skew only to "
-                    f"{bound_s * 1e3:.3f} ms (tolerance {tolerance_ms} ms)"
-                )
+    drift, reasons = _drift(shards, tolerance_ms)
+    same_host, why = _same_host_skew(shards, groups, tolerance_ms)
+    cross, why_cross, missing = _cross_host_skew(shards, groups, tolerance_ms)
+    reasons += why + why_cross
     valid: bool | None = not reasons
     if valid and missing:
         valid = None
@@ -261,6 +171,83 @@ def clock_check(shards: list[dict[str, Any]], tolerance_ms: float) -> dict[str, 
         "reasons": reasons,
         "missing_evidence": missing,
     }
+
+
+def _drift(shards: list[dict[str, Any]], tolerance_ms: float) -> tuple[list[dict], list[str]]:
+    """Each shard's realtime-monotonic offset change over the run."""
+    drift, reasons = [], []
+    for i, c in enumerate(shards):
+        d = c["end"]["offset_ns"] - c["start"]["offset_ns"]
+        u = c["end"]["uncertainty_ns"] + c["start"]["uncertainty_ns"]
+        drift.append({"shard": i, "drift_ms": d / 1e6, "uncertainty_ms": u / 1e6})
+        if abs(d) > tolerance_ms * 1e6 + u:
+            reasons.append(
+                f"shard {i}: realtime moved {d / 1e6:+.3f} ms against the monotonic clock "
+                f"during the run (tolerance {tolerance_ms} ms)"
+            )
+    return drift, reasons
+
+
+def _same_host_skew(
+    shards: list[dict[str, Any]], groups: dict[str, list[int]], tolerance_ms: float
+) -> tuple[list[dict], list[str]]:
+    """The spread of the offsets of the shards on one boot, at the run's start and end."""
+    rows, reasons = [], []
+    for bid, members in groups.items():
+        if len(members) < 2:
+            continue
+        for edge in ("start", "end"):
+            offs = [shards[i][edge]["offset_ns"] for i in members]
+            unc = max(shards[i][edge]["uncertainty_ns"] for i in members)
+            spread = max(offs) - min(offs)
+            host = shards[members[0]]["host"]
+            rows.append(
+                {
+                    "host": host,
+                    "boot_id": bid,
+                    "shards": members,
+                    "at": edge,
+                    "spread_ms": spread / 1e6,
+                    "uncertainty_ms": 2 * unc / 1e6,
+                }
+            )
+            if spread > tolerance_ms * 1e6 + 2 * unc:
+                reasons.append(
+                    f"shards {members} on {host}: realtime-monotonic offsets spread "
+                    f"{spread / 1e6:.3f} ms at the {edge} (tolerance {tolerance_ms} ms)"
+                )
+    return rows, reasons
+
+
+def _cross_host_skew(
+    shards: list[dict[str, Any]], groups: dict[str, list[int]], tolerance_ms: float
+) -> tuple[list[dict], list[str], list[str]]:
+    """Per pair of hosts, the NTP bound on their realtime skew: |offset_a - offset_b| plus each
+    side's root delay / 2 + root dispersion; missing where either has no NTP state."""
+    cross, reasons, missing = [], [], []
+    hosts = list(groups)
+    for a in range(len(hosts)):
+        for b in range(a + 1, len(hosts)):
+            ca, cb = shards[groups[hosts[a]][0]], shards[groups[hosts[b]][0]]
+            na, nb = ca.get("ntp"), cb.get("ntp")
+            pair = [ca["host"], cb["host"]]
+            if not na or not nb:
+                missing.append(
+                    f"skew between {ca['host']} and {cb['host']}: no NTP state (chronyc) on "
+                    f"{'both' if not na and not nb else (ca if not na else cb)['host']}"
+                )
+                cross.append({"hosts": pair, "bound_ms": None})
+                continue
+            bound_s = abs(na["system_offset_s"] - nb["system_offset_s"]) + sum(
+                n["root_delay_s"] / 2 + n["root_dispersion_s"] for n in (na, nb)
+            )
+            cross.append({"hosts": pair, "bound_ms": bound_s * 1e3})
+            if bound_s * 1e3 > tolerance_ms:
+                reasons.append(
+                    f"{ca['host']} vs {cb['host']}: NTP bounds their realtime skew only to "
+                    f"{bound_s * 1e3:.3f} ms (tolerance {tolerance_ms} ms)"
+                )
+    return cross, reasons, missing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,6 +525,41 @@ def merge_series(frames: list[pd.DataFrame], interval_s: float) -> pd.DataFrame:
     )
 
 
+def _lateness(frame: pd.DataFrame) -> dict[str, float | None]:
+    """Dispatch lateness (sent - due, ms) of the requests with a due time: p50, p99, max."""
+    due = frame["due_ns"].to_numpy(dtype=np.int64) if len(frame) else np.zeros(0, np.int64)
+    sent = frame["sent_ns"].to_numpy(dtype=np.int64) if len(frame) else due
+    late = (sent[due > 0] - due[due > 0]) / 1e6
+
+    def pct(q: float) -> float | None:
+        return float(np.percentile(late, q)) if late.size else None
+
+    return {"p50": pct(50), "p99": pct(99), "max": pct(100)}
+
+
+def _shard_row(s: dict[str, Any], records: pd.DataFrame) -> dict[str, Any]:
+    """One shard's line of the merged summary's ``per_shard``."""
+    i = s["shard"]
+    mine = records[records["shard"] == i] if len(records) else records
+    return {
+        "shard": i,
+        "host": s["clock"]["host"],
+        "pid": s["pid"],
+        "scheduled": s["scheduled"],
+        "max_in_flight": s.get("max_in_flight"),
+        "cpu_affinity": s.get("cpu_affinity"),
+        "requests_recorded": s["requests_recorded"],
+        "failed": s["failed"],
+        "client_cpu_s": s["client_cpu_s"],
+        "dispatch_lateness_ms": _lateness(mine),
+        "event_loop_lag_ms": s["event_loop_lag_ms"],
+        "dispatcher_scheduling": s["dispatcher_scheduling"],
+        "thread_placement": s.get("thread_placement"),
+        "gc_pause_max_ms": s.get("gc_pause_max_ms"),
+        "client_bound": s["client_bound"],
+    }
+
+
 def merge_summaries(
     summaries: list[dict[str, Any]],
     records: pd.DataFrame,
@@ -546,16 +568,6 @@ def merge_summaries(
     seed: int,
 ) -> dict[str, Any]:
     """One point's summary from its shards' (counts summed, lateness over every request)."""
-
-    def pct(x: np.ndarray, q: float) -> float | None:
-        return float(np.percentile(x, q)) if x.size else None
-
-    def lateness(frame: pd.DataFrame) -> dict[str, float | None]:
-        due = frame["due_ns"].to_numpy(dtype=np.int64) if len(frame) else np.zeros(0, np.int64)
-        sent = frame["sent_ns"].to_numpy(dtype=np.int64) if len(frame) else due
-        late = (sent[due > 0] - due[due > 0]) / 1e6
-        return {"p50": pct(late, 50), "p99": pct(late, 99), "max": pct(late, 100)}
-
     first = summaries[0]
     total = {
         key: sum(s[key] for s in summaries)
@@ -569,30 +581,8 @@ def merge_summaries(
         for k, v in s["terminal_by_class"].items():
             terminal_by_class[k] = terminal_by_class.get(k, 0) + v
     cpu = sum(s["client_cpu_s"] for s in summaries)
-    late = lateness(records)
-    per_shard = []
-    for s in summaries:
-        i = s["shard"]
-        mine = records[records["shard"] == i] if len(records) else records
-        per_shard.append(
-            {
-                "shard": i,
-                "host": s["clock"]["host"],
-                "pid": s["pid"],
-                "scheduled": s["scheduled"],
-                "max_in_flight": s.get("max_in_flight"),
-                "cpu_affinity": s.get("cpu_affinity"),
-                "requests_recorded": s["requests_recorded"],
-                "failed": s["failed"],
-                "client_cpu_s": s["client_cpu_s"],
-                "dispatch_lateness_ms": lateness(mine),
-                "event_loop_lag_ms": s["event_loop_lag_ms"],
-                "dispatcher_scheduling": s["dispatcher_scheduling"],
-                "thread_placement": s.get("thread_placement"),
-                "gc_pause_max_ms": s.get("gc_pause_max_ms"),
-                "client_bound": s["client_bound"],
-            }
-        )
+    late = _lateness(records)
+    per_shard = [_shard_row(s, records) for s in summaries]
     clocks = clock_check([s["clock"] for s in summaries], tol_ms)
     # The same criterion as one process's: the point's lateness p99, over every request. A
     # shard that lags alone shows in per_shard (its own p99 and client_bound).

@@ -52,7 +52,7 @@ from capacity_pack.measure.shards import (
     write_shard_prompts,
 )
 from capacity_pack.measure.target import open_target
-from capacity_pack.plan.manifest import Pack, SimTarget
+from capacity_pack.plan.manifest import Pack
 from capacity_pack.plan.schedule import (
     Point,
     build_schedule,
@@ -61,6 +61,7 @@ from capacity_pack.plan.schedule import (
     prewarm_rows,
     trace_facts,
 )
+from capacity_pack.plan.system import SimTarget
 
 
 def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -127,46 +128,12 @@ def run_sharded(
     """Run a point as K shard processes; write the merged records and series; its summary.
     ``prompts``: the point's prepared prompts, handed to each shard as its own rows' file."""
     c = inputs.client
-    k = shard_count(inputs, point)
     seed = assignment_seed(c.request_schedule_seed, point.key)
     work = out / "shards"
     if work.exists():
         shutil.rmtree(work)  # a rerun meets in a fresh rendezvous, never with an old shard
     work.mkdir(parents=True)
-    schedule_path = work / "schedule.parquet"
-    schedule.to_parquet(schedule_path, index=False)
-    prewarm_path = None
-    if len(prewarm):
-        prewarm_path = work / "prewarm.parquet"
-        prewarm.to_parquet(prewarm_path, index=False)
-    prompt_paths: list[str | None] = [None] * k
-    if prompts:
-        for i in range(k):
-            ids = shard_rows(schedule, k, seed, i)["request_id"].tolist()
-            path = work / f"prompts-{i}.parquet"
-            write_shard_prompts(path, {r: prompts[r] for r in ids if r in prompts})
-            prompt_paths[i] = str(path.resolve())
-    specs = [
-        ShardSpec(
-            inputs_json=inputs.canonical_json(),
-            point=point.point_id,
-            cache_state=point.cache_state,
-            repeat=point.repeat,
-            base_url=base_url,
-            shards=k,
-            index=i,
-            seed=seed,
-            schedule_path=str(schedule_path.resolve()),
-            prewarm_path=str(prewarm_path.resolve()) if prewarm_path and i == 0 else None,
-            prompts_path=prompt_paths[i],
-            rendezvous_dir=str((work / "rendezvous").resolve()),
-            out_dir=str((work / f"shard-{i}").resolve()),
-            lead_s=c.shard_start_lead_seconds,
-            ready_timeout_s=c.shard_ready_timeout_seconds,
-            share_cpus=not c.shard_launcher,
-        )
-        for i in range(k)
-    ]
+    specs = _shard_specs(inputs, point, schedule, prewarm, base_url, work, prompts, seed)
     budget = (
         c.shard_ready_timeout_seconds
         + c.shard_start_lead_seconds
@@ -208,6 +175,56 @@ def run_sharded(
         stop.summary = summary
         raise stop
     return summary
+
+
+def _shard_specs(
+    inputs: SweepInputs,
+    point: Point,
+    schedule: pd.DataFrame,
+    prewarm: pd.DataFrame,
+    base_url: str,
+    work: Path,
+    prompts: dict[str, str] | None,
+    seed: int,
+) -> list[ShardSpec]:
+    """Write the schedule, prewarm and each shard's prompts under ``work``; one spec a shard
+    (shard 0 alone runs the prewarm)."""
+    c = inputs.client
+    k = shard_count(inputs, point)
+    schedule_path = work / "schedule.parquet"
+    schedule.to_parquet(schedule_path, index=False)
+    prewarm_path = None
+    if len(prewarm):
+        prewarm_path = work / "prewarm.parquet"
+        prewarm.to_parquet(prewarm_path, index=False)
+    prompt_paths: list[str | None] = [None] * k
+    if prompts:
+        for i in range(k):
+            ids = shard_rows(schedule, k, seed, i)["request_id"].tolist()
+            path = work / f"prompts-{i}.parquet"
+            write_shard_prompts(path, {r: prompts[r] for r in ids if r in prompts})
+            prompt_paths[i] = str(path.resolve())
+    return [
+        ShardSpec(
+            inputs_json=inputs.canonical_json(),
+            point=point.point_id,
+            cache_state=point.cache_state,
+            repeat=point.repeat,
+            base_url=base_url,
+            shards=k,
+            index=i,
+            seed=seed,
+            schedule_path=str(schedule_path.resolve()),
+            prewarm_path=str(prewarm_path.resolve()) if prewarm_path and i == 0 else None,
+            prompts_path=prompt_paths[i],
+            rendezvous_dir=str((work / "rendezvous").resolve()),
+            out_dir=str((work / f"shard-{i}").resolve()),
+            lead_s=c.shard_start_lead_seconds,
+            ready_timeout_s=c.shard_ready_timeout_seconds,
+            share_cpus=not c.shard_launcher,
+        )
+        for i in range(k)
+    ]
 
 
 class ExtensionBlocks:
@@ -333,20 +350,17 @@ def measure_point(
     ``in_run`` False runs an open-loop point's planned schedule as a sharded one does: no
     in-run decision, no extension block. ``prompts``: prepared prompt texts by request id
     (stage ``prompts``); any other request's prompt is fitted here."""
-    inputs = (
-        pack_or_inputs
-        if isinstance(pack_or_inputs, SweepInputs)
-        else SweepInputs.for_point(pack_or_inputs, point)
-    )
+    inputs = pack_or_inputs
+    if not isinstance(inputs, SweepInputs):
+        inputs = SweepInputs.for_point(inputs, point)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     records_path = out / "records.jsonl"
-    if records_path.exists():
-        records_path.unlink()  # a rerun starts a new cohort, never appends to an old one
+    records_path.unlink(missing_ok=True)  # a rerun starts a new cohort, never appends to one
     is_sim = isinstance(inputs.target, SimTarget)
     ground_truth = out / "ground_truth.jsonl" if is_sim and inputs.target.ground_truth else None
-    if ground_truth is not None and ground_truth.exists():
-        ground_truth.unlink()
+    if ground_truth is not None:
+        ground_truth.unlink(missing_ok=True)
     prewarm = prewarm_rows(inputs.schedule, point)
     placement = host.Placement.plan(starts_target=starts_target(inputs))
     with contextlib.ExitStack() as stack:
@@ -367,17 +381,7 @@ def measure_point(
         settings.report, settings.label = report, point.key
         settings.token_counter = token_counter(inputs, base_url)
         settings.prepared_prompts = prompts
-
-        # Extension blocks and the in-run decision are for open-loop rate points: a
-        # closed-loop level traces the frontier and a load-shape experiment is its profile,
-        # so neither is extended or stopped early. A sharded point runs its planned schedule
-        # (the decision would need every shard's counts at once): the analysis judges it.
-        # A verbatim trace is replayed as recorded: neither extended nor cut short.
-        if point.mode != "open" or not in_run or inputs.client.replays_verbatim:
-            settings.min_successful_per_class = None
-        elif shard_count(inputs, point) == 1:
-            settings.extension_block = ExtensionBlocks(inputs, point)
-            settings.sequential = sequential_settings(inputs)
+        _extension_and_decision(settings, inputs, point, in_run)
         stop: Interrupted | None = None
         roots = target_processes(inputs)
         before = host.cpu_snapshot(roots[0]), _lateness(base_url, starts_target(inputs))
@@ -403,7 +407,38 @@ def measure_point(
                 inputs, placement, before, _lateness(base_url, starts_target(inputs)), roots
             )
         )
-    records = read_records(records_path)
+    _point_facts(summary, inputs, point, out, facts, len(prewarm), ground_truth)
+    if stop is not None:
+        stop.summary = summary
+        raise stop
+    return summary
+
+
+def _extension_and_decision(settings, inputs: SweepInputs, point: Point, in_run: bool) -> None:
+    """Extension blocks and the in-run decision are for open-loop rate points: a closed-loop
+    level traces the frontier and a load-shape experiment is its profile, so neither is extended
+    or stopped early. A sharded point runs its planned schedule (the decision would need every
+    shard's counts at once): the analysis judges it. A verbatim trace is replayed as recorded:
+    neither extended nor cut short."""
+    if point.mode != "open" or not in_run or inputs.client.replays_verbatim:
+        settings.min_successful_per_class = None
+    elif shard_count(inputs, point) == 1:
+        settings.extension_block = ExtensionBlocks(inputs, point)
+        settings.sequential = sequential_settings(inputs)
+
+
+def _point_facts(
+    summary: dict[str, Any],
+    inputs: SweepInputs,
+    point: Point,
+    out: Path,
+    facts: dict[str, Any],
+    prewarm_requests: int,
+    ground_truth: Path | None,
+) -> None:
+    """Add to the summary what the run itself does not know: the target's facts, the prefix
+    cache's hit rates, the point's identity, the trace replay and the status counts."""
+    records = read_records(out / "records.jsonl")
     series = pd.read_parquet(out / "metrics.parquet")
     summary.update(facts)
     summary.update(hit_rates(series, records))
@@ -414,7 +449,7 @@ def measure_point(
         cache_state=point.cache_state,
         repeat=point.repeat,
         offered_rps=point.rate_rps,
-        prewarm_requests=int(len(prewarm)),
+        prewarm_requests=prewarm_requests,
         pack=inputs.schedule.pack.name,
         pack_label=inputs.schedule.pack.label,
         target_kind=inputs.target.kind,
@@ -424,10 +459,6 @@ def measure_point(
         summary["trace_replay"] = trace_facts(inputs.schedule, load_trace(inputs.schedule), point)
     statuses = pd.Series([r["status"] for r in records]).value_counts().to_dict()
     summary["status_counts"] = {k: int(v) for k, v in statuses.items()}
-    if stop is not None:
-        stop.summary = summary
-        raise stop
-    return summary
 
 
 def measurement_error(records_path: str | Path, ground_truth_path: str | Path) -> dict[str, Any]:

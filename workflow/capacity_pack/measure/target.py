@@ -1,35 +1,13 @@
 """The system under test: start the simulated engine, or reach, identify and reset a real one.
 
-- ``sim`` targets: :class:`SimProcess` starts ``capacity-pack sim serve`` (one replica) or
-  ``capacity-pack sim cluster`` (several, behind the health-checking router) on a free port of
-  127.0.0.1, waits for ``/health``, and stops it (SIGTERM, then SIGKILL) when the point ends. Every
-  point gets a fresh process, so a cold point starts from an empty cache by construction and a
-  warm point starts from the same state before it is prewarmed.
-- ``openai`` targets: the configured URL, reached through one :class:`Endpoint` per point (the
-  API key from ``target.api_key_env``, TLS verification per ``tls_verify``/``ca_bundle``).
-  Before the point, :func:`capacity_pack.engines.probe_engine` identifies the engine and
-  :func:`capacity_pack.engines.check_identity` compares it with the manifest; a mismatch raises
-  :class:`TargetError` under ``identity_check: enforce`` (is recorded under ``warn``). For a cold
-  point with ``cache_reset: restart`` the probe runs after the restart, on the process that will
-  be measured. A cold point then resets the prefix cache: the restart command (killed after
-  ``target.restart_timeout_s``; :mod:`capacity_pack.measure.commands`), or the reset
-  that the engine module registered under ``target.cache_reset``'s name
-  (:func:`capacity_pack.engines.cache_reset`: vLLM's ``POST /reset_prefix_cache`` or SGLang's
-  ``POST /flush_cache`` after the engine has drained, llama.cpp's slot erase...); a name no
-  engine registered stops the point before anything is sent.
-
-Either way :func:`verify_cold` then scrapes the engine's Prometheus text through its metric map
-(:func:`capacity_pack.engines.read_signals`) and requires an idle engine (nothing running or
-waiting) with no KV blocks in use, and records the prefix-cache counters it starts from, so the
-point's hit rate is measured from a known-empty cache. What cannot be checked is said:
-``cache_empty_verified`` is true only on evidence, else false with ``cache_empty_reason``, and
-every signal the engine does not expose is listed in ``missing_evidence``. An engine whose
-metrics cannot show an empty cache may register ``cold_evidence`` that stands in for the KV gauge
-(llama.cpp: a second slot-erase pass, and ``engine.config`` declaring its host-memory prompt
-cache off; see :mod:`capacity_pack.engines.llamacpp`).
-
-The point's facts also carry ``engine_identity`` (the probe, raw answers included, secrets
-redacted), ``identity_check``, ``identity_mismatches``, ``tls_verify`` and ``ca_bundle``.
+``sim`` targets: :class:`SimProcess` starts ``sim serve`` or ``sim cluster`` on a free loopback
+port per point and stops it when the point ends. ``openai`` targets: one :class:`Endpoint` per
+point, the engine identified and checked against the manifest before it
+(:class:`TargetError` under ``identity_check: enforce``), and a cold point's cache reset
+(``target.cache_reset``: the restart command or the engine's registered reset). Either way
+:func:`verify_cold` requires an idle engine with no KV blocks in use and records the
+prefix-cache counters it starts from; ``cache_empty_verified`` is true only on evidence.
+Method: docs/packs.md, 'The target of a point, a cold reset and its check'.
 """
 
 from __future__ import annotations
@@ -47,7 +25,7 @@ from typing import Any
 from capacity_pack import engines
 from capacity_pack.errors import StatedError
 from capacity_pack.measure.commands import CommandError, check, redact_output, run_command
-from capacity_pack.plan.manifest import Engine, OpenAITarget, SimTarget
+from capacity_pack.plan.system import Engine, OpenAITarget, SimTarget
 from capacity_pack.redact import redact_text
 
 log = logging.getLogger("capacity_pack.measure.target")

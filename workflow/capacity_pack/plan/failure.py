@@ -9,7 +9,12 @@ from pydantic import Field, model_validator
 
 from capacity_pack.plan.section import COMMAND_TIMEOUT_MAX_S, NAME_PATTERN, Section
 
-DrillKind = Literal["replica_kill", "cold_replica", "kv_pressure", "cancellation", "degraded_link"]
+# The drill kinds a manifest may name, each a module of capacity_pack.drills.kinds that says what
+# it injects; that layer sits above this one, so the names are written here too, and
+# tests/unit/drills/test_kinds.py keeps them equal to the registry's. The default drills run
+# one of each.
+DRILL_KINDS = ("replica_kill", "cold_replica", "kv_pressure", "cancellation", "degraded_link")
+DrillKind = Literal[DRILL_KINDS]  # the schema enum of failure.drills[].kind
 
 
 class DrillCommands(Section):
@@ -79,13 +84,7 @@ class Drill(Section):
 
 
 def default_drills() -> list[Drill]:
-    return [
-        Drill(name="replica_kill", kind="replica_kill"),
-        Drill(name="cold_replica", kind="cold_replica"),
-        Drill(name="kv_pressure", kind="kv_pressure"),
-        Drill(name="cancellation", kind="cancellation"),
-        Drill(name="degraded_link", kind="degraded_link"),
-    ]
+    return [Drill(name=kind, kind=kind) for kind in DRILL_KINDS]
 
 
 # The plan drill's name (results/<pack>/failure/<name>); no configured drill may take it.

@@ -1,57 +1,13 @@
 """Benchmark anti-patterns: what makes a load test produce a number but no evidence.
 
-:func:`lint_file` accepts either a pack configuration (anything with a pack section other than
-``prompts`` and ``report``, or a frozen manifest) or a plain, flat benchmark description such
-as this deliberately broken one (``tests/data/broken-benchmark.yaml``, which trips all six
-findings and the three extras)::
-
-    load_mode: concurrency_only      concurrency: 128         request_count: 100
-    prompts: repeat_the_same_prompt  prefix_cache: enabled    clear_cache_before_run: false
-    warmup_requests: 0               report: [mean_latency, total_tokens_per_second]
-    model_revision: latest           engine_version: latest
-
-The six anti-patterns of a broken capacity benchmark, each a named finding with its reason and
-the field(s) it names:
-
-1. ``concurrency-only-load``: closed-loop traffic self-throttles and cannot validate an arrival
-   rate (load_mode/concurrency/request_rate; a pack: sweep.open_loop_rps and experiments empty);
-2. ``too-few-requests``: fewer requests per class than the sample gate give almost no tail
-   evidence (request_count; a pack: client.initial_scheduled_requests against
-   acceptance.min_successful_samples_per_class);
-3. ``uncontrolled-prefix-cache``: repeated prompts and an uncleared prefix cache mix cold and warm
-   states in one number (prompts/prefix_cache/clear_cache_before_run; a pack: prompts.source,
-   engine.prefix_cache, target.cache_reset);
-4. ``mean-only-reporting``: means hide tail latency and class failures (report; a pack:
-   report.latency_statistics);
-5. ``missing-operational-evidence``: errors, queue growth, cancellations and cache state are
-   absent from the results (report names none of them; a pack records all four for every
-   request and point, so only its gate can drop them: acceptance.error_rate_max 1 accepts a point
-   whatever fails);
-6. ``mutable-versions``: ``latest``-style revisions make the run impossible to reproduce
-   (model_revision/tokenizer_revision/engine_version; a pack: every revision-like field, by
-   :func:`~capacity_pack.plan.limits.is_mutable_revision`).
-
-Extra findings (``extra: true``; not among the six, reported and refused the same way):
-
-- ``no-warmup``: compilation, graph capture and cold caches land inside the measured window
-  (warmup_requests/warmup_seconds; a pack: client.warmup_seconds 0);
-- ``single-run``: one run per point gives no variance between repeats (repeats; a pack: a
-  full-size pack with sweep.repeats 1; a rehearsal pack makes no capacity claim);
-- ``unvalidated-token-counts``: token counts the server never confirms are the client's guess
-  (tokenizer_revision missing; a pack: request.include_usage false, so no usage chunk is read);
-- ``undecidable-gate`` (a pack): no class can pass its attainment gate at the lowest open-loop
-  rate the pack measures. A class passes only when the lower end of its attainment's confidence
-  sequence reaches ``class_slo_attainment_min`` (:mod:`capacity_pack.binomial`), which takes at
-  least N = ``min_samples_to_pass(gate, attainment_confidence)`` successful requests even when
-  every one meets its SLO (81 at 0.95 and 95 %); a point sends at most
-  max(its initial quota, rate x mix x client.maximum_duration_seconds) requests of a class, so
-  when that is below N for some class at the lowest rate, no capacity can ever be selected.
-
-:func:`lint_notes` says what is worth knowing but refuses nothing: a sample gate below N (the
-points then extend past it until every class reaches N or its verdict is certain); for a verbatim
-trace pack, its classes short of samples in each time scale's measured window instead
-(:mod:`capacity_pack.plan.trace_lint`, which also says why ``too-few-requests`` and
-``undecidable-gate`` are not made for it).
+:func:`lint_file` accepts a pack configuration (or a frozen manifest) or a plain, flat
+benchmark description (``tests/data/broken-benchmark.yaml`` trips every finding); it reports
+the six anti-patterns (``concurrency-only-load``, ``too-few-requests``,
+``uncontrolled-prefix-cache``, ``mean-only-reporting``, ``missing-operational-evidence``,
+``mutable-versions``) and the extras (``no-warmup``, ``single-run``,
+``unvalidated-token-counts``, ``undecidable-gate``); :func:`lint_notes` says what refuses
+nothing. Each finding, its fields and its reason: docs/packs.md, 'Lint: the benchmark
+anti-patterns'.
 """
 
 from __future__ import annotations
@@ -66,7 +22,6 @@ from capacity_pack.plan.limits import is_mutable_revision
 from capacity_pack.plan.manifest import (
     SECTIONS,
     ManifestError,
-    OpenAITarget,
     Pack,
     format_validation_error,
     load_yaml,
@@ -75,6 +30,7 @@ from capacity_pack.plan.manifest import (
     validate_pack,
 )
 from capacity_pack.plan.sessions import mean_turns
+from capacity_pack.plan.system import OpenAITarget
 from capacity_pack.plan.trace_lint import verbatim_trace_notes
 
 # Successful requests per class before a percentile or attainment counts as evidence (the

@@ -1,51 +1,22 @@
 """The pack manifest: one pydantic schema, validation, and the canonical frozen form.
 
-A *pack* is everything that defines a capacity experiment: the frozen serving system (model,
-engine, placement), the client (arrival process, seed, durations, timeouts), the request
-shape (sampling, stop behaviour, chat template), the prompt source and prefix distribution,
-the workload classes with their per-request SLO cutoffs, the acceptance gate, the target
-endpoint, the sweep, named load-shape experiments, and the sizing plan. Its sections are those
-of a workload manifest (``model``, ``engine``, ``client``, ``workload``, ``acceptance``), with
-key names such as ``model.revision``, ``client.warmup_seconds``,
-``workload[].request_ttft_cutoff_ms`` and ``acceptance.class_slo_attainment_min``.
-
 This module holds the :class:`Pack` (the ``pack`` section and the checks across sections),
 loading, validation errors, freezing and the JSON schema; the models of the other sections live
-beside it, and every name is importable from here as before:
+beside it (the names importers outside plan/ use are re-exported here): ``section`` (the base
+model), ``lengths`` (token-length distributions), ``system`` (``model``, ``engine``,
+``target``), ``client``, ``workload`` (``request``, ``prompts``, ``workload``, ``acceptance``,
+``report``), ``sweep`` (and ``experiments``), ``sizing`` (``plan``) and ``failure``, each
+``capacity_pack.plan.<name>``.
 
-- :mod:`capacity_pack.plan.section`: the base model every section shares (bounded numbers);
-- :mod:`capacity_pack.plan.lengths`: token-length distributions (lognormal from a stated p50
-  and p95, and the mean of its clipped distribution);
-- :mod:`capacity_pack.plan.system`: ``model``, ``engine`` and ``target``;
-- :mod:`capacity_pack.plan.client`: ``client`` and its arrival trace;
-- :mod:`capacity_pack.plan.workload`: ``request``, ``prompts``, ``workload``, ``acceptance``
-  and ``report``;
-- :mod:`capacity_pack.plan.sweep`: ``sweep`` (its boundary search) and ``experiments``;
-- :mod:`capacity_pack.plan.sizing`: ``plan``;
-- :mod:`capacity_pack.plan.failure`: ``failure`` (the drills and the plan drill).
+Formulas: weighted mean tokens = sum_c mix_c * E[tokens_c]; class schedule counts by largest
+remainder over n * mix_c (ties by class order), so they sum to n exactly.
 
-Formulas held here:
-
-- weighted mean tokens = sum_c mix_c * E[tokens_c]; for a 0.70/0.20/0.10 mix of
-  1,024/8,192/512 input and 128/256/1,024 output tokens: 2,406.4 input / 243.2 output
-- class schedule counts: largest remainder over n * mix_c (ties broken by class order), so the
-  counts always sum to n exactly (22,000 x 0.7/0.2/0.1 -> 15,400/4,400/2,200).
-
-Freezing (:func:`freeze`) validates the pack, refuses mutable revisions, hashes referenced data
-files into the manifest, and returns a canonical document with a sha256 of the whole pack and of
-each top-level section (every field of :class:`Pack` is a section, ``failure`` included). The
-Snakefile hashes the same sections into rule ``params`` so that a change reruns only the stages
-that read it.
-
-Input hygiene. A pack file must be UTF-8 text, YAML without duplicate keys
-(:mod:`capacity_pack.plan.yamlfile`), and a mapping at the top. ``cutoff`` is a date (YAML
-``2026-11-29`` or the string "2026-11-29"), never a number or a date-time. Every number is
-finite and within the bound of its unit, every revision-like field is checked for mutable
-names (both in :mod:`capacity_pack.plan.limits`); a pack may schedule at most
-``MAX_REQUESTS`` requests per point (open: max(initial, rate x minimum duration) + rate x
-warm-up; closed: max(min requests, per-worker x concurrency) + one warm-up request per worker;
-an experiment: the area under its rate profile plus its peak rate x warm-up; a drill: its rate
-x duration), and an open-loop point's initial requests must arrive within ``MAX_DURATION_S``.
+:func:`freeze` validates, refuses mutable revisions, hashes referenced data files in, and gives
+the canonical document with a sha256 of the whole and of each top-level section (the Snakefile
+hashes the same sections into rule ``params``). Input hygiene: UTF-8 YAML without duplicate
+keys (:mod:`capacity_pack.plan.yamlfile`), a mapping at the top, ``cutoff`` a date, numbers
+finite and bounded (:mod:`capacity_pack.plan.limits`), at most ``MAX_REQUESTS`` requests per
+point and an open-loop point's initial requests within ``MAX_DURATION_S``.
 """
 
 from __future__ import annotations
@@ -62,22 +33,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from capacity_pack import __version__
 from capacity_pack.errors import StatedError
 from capacity_pack.io import sha256_of_obj
-from capacity_pack.plan.client import Client, TraceClassRule, TraceSpec
+from capacity_pack.plan.client import Client
 from capacity_pack.plan.failure import (
     PLAN_DRILL,
     Drill,
-    DrillCommands,
-    DrillKind,
     Failure,
     PlanDrill,
-    default_drills,
 )
 from capacity_pack.plan.lengths import (
-    Z_95,
-    EmpiricalLength,
-    LengthSpec,
-    LengthStats,
-    LognormalLength,
     length_stats,
     sample_lengths,
 )
@@ -88,120 +51,54 @@ from capacity_pack.plan.limits import (
     is_mutable_revision,
 )
 from capacity_pack.plan.section import (
-    COMMAND_TIMEOUT_MAX_S,
-    NAME_PATTERN,
     SLUG_PATTERN,
     Section,
 )
-from capacity_pack.plan.sizing import MemorySpec, Plan
+from capacity_pack.plan.sizing import Plan
 from capacity_pack.plan.sweep import (
     K6_TEST_TYPES,
-    MAX_SEARCH_ROUNDS,
     ConcurrencySearch,
     Experiment,
-    RateSearch,
     Segment,
-    Spike,
     Sweep,
     judged_by_engine_model,
     search_rate_bounds,
 )
 from capacity_pack.plan.system import (
     Engine,
-    HardwarePeaks,
-    ManagedProcess,
     Model,
-    ModelArchitecture,
     OpenAITarget,
-    Placement,
     SimTarget,
 )
 from capacity_pack.plan.traces import check_classes, trace_summary, verbatim_rates
 from capacity_pack.plan.workload import (
     Acceptance,
-    GeometricTurns,
-    PrefixSpec,
     Prompts,
     Report,
     RequestShape,
-    Sampling,
-    SessionSpec,
-    Stop,
-    ThinkTime,
     WorkloadClass,
 )
 from capacity_pack.plan.yamlfile import TextInputError, decode_utf8, parse_yaml, shorten
 
-# The names other modules import from here: this module's own, and the section models beside it.
+# Section models that modules outside plan/ (drills, twin, decide, stages) import from here.
 __all__ = [
-    "COMMAND_TIMEOUT_MAX_S",
-    "FROZEN_FORMAT",
     "K6_TEST_TYPES",
-    "MAX_SEARCH_ROUNDS",
-    "NAME_PATTERN",
     "PLAN_DRILL",
-    "SECTIONS",
-    "SLUG_PATTERN",
-    "Z_95",
     "Acceptance",
     "Client",
     "ConcurrencySearch",
     "Drill",
-    "DrillCommands",
-    "DrillKind",
-    "EmpiricalLength",
-    "Engine",
     "Experiment",
     "Failure",
-    "GeometricTurns",
-    "HardwarePeaks",
-    "LengthSpec",
-    "LengthStats",
-    "LognormalLength",
-    "ManagedProcess",
-    "ManifestError",
-    "MemorySpec",
-    "Model",
-    "ModelArchitecture",
     "OpenAITarget",
-    "Pack",
-    "PackInfo",
-    "Placement",
-    "Plan",
     "PlanDrill",
-    "PrefixSpec",
-    "Prompts",
-    "RateSearch",
-    "Report",
-    "RequestShape",
-    "Sampling",
-    "Section",
     "Segment",
-    "SessionSpec",
     "SimTarget",
-    "Spike",
-    "Stop",
-    "Sweep",
-    "ThinkTime",
-    "TraceClassRule",
-    "TraceSpec",
     "WorkloadClass",
-    "default_drills",
-    "format_validation_error",
-    "freeze",
-    "is_mutable_revision",
-    "json_schema",
     "judged_by_engine_model",
     "length_stats",
-    "load_frozen",
-    "load_pack",
-    "load_yaml",
-    "mutable_revision_fields",
     "sample_lengths",
     "search_rate_bounds",
-    "stratified_counts",
-    "unwrap_frozen",
-    "validate_pack",
 ]
 
 FROZEN_FORMAT = "capacity-pack/frozen-manifest/v1"
@@ -484,10 +381,6 @@ class Pack(Section):
         if name not in SECTIONS:
             raise KeyError(f"unknown manifest section {name!r}; known: {', '.join(SECTIONS)}")
         return self.model_dump(mode="json")[name]
-
-    def section_hashes(self) -> dict[str, str]:
-        dumped = self.model_dump(mode="json")
-        return {name: sha256_of_obj(dumped[name]) for name in SECTIONS}
 
     def sha256(self) -> str:
         return sha256_of_obj(self.model_dump(mode="json"))

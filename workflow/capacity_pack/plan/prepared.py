@@ -30,8 +30,11 @@ from pydantic import BaseModel, ConfigDict
 
 from capacity_pack.errors import StatedError
 from capacity_pack.io import canonical_json
-from capacity_pack.plan.manifest import OpenAITarget, Pack, Prompts, SimTarget, TraceSpec
+from capacity_pack.plan.client import TraceSpec
+from capacity_pack.plan.manifest import Pack
 from capacity_pack.plan.prompts import FileTokenizerCounter, TokenCounter
+from capacity_pack.plan.system import OpenAITarget, SimTarget
+from capacity_pack.plan.workload import Prompts
 
 PROMPT_COLUMNS = (
     "request_id",

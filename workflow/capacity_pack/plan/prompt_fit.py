@@ -1,34 +1,14 @@
 """Prompts fitted to a real tokenizer from per-word token counts: one tokenization per word form.
 
-:func:`capacity_pack.plan.prompts.build_prompt_for` fits a prompt by binary search over its word
-count with a full tokenization per probe (:func:`~capacity_pack.plan.prompts.fit_words`). This
-module computes the same prompts from the token count of each *piece*: a word (no whitespace)
-with the separator before it (none, a space, or a newline). With a pre-tokenizer that splits at
-whitespace (byte-level BPE, Metaspace, Whitespace: every model then tokenizes each pre-token on
-its own), a text's count is the sum of its pieces' counts,
-
-    count(s_1 w_1 s_2 w_2 ... s_k w_k) = sum_i c(s_i, w_i),
-
-so every probe of the binary search is a prefix sum and every padding step one addition: the
-fit walks the same path as ``fit_words`` and yields the same text. A piece's count is measured
-once per tokenizer (``c(s, w)``: the tokens of ``"x" + s + w`` less those of ``"x"``, or of
-``w`` alone when it starts the text) and kept; the generated text has about 1,200 word forms,
-plus one head word per cold request. Why not one tokenization per prompt, cut at a token
-boundary by its offsets: a tutorial-size schedule is 55 M input tokens, and tokenizing each
-prompt's word supply and then checking the cut text is over 110 M tokens, about 100 s at the
-1.1 M tokens/s a 2-core machine encodes; the piece counts need a few thousand short texts.
-
-Verification (:meth:`PieceCounts.verify`, again each time the counted pieces have doubled): a
-text of every counted piece in a seeded order is tokenized once with offsets, and each piece
-must own exactly its predicted tokens (no token crosses a word boundary); a stage preparing a
-schedule (:func:`prepare`) also tokenizes a seeded sample of its prompts whole. A tokenizer
-that fails either check gets the reference fit (``build_prompt_for``, a tokenization per probe)
-for every prompt: slower, never different.
-
-A target counted by its server's ``POST /tokenize`` (``engines.tokenize.EndpointCounter``) gets
-the same fit: its piece counts are requested eight at a time, once per piece and run (about
-3,600 pieces, plus one per cold request's head word), instead of a request per probe (15 or
-more per prompt); without offsets, the check is the whole verification text's count against the sum.
+With a pre-tokenizer that splits at whitespace, a text's count is the sum of its pieces'
+(separator + word) counts, count(s_1 w_1 ... s_k w_k) = sum_i c(s_i, w_i), with
+c(s, w) = tokens("x" + s + w) - tokens("x") measured once per tokenizer; so the binary search of
+:func:`~capacity_pack.plan.prompts.fit_words` becomes prefix sums and yields the same text.
+:meth:`PieceCounts.verify` (and :func:`prepare`'s sample of whole prompts) checks that every
+piece owns exactly its predicted tokens; a tokenizer failing it gets the reference fit
+(``build_prompt_for``): slower, never different. A ``POST /tokenize`` counter
+(``engines.tokenize.EndpointCounter``) requests piece counts eight at a time and checks the
+whole text's count. Why and timings: docs/performance.md (``capacity_pack.plan.prompt_fit``).
 """
 
 from __future__ import annotations

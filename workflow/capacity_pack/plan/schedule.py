@@ -1,40 +1,11 @@
 """Seeded request schedules: which requests a measurement point sends, and when.
 
-A *point* is one measurement: an open-loop rate (``open-r16``), a closed-loop concurrency level
-(``closed-c8``) or a named load-shape experiment (``exp-spike_smoke``), crossed with a cache
-state and a repeat index. Each point's schedule is a table with one row per request:
-class, input/output tokens, scheduled arrival offset (ns from the run start), shared-prefix
-assignment, a prompt seed and an optional cancellation deadline.
-
-Construction, per block (0 = warm-up, 1 = the measured schedule, 2.. = extension blocks):
-
-1. Exact class counts by the largest-remainder method over the block's size and the mix, then a
-   seeded shuffle of the class labels: stratified before shuffling, so every block holds each
-   class's exact quota (22,000 at 0.70/0.20/0.10 is always 15,400/4,400/2,200) rather than a
-   binomial draw around it.
-2. Lengths: fixed, or drawn from the class's lognormal/empirical distribution.
-3. Arrivals in *operational time* (unit rate): gaps are exponential (``poisson``),
-   gamma with shape 1/CV^2 and scale CV^2 (``gamma``, mean 1, coefficient of variation CV), or 1
-   (``constant``). Real time is t = Lambda^-1(u), where Lambda(t) = integral of rate(s) ds; for a
-   constant rate r this is t = u / r. Blocks continue the same process: each block's
-   operational clock starts where the previous one ended.
-   Load-shape experiments use a piecewise-linear rate (steps, ramps, plus an optional spike on
-   top); their measured block holds N = round(Lambda(T)) requests, drawn as N+1 gaps whose sum is
-   scaled to Lambda(T), so the (N+1)-th arrival falls exactly at the profile end (for Poisson this
-   is exactly the conditional law of an inhomogeneous Poisson process given N events).
-   Trace replay (:mod:`capacity_pack.plan.traces`) uses the trace's offsets: stretched so that
-   its mean rate equals the point rate (``replay: stretch``), or as recorded times the point's
-   declared time scale (``replay: verbatim``), with the trace's classes and lengths and, for a
-   block-hash trace, its hash ids in ``prefix_blocks``; a trace schedule has no extension block.
-4. Warm-cache points draw a shared-prefix id per request (Zipf with exponent s: P(k) ~ 1/(k+1)^s,
-   or uniform) from the versioned prefix set; cold points get -1, i.e. a unique prefix.
-
-Seeds: every random stream is a ``numpy.random.SeedSequence`` whose entropy is the manifest's
-``client.request_schedule_seed`` plus a sha256-derived integer of the point identity (mode, level,
-repeat), with spawn keys (block, stream). So adding a rate leaves every other schedule unchanged,
-extension blocks continue the same seeded stream, and the cold and warm schedules of one point and
-repeat send the same classes, lengths and arrival times (they differ only in prefix reuse), which
-makes cold/warm a paired comparison.
+A point's schedule has one row per request (class, lengths, scheduled offset, prefix, prompt
+seed, cancellation deadline), built per block (0 warm-up, 1 measured, 2.. extension): exact
+class counts by largest remainder, then shuffled; lengths; arrivals in operational time,
+t = Lambda^-1(u) with Lambda(t) = integral of rate(s) ds; warm points' prefix ids by Zipf.
+Every stream is a ``numpy.random.SeedSequence`` of the pack's seed and the point identity, so
+cold and warm schedules of one point pair. Method: docs/metrics.md, 'Schedules'.
 
 Module map: :mod:`capacity_pack.plan.schedule_inputs` (points and the schedule's inputs),
 :mod:`capacity_pack.plan.schedule_rates` (rate profiles), :mod:`capacity_pack.plan.schedule_blocks`

@@ -16,9 +16,11 @@ import math
 
 import numpy as np
 
-from capacity_pack.plan.manifest import Experiment, ManifestError, sample_lengths, stratified_counts
+from capacity_pack.plan.lengths import sample_lengths
+from capacity_pack.plan.manifest import ManifestError, stratified_counts
 from capacity_pack.plan.schedule_inputs import NS_PER_S, Point, ScheduleInputs
 from capacity_pack.plan.schedule_rates import experiment_profile, warmup_rate
+from capacity_pack.plan.sweep import Experiment
 
 # Independent random streams within one block (spawn-key second component).
 CLASS_STREAM, LENGTH_STREAM, ARRIVAL_STREAM, PREFIX_STREAM, PROMPT_STREAM, CANCEL_STREAM = range(6)

@@ -16,17 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import canonical_json, sha256_of_obj
+from capacity_pack.plan.client import Client, TraceSpec
 from capacity_pack.plan.limits import MIN_OPEN_LOOP_RPS
-from capacity_pack.plan.manifest import (
-    Client,
-    Experiment,
-    ManifestError,
-    Pack,
-    PackInfo,
-    Prompts,
-    TraceSpec,
-    WorkloadClass,
-)
+from capacity_pack.plan.manifest import ManifestError, Pack, PackInfo
+from capacity_pack.plan.sweep import Experiment
+from capacity_pack.plan.workload import Prompts, WorkloadClass
 
 Mode = Literal["open", "closed", "exp"]
 PHASES = ("warmup", "measure", "extension")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from capacity_pack.plan.manifest import Experiment
+from capacity_pack.plan.sweep import Experiment
 
 
 class RateProfile:

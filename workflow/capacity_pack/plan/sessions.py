@@ -1,36 +1,12 @@
 """Multi-turn sessions: a session class's arrivals expanded into turns, and each turn's prompt.
 
-A workload class with a ``session:`` block (:class:`capacity_pack.plan.manifest.SessionSpec`)
-is a chat/agent conversation. Each of its arrivals in the schedule is a *session* (the point's
-open-loop rate counts sessions per second for such a class: a session is one arrival, its turn
-0; the turns after it are dependent requests on top, so the offered request rate is
-rate x (1 + sum_c mix_c (E[K_c] - 1)) over the session classes c). A session of K turns
-(K drawn from ``session.turns``: fixed, geometric with success probability 1/mean, lognormal
-or empirical, clipped to their max) sends, for turn k = 0..K-1:
-
-    prompt_0 = system prompt (S tokens) + user message u_0
-    prompt_k = prompt_(k-1) + answer_(k-1) (o_(k-1) tokens) + user message u_k
-
-so input_tokens_k = S + sum_(j<=k) u_j + sum_(j<k) o_j, with u_j drawn from the class's
-``input_tokens`` and o_j from its ``output_tokens``. S is ``prompts.prefix.prefix_tokens`` when
-the pack has a shared-prefix set, else 0. Warm points give every turn of a session the shared
-prefix its turn 0 drew (the prewarmed system prompt set); cold points give the session a unique
-head (:func:`capacity_pack.plan.prompts.build_prompt` with ``prefix_id == -1``), so no block of
-it is shared with another session, while the session's own later turns reuse it.
-
-Turn 0 is sent at the session's scheduled arrival; turn k >= 1 is *dependent*: the client sends
-it ``think_ns`` after turn k-1 ends (think time from ``session.think_time``: exponential with
-the stated mean, or fixed; clipped to ``max_s``), with turn k-1's streamed answer appended
-(:mod:`capacity_pack.measure.sessions`). A dependent row's ``scheduled_offset_ns`` in the
-schedule is its session's arrival (a lower bound, which keeps the schedule's offsets
-non-decreasing); its record carries the offset it was actually due at.
-
-Schedule columns added when a pack has a session class (absent otherwise, so other packs'
-schedules are unchanged): ``session`` (the arrival's index in the point's arrival stream,
--1 for requests of other classes), ``turn`` (0..K-1, -1), ``think_ns`` and ``user_tokens``
-(u_k; 0 for other classes). Turns, think times, user and answer lengths and prompt seeds come
-from their own seeded streams per block, so cold and warm points send the same sessions
-(a paired comparison) and a schedule with k extension blocks stays a prefix of one with k+1.
+Each arrival of a class with a ``session:`` block (:class:`capacity_pack.plan.manifest.SessionSpec`)
+is a session of K turns; turn k's prompt is turn k-1's plus its answer plus a new user message,
+so input_tokens_k = S + sum_(j<=k) u_j + sum_(j<k) o_j; turns k >= 1 are sent ``think_ns``
+after the previous turn ends (:mod:`capacity_pack.measure.sessions`). Schedule columns, only
+when a pack has a session class: ``session`` and ``turn`` (-1 for other classes), ``think_ns``
+and ``user_tokens``; each from its own seeded stream per block, so cold and warm points send
+the same sessions. Method: docs/metrics.md, 'Multi-turn sessions'.
 """
 
 from __future__ import annotations
@@ -40,16 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from capacity_pack.plan.manifest import (
+from capacity_pack.plan.lengths import (
     EmpiricalLength,
-    GeometricTurns,
     LognormalLength,
-    SessionSpec,
-    WorkloadClass,
     length_stats,
     sample_lengths,
 )
 from capacity_pack.plan.prompts import CORPUS_REVISION, body, fit_words
+from capacity_pack.plan.workload import GeometricTurns, SessionSpec, WorkloadClass
 
 SESSION_COLUMNS = ["session", "turn", "think_ns", "user_tokens"]
 NS_PER_S = 1_000_000_000

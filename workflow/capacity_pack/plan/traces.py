@@ -1,36 +1,15 @@
 """Arrival trace files: their three layouts, reading one into arrivals, verbatim replay's rates.
 
-A trace is a file of recorded requests. Three layouts (``client.trace.format``):
-
-- ``capacity-pack``: CSV or parquet with an arrival offset in seconds (``offset_s``), the
-  workload class (``class``) and optionally ``input_tokens`` / ``output_tokens``;
-- ``mooncake``: JSON Lines as in Mooncake's released traces (FAST'25, ``FAST25-release/traces``):
-  one object per line with ``timestamp`` (milliseconds from the trace start), ``input_length``,
-  ``output_length`` and ``hash_ids``, a list of integers, one per block of ``block_tokens``
-  (512 in Mooncake's release) prompt tokens, the last block possibly partial. Two requests
-  whose lists start with the same k ids share their first k blocks of prompt (the id of block i
-  stands for the whole prefix up to it, as a prefix cache's chained hash does);
-- ``azure``: the CSV of the Azure LLM inference traces (Azure Public Dataset,
-  AzureLLMInferenceTrace 2023 and 2024): ``TIMESTAMP`` a date-time string (ISO 8601, fractional
-  seconds, optionally with a UTC offset), ``ContextTokens`` and ``GeneratedTokens``.
-
-:func:`read_trace` returns one row per request, sorted by time (stably, so equal times keep
-their file order): ``offset_s`` = t_i - t_0 in seconds from the first arrival, ``class``,
-``input_tokens``, ``output_tokens`` (absent in a capacity-pack file without them) and
-``hash_ids`` (mooncake only). A layout without a class column assigns classes by rules: the first
-rule whose ``max_input_tokens`` is at least the request's input length (or has no bound).
-
-Every bad row is a one-line :class:`TraceError` naming the file, the row (CSV: the data row,
-1-based, header excluded; JSON Lines: the line) and the field. A trace needs two arrivals at
-distinct times.
-
-Verbatim replay (``client.trace.replay: verbatim``) sends the rows at their own offsets times a
-declared factor s (``time_scales``): t'_i = s (t_i - t_0); s = 0.5 replays twice as fast. The
-trace's own rate is r = (n - 1) / (t_{n-1} - t_0) and the factor's open-loop rate
-r_s = r / s, rounded to :data:`RATE_DECIMALS` decimals: that is the rate of the open-loop point
-that replays it (:func:`verbatim_rates`). :func:`trace_summary` is what the frozen manifest shows
-of a trace (``derived.trace``): rows, span, r, and per class its requests and lengths (mean,
-nearest-rank P50/P95/P99, max).
+Layouts (``client.trace.format``): ``capacity-pack`` (CSV or parquet: ``offset_s``, ``class``,
+optional lengths), ``mooncake`` (JSON Lines: ``timestamp`` ms, ``input_length``,
+``output_length``, ``hash_ids`` of ``block_tokens``-token blocks) and ``azure`` (CSV:
+``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``). :func:`read_trace` gives one row per
+request, stably sorted, ``offset_s`` = t_i - t_0, classes by the first rule whose
+``max_input_tokens`` holds the input; every bad row is a one-line :class:`TraceError`
+naming file, row and field. Verbatim replay: t'_i = s (t_i - t_0), the trace's rate
+r = (n - 1) / (t_{n-1} - t_0) and the point's r / s rounded to :data:`RATE_DECIMALS`
+(:func:`verbatim_rates`); :func:`trace_summary` is the manifest's ``derived.trace``.
+Method: docs/metrics.md, 'Trace replay'; docs/packs.md, 'Trace replay'.
 """
 
 from __future__ import annotations
@@ -299,10 +278,6 @@ def verbatim_rates(trace: pd.DataFrame, time_scales: Sequence[float]) -> list[fl
 def block_ids_text(ids: Sequence[int]) -> str:
     """The schedule's form of a request's hash ids: space-separated decimal integers."""
     return " ".join(str(int(h)) for h in ids)
-
-
-def block_ids(text: str) -> list[int]:
-    return [int(h) for h in text.split()] if text else []
 
 
 def check_classes(trace: pd.DataFrame, names: Sequence[str], path: str | Path, fmt: str) -> None:

@@ -157,7 +157,7 @@ def _serve(
     """Bind, write the token file, and serve ``app`` behind the control guard on the event
     loop and HTTP parser ``loop`` and ``http`` name (``on_start`` receives what runs)."""
     from capacity_pack.sim import control
-    from capacity_pack.sim.server import bind_socket, run_app, serving_stack
+    from capacity_pack.sim.serving import bind_socket, run_app, serving_stack
 
     try:
         loop, http = serving_stack(loop, http)
@@ -360,7 +360,8 @@ def serve(
     # Nothing listens while a real engine loads weights: health checks are refused meanwhile.
     time.sleep(startup_delay_s)
 
-    from capacity_pack.sim.engine import GC_SAFETY_THRESHOLD, SWITCH_INTERVAL_S, Engine, Faults
+    from capacity_pack.sim.engine import Engine, Faults
+    from capacity_pack.sim.pacing import GC_SAFETY_THRESHOLD, SWITCH_INTERVAL_S
     from capacity_pack.sim.server import SimServer
 
     loaded = _load(
@@ -559,92 +560,69 @@ def _replica_command(text: str | None) -> list[str] | None:
     show_default=True,
 )
 @_stack_options
-def cluster(
-    replicas: int,
-    profile: str,
-    policy: str,
-    host: str,
-    port: int,
-    port_file: Path | None,
-    token_file: Path | None,
-    allowed_hosts: tuple[str, ...],
-    allow_remote: bool,
-    model_name: str | None,
-    ground_truth: Path | None,
-    seed: int,
-    max_num_seqs: int | None,
-    max_waiting_requests: int | None,
-    health_interval_s: float,
-    kills: tuple[str, ...],
-    restarts: tuple[str, ...],
-    adds: tuple[float, ...],
-    admission_max_outstanding: int,
-    retries: int,
-    restart_after_s: float | None,
-    cold_start_s: float,
-    replica_command: str | None,
-    ready_path: str,
-    replica_startup_timeout_s: float,
-    upstream_keep_alive: bool,
-    log_level: str,
-    loop: str,
-    http: str,
-    **fault_kwargs,
-) -> None:
+def cluster(**opts: Any) -> None:
     """Serve REPLICAS simulated replicas behind a health-checking router (admission control,
     retries on unreachable replicas, optional supervisor restarts and scheduled scale-out)."""
     import logging
 
     from capacity_pack.sim.cluster import Cluster, cluster_app, parse_schedule
 
-    _check_bind(host, allow_remote)
-    command = _replica_command(replica_command)
+    replicas, profile, policy = opts["replicas"], opts["profile"], opts["policy"]
+    _check_bind(opts["host"], opts["allow_remote"])
+    command = _replica_command(opts["replica_command"])
     if command is None:
         _load(profile)  # fail here, once, rather than in every replica
     try:
-        actions = [("kill", i, t) for i, t in parse_schedule(kills, "kill", replicas)]
-        actions += [("restart", i, t) for i, t in parse_schedule(restarts, "restart", replicas)]
+        actions = [("kill", i, t) for i, t in parse_schedule(opts["kills"], "kill", replicas)]
+        actions += [
+            ("restart", i, t) for i, t in parse_schedule(opts["restarts"], "restart", replicas)
+        ]
     except ValueError as err:
         raise _Fail(str(err)) from None
-    serve_args = ["--profile", profile, "--log-level", log_level, *_faults(fault_kwargs)]
-    serve_args += ["--loop", loop, "--http", http]
-    if model_name:
-        serve_args += ["--model-name", model_name]
-    if ground_truth:
-        serve_args += ["--ground-truth", str(ground_truth.resolve())]
-    if max_num_seqs:
-        serve_args += ["--max-num-seqs", str(max_num_seqs)]
-    if max_waiting_requests:
-        serve_args += ["--max-waiting-requests", str(max_waiting_requests)]
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=opts["log_level"].upper(), format="%(asctime)s %(name)s %(message)s")
     the_cluster = Cluster(
         replicas,
-        serve_args,
+        _replica_serve_args(opts),
         policy=policy,
-        health_interval_s=health_interval_s,
+        health_interval_s=opts["health_interval_s"],
         actions=actions,
-        seed=seed,
-        admission_max_outstanding=admission_max_outstanding,
-        retries=retries,
-        restart_after_s=restart_after_s,
-        add_at_s=adds,
-        cold_start_s=cold_start_s,
+        seed=opts["seed"],
+        admission_max_outstanding=opts["admission_max_outstanding"],
+        retries=opts["retries"],
+        restart_after_s=opts["restart_after_s"],
+        add_at_s=opts["adds"],
+        cold_start_s=opts["cold_start_s"],
         replica_command=command,
-        ready_path=ready_path,
-        upstream_keep_alive=upstream_keep_alive,
-        startup_timeout_s=replica_startup_timeout_s,
+        ready_path=opts["ready_path"],
+        upstream_keep_alive=opts["upstream_keep_alive"],
+        startup_timeout_s=opts["replica_startup_timeout_s"],
     )
     what = f"`{command[0]}`" if command else profile
     _serve(
         cluster_app(the_cluster),
-        host,
-        port,
-        port_file=port_file,
-        token_file=token_file,
-        allowed_hosts=allowed_hosts,
+        opts["host"],
+        opts["port"],
+        port_file=opts["port_file"],
+        token_file=opts["token_file"],
+        allowed_hosts=opts["allowed_hosts"],
         announce=f"capacity-pack sim cluster: {replicas} x {what} ({policy})",
-        log_level=log_level,
+        log_level=opts["log_level"],
         graceful_s=5.0,
-        loop=loop,
-        http=http,
+        loop=opts["loop"],
+        http=opts["http"],
     )
+
+
+def _replica_serve_args(opts: dict[str, Any]) -> list[str]:
+    """The ``serve`` arguments every simulated replica of the cluster starts with."""
+    args = ["--profile", opts["profile"], "--log-level", opts["log_level"], *_faults(opts)]
+    args += ["--loop", opts["loop"], "--http", opts["http"]]
+    if opts["model_name"]:
+        args += ["--model-name", opts["model_name"]]
+    if opts["ground_truth"]:
+        args += ["--ground-truth", str(opts["ground_truth"].resolve())]
+    if opts["max_num_seqs"]:
+        args += ["--max-num-seqs", str(opts["max_num_seqs"])]
+    if opts["max_waiting_requests"]:
+        args += ["--max-waiting-requests", str(opts["max_waiting_requests"])]
+    return args

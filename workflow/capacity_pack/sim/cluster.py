@@ -1,90 +1,19 @@
 """N simulated replicas behind a router: the target of replica-failure drills.
 
-``capacity-pack sim cluster --replicas N`` starts N ``sim serve`` processes on free loopback
-ports (replica ``i`` labels its metrics ``engine="i"`` and its ground-truth lines
-``"replica": i``; all share one ground-truth file, each line written by a single append) and
-serves the same OpenAI API in front of them:
+``capacity-pack sim cluster --replicas N`` starts N ``sim serve`` processes (or, with
+``--replica-command``, any engine's) on free loopback ports and serves the same OpenAI API in
+front of them: routing (``round_robin``, ``least_outstanding``), admission control, retries
+before any response header, health checks, supervision and cold starts, link emulation, the
+merged ``/metrics`` with the router's ``router:*`` series, the ``/cluster/*`` control routes and
+the event log. Replica processes die with the router (``PR_SET_PDEATHSIG``).
 
-- routing: ``round_robin`` (the next healthy replica in turn) or ``least_outstanding`` (the
-  healthy replica with the fewest requests in flight through the router; ties go round robin);
-- admission control (``admission_max_outstanding`` K > 0): while every healthy replica has K or
-  more requests outstanding, a completion is refused at once with 429 ``RateLimitError`` and
-  ``Retry-After: 1``, no replica contacted;
-- retries: a forward that fails before any response header arrived (connection refused or reset:
-  the replica died and the health loop has not noticed yet) takes that replica out of rotation
-  and is retried, up to ``retries`` times, on healthy replicas this request has not tried; a
-  response is never retried once its headers arrived, so a stream cut mid-way reaches the client
-  as a dropped connection;
-- health: every ``health_interval_s`` each replica's process is polled and ``GET /health`` asked
-  (1 s timeout, emulated link latency included, at most one check in flight per replica); a dead
-  process, a refused connection or an error answer takes the replica out of rotation at once, a
-  check left unanswered only the second time running (Envoy's ``unhealthy_threshold``,
-  Kubernetes' ``failureThreshold``: one late answer of a loaded replica is not a death), and a
-  passing check puts it back;
-- supervision (``restart_after_s`` S): a replica whose process the health loop finds dead is
-  started again (same index and port, cold cache) S seconds later, like a restarted pod;
-- cold start (``cold_start_s`` C): a replica spawned after the cluster is up (restart or
-  scale-out) listens only C seconds after it starts, as a real engine loads its weights first;
-  ``router:replica_starting`` is 1 meanwhile;
-- link emulation between the router and one replica: a forwarded request leaves ``latency_ms``
-  late, and the response head and each response chunk are released ``latency_ms`` after they
-  arrived (a pipeline delay, order kept); a bandwidth limit on responses is one token bucket per
-  replica (16 KiB burst) shared by all its streams; health checks cross the latency both ways;
-- ``GET /metrics``: the router's own ``router:*`` series, then every live replica's metric
-  families merged (one ``# HELP``/``# TYPE`` per family, the replicas told apart by the
-  ``engine`` label, as vLLM labels its data-parallel engines). Router series:
-  ``replica_up``, ``replica_starting`` (spawned, not yet healthy: loading),
-  ``replica_outstanding_requests``, ``replica_health_rtt_seconds`` (gauges,
-  per ``replica``; the RTT is measured, the configured link is not exported, and a replica out of
-  rotation, or whose last check went unanswered, has none);
-  ``requests_total``, ``upstream_errors_total``, ``retries_total`` (per failed replica),
-  ``relay_failures_total`` (streams cut mid-response), ``relayed_bytes_total``,
-  ``replica_starts_total`` (per ``replica``); ``responses_total`` (per ``code``, every response
-  of the completion routes, router-made or relayed); ``admission_rejected_total`` and
-  ``no_replica_total``;
-- control: ``GET /cluster/replicas``; ``POST /cluster/replicas/{i}/kill`` and ``.../restart``
-  with ``{"delay_s": s}`` or ``{"at_unix_ns": t}`` (kill is SIGKILL; restart starts a fresh
-  process on the same port); ``POST /cluster/replicas/add`` (same timing keys; a new replica,
-  the next index, joins rotation once healthy; answers its index);
-  ``POST /cluster/replicas/{i}/link`` with ``{"latency_ms", "bandwidth_bytes_per_s"}`` (0: no
-  limit; both 0: a clean link) and the timing keys; ``POST /sim/faults?replica=i`` forwards
-  fault settings to one replica or, without ``replica``, to all (``POST /sim/stall`` likewise);
-  ``POST /reset_prefix_cache`` resets every replica;
-- ``GET /cluster/events?since_ns=N``: the router's event log, ``{"unix_ns", "replica", "event",
-  "detail"}`` with strictly increasing ``unix_ns`` (those after N): ``spawned``, ``ready``,
-  ``removed`` (the detail starts with the reason: ``process dead``, ``health check failed``,
-  ``upstream connect failure``, ``mid-stream failure``, ``restart``), ``killed``,
-  ``restart_scheduled``, ``restarted``, ``added``, ``link_changed``,
-  ``admission_shedding_started`` and ``admission_shedding_stopped`` (after 1 s with nothing
-  shed).
+Module map: :mod:`capacity_pack.sim.replicas` (what the router knows of each replica, its link,
+and the ``/metrics`` made of it), :mod:`capacity_pack.sim.supervisor` (spawn, health checks,
+restarts, the event log), :mod:`capacity_pack.sim.routing` (picking, forwarding, retrying,
+shedding) and :mod:`capacity_pack.sim.relay` (a response across the link); this module
+assembles them into :class:`Cluster` and serves it (:func:`cluster_app`).
 
-Control plane: every ``/sim/*`` and ``/cluster/*`` route (reads included) needs the router's
-``X-Sim-Control-Token``, bodies are JSON only, and every route needs a ``Host`` naming the bound
-address (:mod:`capacity_pack.sim.control`); ``/reset_prefix_cache`` needs no token, as vLLM's. Each
-replica has a token of its own, drawn by the router and given to its process through
-``CAPACITY_PACK_SIM_CONTROL_TOKEN``: the router sends it with every control call it forwards,
-and a page that finds a replica's port gets 401 there too.
-
-Replica processes die with the router (``PR_SET_PDEATHSIG`` on Linux) so that a killed router
-leaves no orphans behind.
-
-**Other engines as replicas** (``--replica-command``): the replicas need not be simulated. Given
-an argv with ``{port}`` (and optionally ``{host}``, ``{tmpdir}``) placeholders, each replica is
-that command on a free loopback port the router picks (kept across restarts) and its own
-temporary directory, ready when ``GET`` of ``ready_path`` answers 200 (llama.cpp's
-``llama-server``, vLLM, SGLang: ``/health``); its output goes to ``replica-<i>.log`` in the
-cluster's directory. Routing, admission control, retries, health checks, supervision, link
-emulation, kills, restarts and scale-out are the same; a restarted replica's load time is its
-own (``cold_start_s`` delays only simulated replicas), ``/sim/*`` has nothing to reach, and
-``/tokenize``, ``/detokenize`` and ``/props`` are relayed as the completions are (uncounted).
-``upstream_keep_alive`` False opens a connection per forwarded request, for a server that drops
-reused connections (llama-server does after a few streamed responses).
-
-Module map: :mod:`capacity_pack.sim.replicas` (what the router knows of each replica, its
-link, and the ``/metrics`` made of it), :mod:`capacity_pack.sim.supervisor` (the processes:
-spawn, health checks, restarts, the event log), :mod:`capacity_pack.sim.routing` (picking,
-forwarding, retrying, shedding) and :mod:`capacity_pack.sim.relay` (a response across the
-link); this module assembles them into :class:`Cluster` and serves it (:func:`cluster_app`).
+Behaviour, route by route: docs/reference.md, 'The simulated cluster'.
 """
 
 from __future__ import annotations
@@ -113,12 +42,8 @@ from starlette.routing import Route
 from capacity_pack.sim import metrics as m
 from capacity_pack.sim.control import control_headers
 from capacity_pack.sim.replicas import (
-    LINK_BURST_BYTES,
-    Link,
     Replica,
-    RouterView,
     router_exposition,
-    router_families,
 )
 from capacity_pack.sim.routing import ReplicaRouting
 from capacity_pack.sim.supervisor import ReplicaSupervisor
@@ -567,18 +492,3 @@ def parse_schedule(items: tuple[str, ...], action: str, replicas: int) -> list[t
             raise ValueError(f"--{action} {item!r}: no replica {index} (0..{replicas - 1})")
         out.append((index, at_s))
     return out
-
-
-# Moved to replicas; importers (the virtual-time fleet, the tests) name them from here too.
-__all__ = [
-    "LINK_BURST_BYTES",
-    "Cluster",
-    "Link",
-    "Policy",
-    "Replica",
-    "RouterView",
-    "cluster_app",
-    "parse_schedule",
-    "router_exposition",
-    "router_families",
-]

@@ -1,49 +1,21 @@
 """Who may steer a simulator: the control-plane token, the ``Host`` check and the bind rule.
 
-The simulator (``sim serve``) and the router (``sim cluster``) serve two planes on one port:
+The control plane is every route under ``/sim/`` and ``/cluster/``. :class:`ControlGuard`, an
+ASGI middleware in front of ``sim serve`` and ``sim cluster``, checks in this order:
 
-- the data plane, OpenAI-compatible and as open as vLLM's (``/v1/*``, ``/health``, ``/ping``,
-  ``/version``, ``/metrics``): no credential;
-- the control plane, the simulator's own: every route under ``/sim/`` and ``/cluster/``
-  (faults, stalls, kills, replica restarts, additions and links, and the state and event reads).
-  These change what the server does, so a fault injected by someone else would read as the
-  server's own behaviour in a pack, and ``/cluster/replicas/add`` starts processes.
+1. ``Host`` (every route): the bound address (loopback: ``127.0.0.1:PORT``, ``localhost:PORT``,
+   ``[::1]:PORT``, the port optional only for 80; a wildcard ``--allow-remote`` bind: this
+   host's names and any IP literal; plus each ``--allowed-host``), else 403: ends DNS rebinding;
+2. ``Origin`` (control routes and ``/reset_prefix_cache``): a foreign origin or ``null`` is 403;
+3. token (control routes): ``X-Sim-Control-Token``, compared in constant time, else 401; drawn
+   per process (``secrets.token_urlsafe(32)``) or taken from ``CAPACITY_PACK_SIM_CONTROL_TOKEN``
+   (how the router gives each replica its own), written mode 0600 before the port file;
+4. body (control routes and ``/reset_prefix_cache``, not GET/HEAD): JSON only, else 415.
 
-A web page open while a simulator runs can reach it: a browser sends a cross-origin ``POST``
-with a ``text/plain``, form or multipart body without asking first (no CORS preflight), and a
-page whose DNS name is re-pointed at 127.0.0.1 (DNS rebinding) talks to the port as its own
-origin. :class:`ControlGuard`, an ASGI middleware in front of either app, checks in this order:
-
-1. ``Host`` (every route, data plane included): the header must name the bound address, for a
-   loopback bind ``127.0.0.1:PORT``, ``localhost:PORT`` or ``[::1]:PORT`` (the port may be left
-   out only when it is 80); anything else is answered 403 ``PermissionDeniedError``. A rebound
-   page sends its own name, so this ends DNS rebinding. A non-loopback bind (``--allow-remote``)
-   also accepts the bound address or, for a wildcard bind (``0.0.0.0``, ``::``), this host's
-   names and any IP literal (a rebinding attack needs a DNS name); ``--allowed-host NAME`` adds
-   a name the server is reached by (a container's service name, say).
-2. ``Origin`` (control routes and ``/reset_prefix_cache``): a request whose ``Origin`` header
-   names another origin (or ``null``) is answered 403. Browsers send ``Origin`` with every
-   cross-origin ``POST``; the project's own clients send none.
-3. Token (control routes only): header ``X-Sim-Control-Token: TOKEN``, compared in constant
-   time; missing or wrong is 401 ``AuthenticationError``. TOKEN is ``secrets.token_urlsafe(32)``
-   drawn per process at start-up (or taken from ``CAPACITY_PACK_SIM_CONTROL_TOKEN``, which a
-   parent that spawns a simulator may set: the router gives each replica its own this way, so it
-   can forward control calls), and written before the port file to a file of mode 0600:
-   ``--token-file``, else ``PORT_FILE.token`` next to ``--port-file``, else ``token`` in a fresh
-   private temporary folder (removed at exit), named on the ``listening on`` line. A custom
-   header cannot be sent cross-origin without a preflight, which neither server grants.
-4. Body (control routes and ``/reset_prefix_cache``, any method but GET and HEAD): it must be
-   ``Content-Type: application/json`` (an empty body with no type reads as ``{}``); anything
-   else is 415 ``UnsupportedMediaTypeError``.
-
-``/reset_prefix_cache`` needs no token: vLLM's needs none, and the pack resets every
-vLLM-compatible engine, the simulator behind an ``openai`` target included, through that one
-token-less call. Checks 1, 2 and 4 keep browsers off it, and the simulator refuses a reset while
-blocks are in use, so a reset cannot disturb a running measurement.
-
-Binding: :func:`bind_problem` says why a ``--host`` other than loopback is refused unless
-``--allow-remote`` is given (the CLI then exits 2 with that line), and the warning printed when
-it is. This module imports nothing of the project outside :mod:`capacity_pack.sim`.
+``/reset_prefix_cache`` needs no token (vLLM's needs none, and the pack's reset sends none); the
+simulator refuses a reset while blocks are in use. :func:`bind_problem`: why a non-loopback
+``--host`` is refused without ``--allow-remote``. Imports nothing outside
+:mod:`capacity_pack.sim`. Method: docs/failure-drills.md, 'The simulator's control plane'.
 """
 
 from __future__ import annotations

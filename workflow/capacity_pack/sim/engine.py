@@ -1,31 +1,10 @@
 """The live engine: the scheduler stepped on the wall clock, faults, metrics and ground truth.
 
-Timing. Step ``k`` starts at ``S_k`` and its tokens are due at the absolute deadline
-``D_k = S_k + step_time_k`` (CLOCK_MONOTONIC). The next step starts at ``S_{k+1} = D_k`` while
-there is work, or at the arrival that ends an idle spell, so sleeping never accumulates drift:
-a late wake-up shortens the next sleep instead of delaying every later token. The loop wakes
-through :class:`~capacity_pack.sim.pacing.DeadlineTimer`, a thread that sleeps on a condition
-variable (tens of microseconds of precision; the event loop's own timers round up to whole
-milliseconds) and hands the wake-up to the loop. ``lateness = wake - D_k`` goes into
-``sim:step_lateness_seconds``: an overloaded simulator shows there instead of silently
-stretching every latency.
-
-Tokens are stamped with the real wake time, so the ground-truth log records what the server did,
-lateness included. Per request the log holds (one JSON object per line, appended as each request
-ends; ``*_ns`` are Unix-epoch nanoseconds taken from CLOCK_MONOTONIC plus an offset fixed at
-start-up, ``clock_offset_ns``, so they never jump): arrival (request read), scheduled (left the
-queue), first and last token (emitted by the engine), first and last token sent (handed to the
-HTTP transport), finished, tokens, finish reason, cached tokens and preemptions.
-
-Faults (:class:`Faults`, settable from the command line and ``POST /sim/faults``):
-
-- ``error_rate``: that share of requests is answered at once with ``error_status`` (seeded draw);
-- ``stall_every_s`` / ``stall_s``: the engine stops stepping for ``stall_s`` at the start of every
-  ``stall_every_s`` period (``POST /sim/stall`` adds a one-off stall);
-- ``disconnect_rate``: that share of streaming requests has its connection dropped after a
-  seeded, uniformly drawn number of tokens in ``[1, max_tokens - 1]``, without ``[DONE]``;
-- ``kv_capacity_fraction``: only that share of the KV blocks may be in use (preemptions follow);
-- a hard kill (``POST /sim/kill``, ``--kill-after-s``): SIGKILL to the process itself.
+Step ``k`` starts at ``S_k`` with its tokens due at ``D_k = S_k + step_time_k``; the next step
+starts at ``D_k`` while there is work, so a late wake-up never accumulates drift, and
+``lateness = wake - D_k`` goes into ``sim:step_lateness_seconds``. Tokens are stamped with the
+real wake time in the ground-truth log. Faults: :class:`Faults`. Method: docs/reference.md,
+'The engine's clock, ground truth and faults'.
 
 Module map: :mod:`capacity_pack.sim.pacing` holds the clock, the deadline timer and the GC
 settings of a serving process; :mod:`capacity_pack.sim.engine_report` the ground-truth log and
@@ -55,16 +34,12 @@ from capacity_pack.sim.engine_report import (
     ground_truth_record,
 )
 from capacity_pack.sim.pacing import (
-    CLOCK_OFFSET_NS,
-    GC_SAFETY_THRESHOLD,
-    SWITCH_INTERVAL_S,
     DeadlineTimer,
     collect_young,
-    epoch_ns,
     mono_ns,
 )
 from capacity_pack.sim.profile import Profile
-from capacity_pack.sim.scheduler import FINISHED, RUNNING, Scheduler, SimRequest, Step
+from capacity_pack.sim.scheduler import FINISHED, Scheduler, SimRequest, Step
 
 log = logging.getLogger("capacity_pack.sim")
 
@@ -473,19 +448,3 @@ def _geometric(rng: random.Random, mean: float) -> int:
         return 1
     u = rng.random()
     return 1 + int(math.log1p(-u) / math.log1p(-1.0 / mean))
-
-
-# What moved to pacing and engine_report stays importable from here, as the engine's API.
-__all__ = [
-    "CLOCK_OFFSET_NS",
-    "GC_SAFETY_THRESHOLD",
-    "RUNNING",
-    "SWITCH_INTERVAL_S",
-    "Engine",
-    "Faults",
-    "GroundTruthLog",
-    "Rejected",
-    "RequestContext",
-    "epoch_ns",
-    "mono_ns",
-]

@@ -1,43 +1,12 @@
 """A fleet in virtual time: the router's policy and N engine models on one simulated clock.
 
 What ``capacity-pack sim cluster`` does with processes and sockets
-(:mod:`capacity_pack.sim.cluster`), replayed as a discrete-event simulation, so that a
-replica-failure drill of a plan larger than this host can run live (16 replicas at 100 RPS)
-takes seconds of CPU. The pieces are the live ones wherever they can be:
-
-- each replica is a :class:`capacity_pack.sim.engine.Engine` of the target's profile, stepped
-  by :meth:`~capacity_pack.sim.engine.Engine.begin_step` / ``end_step`` exactly as its live loop
-  steps it (step ``k + 1`` starts when step ``k`` ends; arrivals during a step join the next),
-  so its scheduler, KV blocks, prefix cache and ``/metrics`` are the live engine's;
-- routing is the router's (:meth:`Fleet.pick`): ``least_outstanding`` (ties round robin) or
-  ``round_robin`` over the healthy replicas; admission control refuses with 429 while every
-  healthy replica has ``admission_max_outstanding`` or more requests outstanding; no healthy
-  replica answers 503;
-- a request sent to a replica whose process is dead but still in rotation meets a refused
-  connection: the replica leaves rotation at once (``upstream connect failure``) and the
-  request is retried on a replica it has not tried, up to ``retries`` times (else 502);
-- a SIGKILLed replica cuts every request it holds (running or waiting, their responses already
-  started): each reaches the client as a dropped stream (``CUT_NS`` later), status ``error``,
-  and the router,
-  whose relays fail mid-stream, takes the replica out of rotation at once;
-- health checks every ``health_interval_s`` (from the fleet's start): a dead process leaves
-  rotation (``process dead``) and, with ``restart_after_s`` set, the supervisor starts it again
-  that long after, cold (an empty prefix cache, fresh counters); it listens ``cold_start_s``
-  after it starts and joins rotation at the next check; a check is answered at once (the live
-  loopback round trip is about 1 ms);
-- the client sends every request at its due time (no lateness, no network) and gives up at
-  ``request_timeout_s`` (status ``timeout``); a streamed token reaches it when its step ends;
-- every ``scrape_interval_s`` the router's ``/metrics`` is taken as its samples: the live
-  router's own families (:func:`capacity_pack.sim.replicas.router_families`) and every replica in
-  rotation's engine families, the samples a parse of the live text gives (the text round trip,
-  most of a virtual drill's CPU, is skipped).
-
-What it leaves out, and so the tolerance against a live drill: HTTP and loopback latency (about
-1 ms per request), the client's dispatch lateness, the health checker's phase, and the
-processes' competition for this host's CPUs (a live replica's step can run late; a virtual one
-never does).
-
-Times are nanoseconds from the fleet's start (t = 0); router events carry them as ``t_ns``.
+(:mod:`capacity_pack.sim.cluster`), replayed as a discrete-event simulation from the live
+pieces: each replica a :class:`capacity_pack.sim.engine.Engine` stepped by ``begin_step`` /
+``end_step`` as its live loop steps it, the router's routing (:meth:`Fleet.pick`), admission,
+retries, kills, health checks and restarts, and the router's ``/metrics`` as samples. It leaves
+out HTTP and loopback latency, the client's lateness and CPU competition. Times are ns from the
+fleet's start (``t_ns``). Method: docs/twin.md, 'The fleet in virtual time'.
 """
 
 from __future__ import annotations

@@ -57,10 +57,6 @@ class BlockPool:
             raise ValueError("fraction must be in (0, 1]")
         self.capacity = max(1, int(self.num_blocks * fraction))
 
-    @property
-    def num_free_usable(self) -> int:
-        return self.capacity - self.num_used
-
     def can_allocate(self, n: int) -> bool:
         return n <= self.capacity - self.num_used
 

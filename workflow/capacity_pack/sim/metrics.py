@@ -2,35 +2,18 @@
 
 Hand-written rather than ``prometheus_client`` because the engine observes a histogram per
 generated token: a bisect and two adds here, against a lock and several calls there. The output
-follows ``prometheus_client``'s conventions, which vLLM's ``/metrics`` shows:
+follows ``prometheus_client``'s conventions, as vLLM's ``/metrics`` shows (``# HELP``/``# TYPE``
+once per family, a counter named with its ``_total``, cumulative ``_bucket{le}`` ending at
+``+Inf`` = ``_count``, then ``_count`` and ``_sum``); bucket bounds are vLLM V1's
+(``vllm/v1/metrics/loggers.py``).
 
-- ``# HELP`` and ``# TYPE`` once per family; a counter family is named with its ``_total``;
-- histograms expose cumulative ``_bucket{le="..."}`` samples ending at ``le="+Inf"`` (equal to
-  ``_count``), then ``_count`` and ``_sum``; an observation ``v`` falls in every bucket with
-  ``v <= le``;
-- label values escape ``\\``, ``"`` and newlines; values print as Python floats (``1.0``,
-  ``+Inf``).
-
-Bucket bounds are vLLM V1's (``vllm/v1/metrics/loggers.py``).
-
-The parser (:func:`parse`, for the router's merge of its replicas' scrapes and for the tests'
-reading of this output) is hand-written too, because prometheus_client's
-(``prometheus_client.parser.text_string_to_metric_families``, 0.26) cannot stand in for it
-without changing what it does:
-
-- it names a counter family without its ``_total`` and renames the samples of a counter declared
-  without the suffix (llama.cpp's ``# TYPE llamacpp:n_tokens_max counter`` sample would be
-  relayed as ``llamacpp:n_tokens_max_total``), where the router re-emits every family under the
-  name and type its replica declared (:meth:`Exposition.raw_family`);
-- it takes a sample with no ``# TYPE`` as an ``unknown`` family and folds a family declared twice
-  into one, both of which :func:`parse` refuses (the router then leaves that replica's scrape
-  out of the merge rather than relay it half-understood);
-- it checks no histogram: unsorted or decreasing buckets, a missing ``+Inf`` and ``+Inf`` away
-  from ``_count`` pass, which :func:`parse` refuses.
-
-(:mod:`capacity_pack.engines.exposition`, the project's reader of other engines' text, uses
-prometheus_client's parser, keeping only the sample lines and adding its own histogram checks;
-the simulator imports nothing of the project outside :mod:`capacity_pack.sim`.)
+The parser (:func:`parse`: the router's merge of its replicas' scrapes, and the tests) is
+hand-written too, because prometheus_client's renames a counter declared without ``_total``
+(the router re-emits each family under the name and type its replica declared,
+:meth:`Exposition.raw_family`), accepts an untyped sample or a family declared twice, and checks
+no histogram; :func:`parse` refuses all of these (the router then leaves that replica's scrape
+out). :mod:`capacity_pack.engines.exposition` reads other engines' text with prometheus_client's
+parser; the simulator imports nothing of the project outside :mod:`capacity_pack.sim`.
 """
 
 from __future__ import annotations
@@ -335,11 +318,3 @@ def value(families: dict[str, MetricFamily], sample_name: str, **labels: str) ->
                 total += s.value
                 found = True
     return total if found else None
-
-
-def histogram_fraction_le(
-    families: dict[str, MetricFamily], name: str, bound: float, **labels: str
-) -> tuple[float, float]:
-    """(observations <= bound, all observations) of a histogram, summed over matching series."""
-    le_count = value(families, f"{name}_bucket", le=format_value(bound), **labels) or 0.0
-    return le_count, value(families, f"{name}_count", **labels) or 0.0

@@ -40,10 +40,6 @@ class StepCost:
     overhead_s: float
 
     @property
-    def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.allreduce_s + self.overhead_s
-
-    @property
     def bound(self) -> str:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 

@@ -249,22 +249,38 @@ class Scheduler:
     def schedule(self, now_ns: int) -> Step:
         """Choose this step's work (see the module docstring) and its modelled duration."""
         step = Step()
-        bs = self.block_size
-        pool = self.pool
-        budget = self.max_num_batched_tokens
-        running = self.running
-        reqs, nums = step.reqs, step.nums
+        budget = self._continue_running(step, self.max_num_batched_tokens)
+        if not step.num_preempted:
+            self._admit_waiting(step, budget, now_ns)
+            if not step.reqs and not self.running and self.waiting:
+                # Nothing runs and the head still does not fit: it never will (the KV capacity
+                # was reduced below its size), so fail it rather than stall the queue forever.
+                req = self.waiting.popleft()
+                self._finish(req, "error", now_ns)
+                step.failed.append(req)
         num_tokens = 0
         attn = 0.0
         kv = 0
+        for req, q in zip(step.reqs, step.nums, strict=True):
+            c = req.num_computed
+            num_tokens += q
+            attn += q * c + q * (q + 1) * 0.5
+            kv += c + q
+        step.num_tokens = num_tokens
+        step.duration_s = self.perf.step_s(len(step.reqs), num_tokens, attn, kv)
+        return step
+
+    def _continue_running(self, step: Step, budget: int) -> int:
+        """Give each running request its next tokens in order, preempting from the back when
+        the KV pool runs short; returns the token budget left."""
+        bs = self.block_size
+        pool = self.pool
+        running = self.running
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            q = req.num_prompt + req.num_output - req.num_computed
-            if q > budget:
-                q = budget
-            c = req.num_computed
-            need = -(-(c + q) // bs) - len(req.blocks)
+            q = min(req.num_prompt + req.num_output - req.num_computed, budget)
+            need = -(-(req.num_computed + q) // bs) - len(req.blocks)
             while need > 0 and not pool.can_allocate(need):
                 victim = running.pop()
                 self._preempt(victim)
@@ -275,59 +291,44 @@ class Scheduler:
                 break
             if need > 0:
                 req.blocks.extend(pool.allocate(need))
-            reqs.append(req)
-            nums.append(q)
-            num_tokens += q
-            attn += q * c + q * (q + 1) * 0.5
-            kv += c + q
+            step.reqs.append(req)
+            step.nums.append(q)
             budget -= q
             i += 1
+        return budget
 
-        if not step.num_preempted:
-            waiting = self.waiting
-            max_seqs = self.max_num_seqs
-            while waiting and budget > 0 and len(running) < max_seqs:
-                req = waiting[0]
-                total = req.num_prompt + req.num_output
-                hits: list[int] = []
-                if pool.enable_caching:
-                    hits = pool.lookup(req.block_hashes((total - 1) // bs, bs))
-                c = len(hits) * bs
-                q = total - c
-                if q > budget:
-                    q = budget
-                need = -(-(c + q) // bs) - len(hits)
-                if not pool.can_allocate(need + pool.count_free_among(hits)):
-                    break
-                waiting.popleft()
-                pool.touch(hits)
-                req.blocks = hits + pool.allocate(need)
-                req.num_hashed = len(hits)
-                req.num_computed = c
-                req.status = RUNNING
-                if req.scheduled_ns is None:
-                    req.scheduled_ns = now_ns
-                    req.num_cached_tokens = c
-                self.prefix_queries_tokens += total
-                self.prefix_hits_tokens += c
-                running.append(req)
-                reqs.append(req)
-                nums.append(q)
-                num_tokens += q
-                attn += q * c + q * (q + 1) * 0.5
-                kv += c + q
-                budget -= q
-
-            if not reqs and not running and waiting:
-                # Nothing runs and the head still does not fit: it never will (the KV capacity
-                # was reduced below its size), so fail it rather than stall the queue forever.
-                req = waiting.popleft()
-                self._finish(req, "error", now_ns)
-                step.failed.append(req)
-
-        step.num_tokens = num_tokens
-        step.duration_s = self.perf.step_s(len(reqs), num_tokens, attn, kv)
-        return step
+    def _admit_waiting(self, step: Step, budget: int, now_ns: int) -> None:
+        """Admit waiting requests first come first served while the budget, the sequence limit
+        and the KV pool (after prefix-cache hits) allow."""
+        bs = self.block_size
+        pool = self.pool
+        waiting, running = self.waiting, self.running
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            req = waiting[0]
+            total = req.num_prompt + req.num_output
+            hits: list[int] = []
+            if pool.enable_caching:
+                hits = pool.lookup(req.block_hashes((total - 1) // bs, bs))
+            c = len(hits) * bs
+            q = min(total - c, budget)
+            need = -(-(c + q) // bs) - len(hits)
+            if not pool.can_allocate(need + pool.count_free_among(hits)):
+                break
+            waiting.popleft()
+            pool.touch(hits)
+            req.blocks = hits + pool.allocate(need)
+            req.num_hashed = len(hits)
+            req.num_computed = c
+            req.status = RUNNING
+            if req.scheduled_ns is None:
+                req.scheduled_ns = now_ns
+                req.num_cached_tokens = c
+            self.prefix_queries_tokens += total
+            self.prefix_hits_tokens += c
+            running.append(req)
+            step.reqs.append(req)
+            step.nums.append(q)
+            budget -= q
 
     def complete(self, step: Step, now_ns: int) -> tuple[list[SimRequest], list[SimRequest]]:
         """Apply a finished step: returns (requests that emitted a token, requests finished)."""

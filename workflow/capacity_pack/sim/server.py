@@ -1,39 +1,10 @@
 """The simulator's HTTP face: an OpenAI-compatible server in vLLM's wire format.
 
-Endpoints:
-
-- ``POST /v1/completions``, ``POST /v1/chat/completions``: streaming and not. A stream is
-  ``data: {json}\\n\\n`` server-sent events, one generated token per event (chat opens with a
-  ``delta.role`` event); the last token's event carries ``finish_reason``; with
-  ``stream_options.include_usage`` a usage-only chunk (``choices: []``, ``usage {prompt_tokens,
-  total_tokens, completion_tokens}`` and ``prompt_tokens_details.cached_tokens`` when the prefix
-  cache supplied tokens) follows; ``data: [DONE]`` ends it. ``max_tokens`` /
-  ``max_completion_tokens`` (completions default 16, chat default: the rest of the context),
-  ``min_tokens``, ``ignore_eos``, ``stop``, ``seed`` are honoured; the prompt is counted with
-  :mod:`capacity_pack.sim.tokenizer`. An ``X-Request-Id`` header names the request (echoed back and
-  written to the ground-truth log).
-- ``GET /health``, ``GET|POST /ping``, ``GET /version``, ``GET /v1/models``, ``GET /metrics``,
-  ``POST /reset_prefix_cache`` (200 either way, like vLLM; the body's ``reset`` says whether it
-  happened and ``sim:prefix_cache_resets_total{result}`` counts both outcomes).
-- ``/metrics`` also carries ``sim:server_info{loop, http}`` (constant 1) and ``/sim/state`` a
-  ``server`` object with the same two names: the event loop and HTTP/1.1 parser the server runs
-  on (:func:`serving_stack`; uvloop and httptools unless ``--loop``/``--http`` say otherwise).
-- Control: ``GET /sim/state``, ``GET|POST /sim/faults`` (partial update of the fault knobs),
-  ``POST /sim/stall {"seconds"}``, ``POST /sim/kill {"after_s"}``.
-
-Access (:mod:`capacity_pack.sim.control`, in front of this app in ``sim serve``): a ``Host``
-other than the bound address gets 403 on every route (DNS rebinding); the data plane is otherwise
-as open as vLLM's. Control routes need ``X-Sim-Control-Token`` (the token file's, 401 without)
-and JSON bodies (415). ``/reset_prefix_cache`` needs no token, by choice: vLLM's needs none and
-the pack resets vLLM-compatible engines, this one included, with that call; it keeps the
-``Host``, ``Origin`` and JSON checks, so no web page reaches it, and a reset is refused while KV
-blocks are in use.
-
-Errors are ``{"error": {"message", "type", "param", "code"}}`` with vLLM's type names: 400
-``BadRequestError`` (malformed body, context too long), 404 ``NotFoundError`` (unknown model or
-path), 429 ``RateLimitError`` (waiting queue full), 503 ``ServiceUnavailableError`` (engine down,
-request larger than the usable KV cache), and injected fault statuses. Not supported, and
-refused with 400: ``n > 1``, ``echo``, ``logprobs``, and several prompts in one request.
+Routes: ``/v1/completions`` and ``/v1/chat/completions`` (streamed one token per event, the
+usage chunk with ``stream_options.include_usage``), ``/health``, ``/ping``, ``/version``,
+``/v1/models``, ``/metrics``, ``/reset_prefix_cache`` and the control routes under ``/sim/``
+(guarded by :mod:`capacity_pack.sim.control`); errors in vLLM's format and type names.
+Each route, parameter and error: docs/reference.md, 'The simulated engine's API'.
 
 Module map: :mod:`capacity_pack.sim.request_params` reads a completion request's body,
 :mod:`capacity_pack.sim.streaming` writes the streamed responses, :mod:`capacity_pack.sim.wire`
@@ -56,21 +27,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from capacity_pack.sim.engine import Engine, Faults, Rejected, RequestContext, mono_ns
+from capacity_pack.sim.engine import Engine, Faults, Rejected
+from capacity_pack.sim.engine_report import RequestContext
 from capacity_pack.sim.metrics import CONTENT_TYPE
+from capacity_pack.sim.pacing import mono_ns
 from capacity_pack.sim.request_params import Params, parse_params
 from capacity_pack.sim.scheduler import FINISHED, SimRequest
-from capacity_pack.sim.serving import (
-    HTTP_PARSERS,
-    LOOPS,
-    bind_socket,
-    install_log_filter,
-    run_app,
-    running_stack,
-    serving_stack,
-)
 from capacity_pack.sim.streaming import (
-    OUTPUT_JSON,
     RAW_SEND,
     StreamResponse,
     failure_message,
@@ -80,9 +43,7 @@ from capacity_pack.sim.streaming import (
 from capacity_pack.sim.wire import (
     ERROR_NAMES,
     BadRequest,
-    InjectedDisconnect,
     dumps,
-    error_body,
     error_response,
     http_error,
     internal_error,
@@ -372,21 +333,3 @@ class SimServer:
             media_type="application/json",
             headers={"x-request-id": ctx.client_request_id},
         )
-
-
-# Moved to serving, streaming and wire; importers name them from here too.
-__all__ = [
-    "HTTP_PARSERS",
-    "LOOPS",
-    "OUTPUT_JSON",
-    "BadRequest",
-    "InjectedDisconnect",
-    "SimServer",
-    "bind_socket",
-    "error_body",
-    "error_response",
-    "install_log_filter",
-    "run_app",
-    "running_stack",
-    "serving_stack",
-]

@@ -18,7 +18,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from capacity_pack.sim.engine import Engine, RequestContext, mono_ns
+from capacity_pack.sim.engine import Engine
+from capacity_pack.sim.engine_report import RequestContext
+from capacity_pack.sim.pacing import mono_ns
 from capacity_pack.sim.request_params import Params
 from capacity_pack.sim.scheduler import FINISHED, OUTPUT_TEXT, SimRequest, output_index
 from capacity_pack.sim.wire import InjectedDisconnect, dumps, error_body

@@ -15,7 +15,7 @@ cutoff, TPOT cutoff)} map they read, from a pack's workload.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -66,11 +66,24 @@ def meets_slo(
     return met if ok is None else met & np.asarray(ok, dtype=bool)
 
 
-def class_cutoffs(workload: Iterable[Any]) -> dict[str, tuple[float, float]]:
-    """{class: (TTFT cutoff ms, TPOT cutoff ms)} of a pack's workload classes."""
-    return {
-        c.name: (float(c.request_ttft_cutoff_ms), float(c.request_tpot_cutoff_ms)) for c in workload
-    }
+def class_cutoffs(source: Any) -> dict[str, tuple[float, float]]:
+    """{class: (TTFT cutoff ms, TPOT cutoff ms)} from a pack, its workload classes, or a mapping
+    of class to a (ttft, tpot) pair or to {"ttft_ms"|"request_ttft_cutoff_ms": .., ...}."""
+    workload = getattr(source, "workload", source)
+    if not isinstance(workload, Mapping):
+        return {
+            c.name: (float(c.request_ttft_cutoff_ms), float(c.request_tpot_cutoff_ms))
+            for c in workload
+        }
+    out = {}
+    for name, v in workload.items():
+        if isinstance(v, Mapping):
+            ttft = v.get("ttft_ms", v.get("request_ttft_cutoff_ms"))
+            tpot = v.get("tpot_ms", v.get("request_tpot_cutoff_ms"))
+        else:
+            ttft, tpot = v
+        out[str(name)] = (float(ttft), float(tpot))
+    return out
 
 
 def requests_meeting_slo(

@@ -1,33 +1,11 @@
 """AIPerf ``profile_export.jsonl`` -> this project's point tables.
 
-The export holds one JSON record per line, ``{"metadata": {...}, "metrics": {name: {"value",
-"unit"}}, "error": null | {"code", "type", "message"}}``. The tool version is not in the
-records; it is read from the ``aiperf_version`` of a ``profile_export_aiperf.json`` beside the
-file when there is one.
-
-Metric-definition mapping, AIPerf record -> ours (ours: s = request sent, f = first non-empty
-content chunk, e = last content chunk, O = output tokens; TTFT = f - s, E2E = e - s,
-TPOT = (E2E - TTFT) / (O - 1), ITL = per-chunk gaps):
-
-- TTFT <- ``metrics.time_to_first_token`` (first non-empty content response - request start).
-- E2E <- ``metrics.request_latency`` (last content response - request start).
-- TPOT <- derived as above with our O. AIPerf's ``inter_token_latency`` is the same per-request
-  average ((request_latency - TTFT) / (output_sequence_length - 1)) but over *its* token count;
-  it is kept only as a cross-check (they differ when usage and AIPerf's tokenizer disagree).
-- ITL (chunks) <- ``metrics.inter_chunk_latency`` (per-chunk gaps); the first chunk arrives at
-  TTFT. AIPerf exports no per-chunk token counts, so O is spread evenly over the chunks
-  (estimated).
-- O <- ``metrics.usage_completion_tokens`` (server usage) when present, else
-  ``output_sequence_length`` (AIPerf's client tokenization of the text plus reasoning tokens, or
-  the server count under ``--use-server-token-count``).
-- input tokens <- ``input_sequence_length`` (``error_isl`` on failed records); prompt and
-  cached tokens <- ``usage_prompt_tokens``, ``usage_prompt_cache_read_tokens``.
-- send time <- ``metadata.request_start_ns`` (epoch ns: exact, no estimate); terminal time <-
-  ``request_end_ns`` (``cancellation_time_ns`` for a cancelled request).
-- status: ``was_cancelled`` -> cancelled; an ``error`` naming a timeout -> timeout; any other
-  ``error`` -> error (``error.code`` as the HTTP status); none -> ok.
-- phase: ``benchmark_phase`` profiling -> measure (block 1), warmup -> warmup (block 0).
-- class: ``metadata.class`` when present (not AIPerf's own field: a post-processing hook).
+One JSON record per line, ``{"metadata", "metrics": {name: {"value", "unit"}}, "error"}``; the
+tool version is read from ``aiperf_version`` of a ``profile_export_aiperf.json`` beside it.
+Send time <- ``metadata.request_start_ns`` (exact); TPOT is ours over our O, AIPerf's
+``inter_token_latency`` kept as a cross-check; chunk gaps <- ``inter_chunk_latency`` with O
+spread evenly; phase <- ``benchmark_phase``; class <- ``metadata.class`` when present.
+Field by field: docs/metrics.md, 'Mapping to other tools'.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ from capacity_pack.evidence.normalize import (
     seed_csv_frame,
 )
 from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
-from capacity_pack.plan.manifest import LognormalLength, WorkloadClass
+from capacity_pack.plan.lengths import LognormalLength
+from capacity_pack.plan.workload import WorkloadClass
 from capacity_pack.tables import validate_table
 
 

@@ -3,37 +3,12 @@
 The result holds run fields (``date``, ``backend``, ``model_id``, ``num_prompts``,
 ``request_rate``, ``max_concurrency``, ``duration``...) and one list per field with one entry
 per request (``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``errors``; ``latencies``,
-``start_times``, ``queue_times`` in recent versions). ``--metadata KEY=VALUE`` pairs are
-top-level keys; ``vllm_version`` (or ``version``) is read as the tool version.
-
-Metric-definition mapping, vLLM bench result -> ours (ours: s = request sent, f = first
-non-empty content chunk, e = last content chunk, O = output tokens; TTFT = f - s, E2E = e - s,
-TPOT = (E2E - TTFT) / (O - 1), ITL = per-chunk gaps):
-
-- TTFT <- ``ttfts[i]`` (s): the first SSE event carrying ``choices`` - ``start_time``, even when
-  its text is empty (ours waits for non-empty content), with the start taken before the HTTP
-  call (ours after the request is written).
-- E2E <- ``ttfts[i] + sum(itls[i])``: the last ``choices`` event, equal to ``latencies[i]``
-  where exported (checked).
-- ITL (chunks) <- ``itls[i]`` (s): per-chunk gaps, exactly our chunk gaps; vLLM's "ITL"
-  statistics are over these gaps, so they are *not* a per-token average when chunks carry
-  several tokens. Per-chunk token counts are not exported: O is spread evenly (estimated).
-- TPOT <- derived as above (vLLM's own per-request TPOT uses the same formula over
-  ``output_lens``; per-request values are not exported).
-- O <- ``output_lens[i]``: ``usage.completion_tokens`` when the server sent usage, else the
-  benchmark tokenizer's re-tokenization of the generated text (always, in older versions); the
-  file does not say which.
-- input tokens <- ``input_lens[i]`` (the dataset's prompt length, or the server's
-  ``prompt_tokens`` in versions that read usage).
-- status: ok when ``errors[i]`` is empty and ``ttfts[i] > 0``; an error text naming a timeout
-  -> timeout; otherwise error (a non-200 response may leave an empty error text).
-- send time <- ``start_times[i]`` (``time.perf_counter`` s: exact offsets, no absolute origin);
-  the wall clock is estimated as ``date`` (written after the run, no zone: read as UTC, 1 s
-  resolution) - ``duration``. Scheduled arrival <- ``start_times - queue_times`` (the client's
-  concurrency-semaphore wait). Without ``start_times`` (older versions) the send times are
-  estimated: arrival i / ``request_rate`` (0 for ``inf``), delayed by a ``max_concurrency``
-  slot simulation over each request's E2E.
-- class: the top-level ``class`` (``--metadata class=NAME``) when present.
+``start_times``, ``queue_times`` in recent versions); ``--metadata KEY=VALUE`` pairs are
+top-level keys (``vllm_version`` or ``version``: the tool version; ``class``: the class).
+E2E = ``ttfts[i] + sum(itls[i])`` (checked against ``latencies``); per-chunk tokens are not
+exported, so O is spread evenly over the chunks; the wall clock is ``date`` (UTC) -
+``duration``; without ``start_times`` the sends are estimated from ``request_rate`` and a
+``max_concurrency`` slot simulation. Field by field: docs/metrics.md, 'Mapping to other tools'.
 """
 
 from __future__ import annotations
@@ -330,34 +305,9 @@ def _unmapped_and_run(doc: dict[str, Any], has_due: bool) -> tuple[list[str], di
     return unmapped, run
 
 
-def import_vllm_bench(
-    path: str | Path,
-    *,
-    workload,
-    point: str,
-    cache_state: str = "cold",
-    repeat: int = 0,
-    class_name: str | None = None,
-) -> ImportedPoint:
-    """Import a ``vllm bench serve --save-result --save-detailed`` result JSON."""
-    path = Path(path)
-    source = str(path)
-    if not path.is_file():
-        raise ExportFormatError(f"{source}: no such file")
-    doc, result = _read_result(path)
+def _rows(result, doc, ok, status, error, sent_ns, due_ns, ttft_s, e2e_s, gaps_s, source):
+    """One row a request, in the common import frame's columns (times in ns and ms)."""
     n = len(result.ttfts)
-    ttft_s, gaps_s, ok, e2e_s, status, error = _outcomes(result, source)
-    estimated: list[str] = ["chunk token counts (O spread evenly over the chunks)"]
-    timestamps: dict[str, str] = {}
-    anchor, anchor_how = _anchor_ns(result)
-    if anchor_how.startswith("estimated"):
-        estimated.append("wall-clock anchor of the run (date - duration)")
-    timestamps["realtime"] = anchor_how
-    rate = _rate(result, source)
-    sent_ns, due_ns, has_due = _send_times(
-        result, e2e_s, rate, timestamps=timestamps, estimated=estimated, source=source
-    )
-    checks = _cross_checks(result, ok, e2e_s)
     class_hint = doc.get("class")
     if class_hint is not None and not isinstance(class_hint, str):
         raise ExportFormatError(f"{source}: field class: expected a class name, got {class_hint!r}")
@@ -387,6 +337,37 @@ def import_vllm_bench(
     if (frame["output_tokens"] < 0).any():
         i = int(np.argmax(frame["output_tokens"] < 0))
         raise ExportFormatError(f"{source}: request {i}: field output_lens[{i}]: negative")
+    return frame
+
+
+def import_vllm_bench(
+    path: str | Path,
+    *,
+    workload,
+    point: str,
+    cache_state: str = "cold",
+    repeat: int = 0,
+    class_name: str | None = None,
+) -> ImportedPoint:
+    """Import a ``vllm bench serve --save-result --save-detailed`` result JSON."""
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise ExportFormatError(f"{source}: no such file")
+    doc, result = _read_result(path)
+    ttft_s, gaps_s, ok, e2e_s, status, error = _outcomes(result, source)
+    estimated: list[str] = ["chunk token counts (O spread evenly over the chunks)"]
+    timestamps: dict[str, str] = {}
+    anchor, anchor_how = _anchor_ns(result)
+    if anchor_how.startswith("estimated"):
+        estimated.append("wall-clock anchor of the run (date - duration)")
+    timestamps["realtime"] = anchor_how
+    rate = _rate(result, source)
+    sent_ns, due_ns, has_due = _send_times(
+        result, e2e_s, rate, timestamps=timestamps, estimated=estimated, source=source
+    )
+    checks = _cross_checks(result, ok, e2e_s)
+    frame = _rows(result, doc, ok, status, error, sent_ns, due_ns, ttft_s, e2e_s, gaps_s, source)
     unmapped, run = _unmapped_and_run(doc, has_due)
     version_key = _vllm_version(doc)
     parsed = ExportFrame(
