@@ -81,6 +81,7 @@ def bracket_evidence(results: Path, state: str, rates) -> dict[str, dict]:
     """Per end of the bracket: its status and, per class, the pooled attainment, its interval
     and design effect (capacity_pack.decide.capacity.pooled_attainment: what the search
     decided on)."""
+    from capacity_pack.artifacts.slo_report import SloReport
     from capacity_pack.decide.capacity import (
         deciding_reports,
         pooled_attainment,
@@ -95,7 +96,7 @@ def bracket_evidence(results: Path, state: str, rates) -> dict[str, dict]:
             continue
         point = Point(mode="open", rate_rps=rate, cache_state=state, repeat=0).point_id
         reports = [
-            json.loads(path.read_text())
+            SloReport.read(path)
             for path in sorted((results / "reports" / point / state).glob("rep*/slo-report.json"))
         ]
         deciding = deciding_reports(reports)

@@ -5,22 +5,50 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from capacity_pack.decide.capacity import (
-    build_capacity,
-    build_plan,
-    closed_loop_curve,
-    decision_metrics,
-    mix_p95_context,
-    select_open_loop,
-)
+from capacity_pack.artifacts import Plan, SloReport
+from capacity_pack.decide import capacity as decide
+from capacity_pack.decide import pooled
+from capacity_pack.decide.capacity import mix_p95_context
 from capacity_pack.decide.faults import measurement_faults, measurement_notes
-from capacity_pack.decide.pooled import pooled_attainment, rate_status
 from capacity_pack.decide.repeats import t_interval
 from capacity_pack.plan.manifest import load_pack, validate_pack
 from tests.conftest import with_fixed_lengths
 from tests.paths import DEFAULT, TUTORIAL
 
 CLASSES = ["interactive", "long_context", "generation_heavy"]
+
+
+def models(reports):
+    """The tests' report dicts as the SloReport models the decision reads."""
+    return [SloReport.model_validate(r) for r in reports]
+
+
+def select_open_loop(reports, *args, **kwargs):
+    return decide.select_open_loop(models(reports), *args, **kwargs)
+
+
+def closed_loop_curve(reports, *args):
+    return decide.closed_loop_curve(models(reports), *args)
+
+
+def build_capacity(reports, pack):
+    return decide.build_capacity(models(reports), pack)
+
+
+def build_plan(capacity, reports, pack):
+    return decide.build_plan(capacity, models(reports), pack)
+
+
+def decision_metrics(capacity, plan):
+    return decide.decision_metrics(capacity, Plan.model_validate(plan))
+
+
+def rate_status(reports):
+    return pooled.rate_status(models(reports))
+
+
+def pooled_attainment(reports):
+    return pooled.pooled_attainment(models(reports))
 
 
 def report(rate, repeat, verdict, *, state="cold", attainment=0.99, mode="open", conc=None,
@@ -163,10 +191,13 @@ def test_the_capacity_is_the_pooled_estimates_and_says_what_is_shown():
 
 
 def test_reports_that_cannot_be_pooled_must_pass_in_every_repeat():
-    assert rate_status([{"verdict": "pass"}, {"verdict": "fail"}]) == "inconsistent"
-    assert rate_status([{"verdict": "pass"}, {"verdict": "marginal"}]) == "inconsistent"
-    assert rate_status([{"verdict": "marginal"}] * 2) == "marginal"
-    assert rate_status([{"verdict": "pass"}, {"verdict": "inconclusive"}]) == "inconclusive"
+    def verdicts(*vs):
+        return [report(16, k, v) for k, v in enumerate(vs)]
+
+    assert rate_status(verdicts("pass", "fail")) == "inconsistent"
+    assert rate_status(verdicts("pass", "marginal")) == "inconsistent"
+    assert rate_status(verdicts("marginal", "marginal")) == "marginal"
+    assert rate_status(verdicts("pass", "inconclusive")) == "inconclusive"
     reports = [report(16, 0, "pass"), report(16, 1, "pass"),
                report(20, 0, "pass"), report(20, 1, "fail")]  # fmt: skip
     sel = select_open_loop(reports, CLASSES, 1, 1)["cold"]
@@ -255,7 +286,7 @@ def test_plan_from_the_tutorial_pack_gives_the_seeds_8_replicas():
     reports = [report(r, k, "pass") for r in (16, 20, 24) for k in range(3)]
     reports += [report(28, k, "fail") for k in range(3)]
     capacity = build_capacity(reports, pack)
-    assert capacity["primary_cache_state"] == "cold"
+    assert capacity.primary_cache_state == "cold"
     plan = build_plan(capacity, reports, pack)
     assert plan["throughput"]["replicas_for_load"] == 8
     assert plan["required_replicas"] >= 8 and plan["required_gpus"] == 2 * plan["required_replicas"]
@@ -269,7 +300,7 @@ def test_no_capacity_means_no_plan():
     capacity = build_capacity(reports, pack)
     plan = build_plan(capacity, reports, pack)
     assert plan["required_replicas"] is None and "no SLO-compliant capacity" in plan["reason"]
-    assert "error rate 0.5" in capacity["open_loop"]["cold"]["decision"]
+    assert "error rate 0.5" in capacity.open_loop["cold"].decision
 
 
 def test_mix_p95_context():

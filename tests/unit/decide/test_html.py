@@ -20,12 +20,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from capacity_pack.decide.capacity import build_capacity, build_plan  # noqa: E402
 from capacity_pack.decide.glossary import METRICS  # noqa: E402
 from capacity_pack.decide.html import load_pack, render_page  # noqa: E402
 from capacity_pack.decide.report import bracket_evidence, selected_point  # noqa: E402
 from capacity_pack.plan.manifest import freeze  # noqa: E402
 from capacity_pack.vocab.words import STATUS_WORDS, decision_sentence  # noqa: E402
+from tests.unit.decide.decided import build_capacity, build_plan  # noqa: E402
 from tests.unit.decide.test_report import pack_and_reports  # noqa: E402
 
 HOSTILE = "<script>alert(1)</script>"

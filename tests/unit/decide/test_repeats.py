@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.binomial import wilson_interval
 from capacity_pack.decide.repeats import (
     MIN_REPEATS_FOR_T_INTERVAL,
@@ -20,24 +21,32 @@ from capacity_pack.decide.repeats import (
 
 def report(attainment, passing, successful, *, goodput, p95_e2e, attempted=None, failed=0):
     attempted = successful + failed if attempted is None else attempted
-    return {
-        "observed_goodput_rps": goodput,
-        "request_throughput_rps": goodput + 1.0,
-        "output_throughput_tps": goodput * 100,
-        "error_rate": failed / attempted,
-        "attempted": attempted,
-        "successful": successful,
-        "classes": {
-            "chat": {
-                "attainment": attainment,
-                "passing_count": passing,
-                "successful_count": successful,
-                "p95_ttft_ms": 100.0,
-                "p95_tpot_ms": 20.0,
-                "p95_e2e_ms": p95_e2e,
-            }
-        },
-    }
+    return SloReport.model_validate(
+        {
+            "point": "open-r1",
+            "key": "open-r1/cold/rep0",
+            "cache_state": "cold",
+            "repeat": 0,
+            "mode": "open",
+            "verdict": "pass",
+            "observed_goodput_rps": goodput,
+            "request_throughput_rps": goodput + 1.0,
+            "output_throughput_tps": goodput * 100,
+            "error_rate": failed / attempted,
+            "attempted": attempted,
+            "successful": successful,
+            "classes": {
+                "chat": {
+                    "attainment": attainment,
+                    "passing_count": passing,
+                    "successful_count": successful,
+                    "p95_ttft_ms": 100.0,
+                    "p95_tpot_ms": 20.0,
+                    "p95_e2e_ms": p95_e2e,
+                }
+            },
+        }
+    )
 
 
 def test_two_repeats_give_the_range_and_no_interval():

@@ -10,7 +10,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from capacity_pack.decide.capacity import build_capacity, build_plan  # noqa: E402
 from capacity_pack.decide.plots import (  # noqa: E402
     figure_text,
     plot_throughput,
@@ -20,6 +19,7 @@ from capacity_pack.decide.report import bracket_evidence, render_readme  # noqa:
 from capacity_pack.plan.manifest import freeze, load_pack  # noqa: E402
 from capacity_pack.vocab.words import decision_sentence  # noqa: E402
 from tests.paths import DEFAULT  # noqa: E402
+from tests.unit.decide.decided import build_capacity, build_plan  # noqa: E402
 from tests.unit.decide.test_capacity import CLASSES, report  # noqa: E402
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.decide import search as S
 from capacity_pack.plan import schedule as sched
 from capacity_pack.plan.manifest import ManifestError, validate_pack
@@ -36,14 +37,28 @@ def report(point: sched.Point, passes: bool, **extra) -> dict:
         "mode": point.mode,
         "cache_state": point.cache_state,
         "repeat": point.repeat,
+        "key": point.key,
         "verdict": "pass" if passes else "fail",
-        "classes": {"chat": {"attainment": 1.0 if passes else 0.5}},
+        "attempted": 100,
+        "successful": 100,
+        "classes": {
+            "chat": {
+                "attainment": 1.0 if passes else 0.5,
+                "successful_count": 100,
+                "passing_count": 100 if passes else 50,
+            }
+        },
     }
     if point.mode == "open":
         doc["offered_rps"] = point.rate_rps
     else:
         doc["concurrency"] = point.concurrency
     return doc | extra
+
+
+def decide_round(reports, *args, **kwargs) -> dict:
+    """:func:`S.decide_round` of the tests' report dicts, read as the models it takes."""
+    return S.decide_round([SloReport.model_validate(r) for r in reports], *args, **kwargs)
 
 
 Oracle = Callable[[sched.Point], dict]
@@ -84,7 +99,7 @@ def run(
             measured[p.key] = oracle(p)
             order.append(p.key)
         docs.append(
-            S.decide_round(
+            decide_round(
                 list(measured.values()), inp, cache, len(docs) + 1, predicted_rps=predicted_rps
             )
         )
@@ -179,7 +194,7 @@ def test_what_does_not_meet_the_gates_keeps_the_search_below():
             for k, v in enumerate(verdicts)
         ]  # fmt: skip
         low = report(sched.Point(mode="open", rate_rps=20, cache_state="cold", repeat=0), True)
-        doc = S.decide_round([low, *reps], inp.model_copy(update={"repeats": 2}), "cold", 1)
+        doc = decide_round([low, *reps], inp.model_copy(update={"repeats": 2}), "cold", 1)
         if meets:
             assert doc["open"]["bracket"]["pass_rps"] == 30, verdicts
             continue
@@ -455,7 +470,7 @@ def test_saturation_is_the_last_doubling_raising_throughput_under_ten_percent():
 def test_saturation_is_recorded_without_a_closed_loop_search():
     pts = [sched.Point(mode="closed", concurrency=c, cache_state="cold", repeat=0) for c in (1, 8)]
     oracle = knee(36.5, level=8, tps=lambda c: 100.0 * c)
-    doc = S.decide_round([oracle(p) for p in pts], inputs(), "cold", 1)
+    doc = decide_round([oracle(p) for p in pts], inputs(), "cold", 1)
     assert doc["closed"]["saturation"]["saturated"] is False
     assert "search" not in doc["closed"]
 
@@ -470,7 +485,7 @@ def test_auto_derives_round_one_from_the_closed_loop_throughput():
     ]
     plans = S.plan_rounds(docs, inp, 6, "cold")
     assert plans[0]["points"] == []  # round 1: the declared closed loop only
-    docs.append(S.decide_round(measured, inp, "cold", 1))
+    docs.append(decide_round(measured, inp, "cold", 1))
     assert docs[0]["open"]["search"]["direction"] == "auto"
     plans = S.plan_rounds(docs, inp, 6, "cold")
     assert rates_of(plans[1]) == [20, 30, 40]

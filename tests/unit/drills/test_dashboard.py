@@ -5,13 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import subprocess
 
 import pytest
 import yaml
 
-from capacity_pack.drills import promql
 from capacity_pack.drills.alerts import (
     SEVERITIES,
     STATIC_LABELS,
@@ -30,8 +28,8 @@ from capacity_pack.drills.queries import DashboardError, engine_metrics, metric_
 from capacity_pack.engines import metric_maps
 from capacity_pack.plan.manifest import load_pack, load_yaml, validate_pack
 from tests.paths import DEFAULT
+from tests.promql import needs_promtool, parse, require_promtool, selected_metrics
 
-PROMTOOL = shutil.which("promtool")
 MECHANISMS = {
     "replica_failure",
     "queue_saturation",
@@ -366,8 +364,6 @@ def test_unknown_engine_pack_needs_overrides():
 
 # -- promtool ---------------------------------------------------------------------------------
 
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
-
 
 @needs_promtool
 @pytest.mark.parametrize("engine", sorted(metric_maps()))
@@ -375,7 +371,10 @@ def test_promtool_check_rules_passes(tmp_path, engine):
     path = tmp_path / "rules.yml"
     write_alert_rules(pack_with(**{"engine.name": engine}), path)
     out = subprocess.run(
-        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, check=False
+        [require_promtool(), "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
@@ -584,7 +583,7 @@ def test_promtool_unit_every_mechanism_fires_on_its_signal(tmp_path, sim_pack):
     unit = {"rule_files": ["rules.yml"], "evaluation_interval": "1s", "tests": tests}
     (tmp_path / "unit.yml").write_text(yaml.safe_dump(unit, sort_keys=False))
     out = subprocess.run(
-        [PROMTOOL, "test", "rules", "unit.yml"],
+        [require_promtool(), "test", "rules", "unit.yml"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -593,7 +592,7 @@ def test_promtool_unit_every_mechanism_fires_on_its_signal(tmp_path, sim_pack):
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-# -- the project's PromQL parser --------------------------------------------------------------
+# -- Prometheus' grammar (promql-parser) -------------------------------------------------------
 
 
 def _allowed(engine: str) -> set[str]:
@@ -609,15 +608,15 @@ def test_every_expression_parses_and_selects_only_mapped_names(engine):
     pack = pack_with(**{"engine.name": engine})
     allowed = _allowed(engine)
     for rule in rules_of(alert_rules(pack)[0]):
-        promql.parse(rule["expr"])
-        assert promql.selected_metrics(rule["expr"]) <= allowed, rule["alert"]
+        parse(rule["expr"])
+        assert selected_metrics(rule["expr"]) <= allowed, rule["alert"]
     exprs = _panel_exprs(grafana_dashboard(pack))
     assert exprs
     for expr in exprs:
         # Grafana substitutes its interval macro before the query reaches Prometheus.
         concrete = expr.replace("$__rate_interval", "1m")
-        promql.parse(concrete)
-        assert promql.selected_metrics(concrete) <= allowed, expr
+        parse(concrete)
+        assert selected_metrics(concrete) <= allowed, expr
 
 
 def _expand(values: str) -> list[float]:
@@ -633,42 +632,37 @@ def _expand(values: str) -> list[float]:
     return out
 
 
-def test_project_evaluator_agrees_with_the_scenarios(sim_pack):
-    """The drills judge alerts with drills.promql; it must fire what promtool fires."""
+@needs_promtool
+def test_drill_evaluation_fires_what_the_scenarios_expect(tmp_path, sim_pack):
+    """The drills' alert evaluation (drills.prometheus: the written rule file, the series on a
+    grid, promtool's report parsed back) fires what each scenario states at EVAL_AT_S."""
     import pandas as pd
 
-    doc, _ = alert_rules(sim_pack)
-    rules = promql.load_rules(doc)
+    from capacity_pack.drills.prometheus import evaluate_alert_rules
+    from capacity_pack.engines.exposition import format_labels
+
+    require_promtool()
+    path = tmp_path / "rules.yml"
+    write_alert_rules(sim_pack, path)
     ns = 1_000_000_000
-    for series, expected in _scenarios(doc):
+    rules_doc = alert_rules(sim_pack)[0]
+    for series, expected in _scenarios(rules_doc):
         rows = []
         for s in series:
             metric, _, rest = s["series"].partition("{")
             for i, value in enumerate(_expand(s["values"])):
-                rows.append(
-                    {"t_ns": i * ns, "metric": metric, "labels": "{" + rest, "value": value}
-                )
+                rows.append({"t_ns": i * ns, "metric": metric, "labels": "{" + rest,
+                             "value": value})  # fmt: skip
         samples = pd.DataFrame(rows)
-        store = promql.SeriesStore.from_frame(samples, sorted(samples["t_ns"].unique()))
-        timeline = promql.alert_timeline(rules, store, [t * ns for t in range(EVAL_AT_S + 1)])
-        now = timeline[(timeline["t_ns"] == EVAL_AT_S * ns) & (timeline["state"] == "firing")]
-        for alert, want in expected.items():
-            got = [promql.parse_labels(x) for x in now.loc[now["alert"] == alert, "labels"]]
-            assert sorted(map(sorted, map(dict.items, got))) == sorted(
-                map(sorted, map(dict.items, want))
-            ), (alert, [s["series"] for s in series])
-
-
-def test_written_rules_load_with_the_project_parser(tmp_path, sim_pack):
-    path = tmp_path / "rules.yml"
-    write_alert_rules(sim_pack, path)
-    loaded = promql.load_rules(path)
-    expected = rules_of(alert_rules(sim_pack)[0])
-    assert [r.alert for r in loaded] == [r["alert"] for r in expected]
-    for got, want in zip(loaded, expected, strict=True):
-        assert got.expr == want["expr"]
-        assert got.labels == want["labels"]
-        assert got.for_s == float(want["for"].removesuffix("s"))
+        scrapes = pd.DataFrame({"t_ns": sorted(samples["t_ns"].unique()), "ok": True})
+        ep = evaluate_alert_rules(path, samples, scrapes).episodes
+        at = EVAL_AT_S * ns
+        fired = (ep["firing_t_ns"] <= at).fillna(False)
+        now = ep[fired & (ep["resolved_t_ns"].isna() | (ep["resolved_t_ns"] > at)).fillna(False)]
+        for alert, labels in expected.items():
+            got = sorted(now.loc[now["alert"] == alert, "labels"])
+            want = sorted(format_labels(lab) for lab in labels)
+            assert got == want, (alert, [s["series"] for s in series])
 
 
 # ---------------------------------------------------------------------------------------------

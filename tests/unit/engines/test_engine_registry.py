@@ -15,12 +15,12 @@ import pytest
 from starlette.responses import JSONResponse
 
 from capacity_pack import engines
-from capacity_pack.drills import promql
 from capacity_pack.drills.alerts import alert_rules
 from capacity_pack.drills.dashboard import DCGM_METRICS, grafana_dashboard
 from capacity_pack.engines.exposition import ExpositionError, samples
 from capacity_pack.engines.tokenize import EndpointCounter
 from capacity_pack.measure.target import TargetError, open_target
+from tests.promql import selected_metrics
 from tests.unit.drills.test_dashboard import pack_with, rules_of
 from tests.unit.engines.test_engines import Fake, expected, openai, point_facts, serve
 
@@ -203,7 +203,7 @@ def test_the_dashboard_and_alerts_use_its_series(toy):
     exprs = {r["alert"]: r["expr"] for r in rules_of(doc)}
     assert "toy:queue" in exprs["QueueSaturation"] and "toy:kv_ratio" in exprs["KVCachePressure"]
     for expr in exprs.values():
-        assert promql.selected_metrics(expr) <= allowed, expr
+        assert selected_metrics(expr) <= allowed, expr
     panel_exprs = [
         t["expr"]
         for p in grafana_dashboard(pack)["panels"]
@@ -213,4 +213,4 @@ def test_the_dashboard_and_alerts_use_its_series(toy):
     assert any("toy:busy" in e for e in panel_exprs)
     assert any("by (shard)" in e for e in panel_exprs)
     for expr in panel_exprs:
-        assert promql.selected_metrics(expr.replace("$__rate_interval", "1m")) <= allowed, expr
+        assert selected_metrics(expr.replace("$__rate_interval", "1m")) <= allowed, expr

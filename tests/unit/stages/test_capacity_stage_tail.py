@@ -126,8 +126,8 @@ def run_stage(tmp_path, pack):
         capacity=tmp_path / "capacity.json", plan=tmp_path / "plan.json",
         log=logging.getLogger("test"),
     )  # fmt: skip
-    assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(json.dumps(plan))
-    return cap, plan, frames
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan.dump()
+    return cap.dump(), plan.dump(), frames
 
 
 def test_the_plan_sizes_from_the_contexts_sent_at_the_capacity_point(tmp_path):
@@ -201,7 +201,7 @@ def test_the_fit_at_concurrency_catches_what_one_request_does_not(tmp_path):
 
 
 def test_without_tables_the_plan_says_it_drew_from_the_manifest(tmp_path):
-    from capacity_pack.decide.capacity import build_capacity, build_plan
+    from tests.unit.decide.decided import build_capacity, build_plan
 
     pack = tail_pack()
     reports = [report(r, 0, "pass") for r in (10, 20)] + [report(30, 0, "fail")]

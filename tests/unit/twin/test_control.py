@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.binomial import control_variate_interval
 from capacity_pack.decide.pooled import pooled_attainment, rate_evidence
 from capacity_pack.plan.manifest import validate_pack
@@ -109,7 +110,10 @@ def test_a_target_that_is_its_model_gets_the_models_long_run(inputs):
         assert cv["model_passing"] == entry["passing_count"]
         assert len(cv["diff_blocks"]) == len(entry["attainment_blocks"]["successful"])
         assert cv["long_run"] == runs[name]["mean"]
-    pooled = pooled_attainment([doc, doc])
+    identity = {"point": "p", "key": "k", "cache_state": "cold", "repeat": 0, "mode": "open",
+                "verdict": "pass", "attempted": 0, "successful": 0}  # fmt: skip
+    doc["besides_attainment"] = {"outcome": "pass"}
+    pooled = pooled_attainment([SloReport.model_validate(identity | doc)] * 2)
     for name, e in pooled.items():
         assert e["method"] == "control variate"
         assert e["attainment"] == pytest.approx(runs[name]["mean"])

@@ -1,16 +1,11 @@
 """The ``capacity-pack`` command line: the library's functions for use outside Snakemake.
 
-Imports of heavy modules (pandas, mlflow, numpy, starlette) happen inside each command so that
-``capacity-pack --help`` starts fast. Every command exits non-zero with a message that names the
-file and field when its input is bad, and writes its outputs atomically. What a command writes to
-its standard output and error passes through :func:`capacity_pack.logs.redact_console`.
-
-The group is defined here; its commands live beside it, by what they work on:
-:mod:`~capacity_pack.cli.pack` (schema, init, lint, freeze, schedule, trace-sample),
-:mod:`~capacity_pack.cli.measure` (load, shard, import), :mod:`~capacity_pack.cli.failure`
-(drill, alerts), :mod:`~capacity_pack.cli.results` (analyze, autopsy, compare, whatif) and
-:mod:`~capacity_pack.cli.sizing` (plan, fit, bandwidth, little); what they share is in
-:mod:`~capacity_pack.cli.common`.
+Heavy modules are imported inside each command so that ``capacity-pack --help`` starts fast.
+Every command exits non-zero with a message naming the file and field when its input is bad,
+writes its outputs atomically, and its console output passes through
+:func:`capacity_pack.logs.redact_console`. The group is defined here; its commands live beside it
+by what they work on (``pack``, ``measure``, ``failure``, ``results``, ``sizing``; shared:
+``common``).
 """
 
 from __future__ import annotations

@@ -104,6 +104,7 @@ def drill(
     from capacity_pack.drills.analyze import DrillAnalysisSpec
     from capacity_pack.drills.plan import DrillError, DrillInputs, DrillNumbers
     from capacity_pack.drills.queries import DashboardError
+    from capacity_pack.drills.render import alerts_fired_text, expected_alert_text
     from capacity_pack.measure.lock import LockError, TargetBusy
     from capacity_pack.plan.manifest import load_pack
     from capacity_pack.stages import STAGES
@@ -149,8 +150,8 @@ def drill(
         click.echo(f"{name} ({report['execution']}): {report['n_plus_one']['sentence']}")
     click.echo(
         f"{name}: injected at {report['injection_time_s']:.2f} s, alerts fired "
-        f"{', '.join(report['alerts_fired']) or 'none'}; expected alert fired: "
-        f"{report['expected_alert_fired']}; recovery at {report['recovery_time_s']} s"
+        f"{alerts_fired_text(report)}; expected alert fired: "
+        f"{expected_alert_text(report)}; recovery at {report['recovery_time_s']} s"
     )
 
 

@@ -19,15 +19,26 @@ from capacity_pack.cli.common import Fail, die_on_manifest_error, quiet_log, sta
     default=None,
     help="Write the schema here instead of standard output.",
 )
-def schema(output: Path | None) -> None:
-    """Write the JSON schema of the pack configuration (for editors)."""
+@click.option(
+    "--artifact",
+    type=click.Choice(["slo-report", "capacity", "plan", "twin-prediction"]),
+    default=None,
+    help="The schema of this artifact file (capacity_pack.artifacts) instead of the pack's.",
+)
+def schema(output: Path | None, artifact: str | None) -> None:
+    """Write the JSON schema of the pack configuration (for editors), or of an artifact."""
     import json
 
     from capacity_pack.engines import cache_reset_names
     from capacity_pack.io import write_text_atomic
     from capacity_pack.plan.manifest import json_schema
 
-    schema = json_schema(cache_resets=cache_reset_names())
+    if artifact is not None:
+        from capacity_pack.artifacts import ARTIFACTS
+
+        schema = ARTIFACTS[artifact].model_json_schema()
+    else:
+        schema = json_schema(cache_resets=cache_reset_names())
     text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     if output is None:
         click.echo(text, nl=False)

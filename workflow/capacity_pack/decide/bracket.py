@@ -1,41 +1,18 @@
 """The capacity bracket, defined once: the search's, the capacity decision's and the twin's.
 
 **The bracket** (:func:`bracket`) of tested values (rates, or closed-loop levels) in increasing
-order, each with its status:
+order, each with its status: low = the highest value meeting the gates (:func:`meets_gates`)
+with every lower tested value meeting them, high = the lowest tested value above low. A value
+meeting them above one that does not never moves it (non-monotonic); low is None when the
+lowest value does not meet the gates, high is None when every value does.
+**The resolution** (:func:`resolution_of`, :func:`centred_resolution`, :func:`within`).
+**The evidence bracket** (:func:`evidence_bracket`) is compare's, a different statistic on
+purpose: its upper end must be shown to ``fail``, since a rate merely not passing differs
+between two runs of one pack by chance.
 
-    low  = the highest value meeting the gates with every lower tested value meeting them,
-    high = the lowest tested value above low (it does not meet them),
-
-a status meeting the gates when :func:`meets_gates`: ``pass`` or ``marginal``
-(:mod:`capacity_pack.decide.pooled` defines the statuses). The walk stops at the first value that
-does not meet them, so a value meeting them above one that does not never moves the bracket (it is
-reported as non-monotonic). No tested value lies strictly inside. low is None when the lowest value
-does not meet the gates, high is None when every value does. The open-loop search bisects it
-(:mod:`capacity_pack.decide.search`), the capacity decision takes low as the capacity
-(:func:`capacity_pack.decide.capacity.capacity_bracket`: the bracket as ``capacity.json`` states
-it), the preflight prediction runs the same walk on predicted statuses
-(:mod:`capacity_pack.twin.preflight`).
-
-**The resolution** (:func:`resolution_of`): the width the search aims for, ``resolution_rps``,
-else ``resolution_rel`` x the passing rate (None without either, or relative without a passing
-rate); the bracket is *within* it when high - low <= resolution (:func:`within`, to 1e-9).
-A bracket *centred* on a rate c rather than searched (:func:`centred_resolution`: the twin's
-long-run bracket, :func:`capacity_pack.twin.control.long_run_bracket`) has the same resolution
-at its passing end c - w/2, which solved for the width gives w = ``resolution_rps``, or
-w = rel x c / (1 + rel / 2).
-
-**The evidence bracket** (:func:`evidence_bracket`) is ``capacity-pack compare``'s, a
-different statistic on purpose: [L, U) with L = the capacity (0 when no rate meets the gates)
-and U = the lowest tested rate above L whose status is ``fail`` (infinity when none). The
-search bracket's upper end is the next tested rate whatever its status, and a rate left
-``misses``, ``marginal``, ``inconclusive`` or ``inconsistent`` was not shown to fail: two runs
-of one pack differ there by chance, so two search brackets can be disjoint without either pack
-failing a rate the other passes. Compare calls a capacity difference beyond run-to-run
-variation only when one pack *fails* a rate at or below one the other passes, which needs the
-upper end to be a rate shown to fail.
-
-The module imports nothing of the project: the per-point analysis reaches it through the twin's
-control variate (:mod:`capacity_pack.twin.control`), and what it imports reruns every analysis.
+Method: docs/search.md, "A rate's status and the bracket"; docs/metrics.md, "Comparing two
+packs". The module imports nothing of the project: the per-point analysis reaches it through
+the twin's control variate, and what it imports reruns every analysis.
 """
 
 from __future__ import annotations

@@ -1,64 +1,16 @@
 """Capacity selection: from per-point SLO reports to the capacity a pack can defend.
 
-Open-loop sweep, per cache state:
+Open loop, per cache state: each rate's repeats pooled into a status
+(:mod:`capacity_pack.decide.pooled`), the capacity bracket [pass_rps, fail_rps)
+(:func:`capacity_bracket` over :func:`capacity_pack.decide.bracket.bracket`: the estimate
+decides, the interval says how sure), what stopped each failing rate
+(:mod:`capacity_pack.decide.failures`), offered vs achieved per repeat, variation across
+repeats (:mod:`capacity_pack.decide.repeats`), per-replica capacity = pass_rps / replicas and
+goodput per GPU = least goodput over the repeats at pass_rps / GPUs, and the decision sentence.
+Closed loop: the latency-throughput curve and its operating point. Physical sanity checks:
+:mod:`capacity_pack.decide.faults`.
 
-- **a rate's evidence is its repeats pooled** and its status one of ``pass``, ``marginal``,
-  ``misses``, ``fail``, ``inconclusive`` (``inconsistent`` for reports analyzed before pooling):
-  :mod:`capacity_pack.decide.pooled` defines both. A repeat that decides nothing is set aside
-  when another repeat of the rate decides (``set_aside_repeats`` and why; the search measures
-  such a rate again, ``capacity_pack.decide.search``): a client-bound one (dispatch lateness
-  p99 over its bound: the client, not the target, was measured), a disturbed one (other
-  processes' CPU or the simulated engine's step lateness beyond their bounds: the host was
-  measured) or a superseded one (decided in run under another attainment gate, undecided at
-  the pack's);
-- the SLO-compliant capacity is the passing end of the **capacity bracket**
-  (:func:`capacity_pack.decide.bracket.bracket`): the highest tested rate that **meets every
-  gate on its pooled estimate** (``pass`` or ``marginal``) with every lower tested rate meeting
-  them too (one meeting them above a rate that does not is reported as non-monotonic and not
-  selected); ``shown_to_pass_rps`` is the highest such rate shown to pass at the confidence.
-  The estimate decides, the interval says how sure (docs/metrics.md, "Capacity and repeats",
-  says why: a rate shown to pass in a few minutes of load lies under the boundary by a band
-  the sample size sets, not the target);
-- **the bracket** (:func:`capacity_bracket`): ``pass_rps`` = that capacity (``capacity_rps`` keeps
-  the same value), ``fail_rps`` = the lowest tested rate above it (None when the highest rate tested
-  meets the gates: the true capacity may be higher), ``width_rps`` = fail_rps - pass_rps,
-  ``resolution_rps`` = the pack's ``sweep.search`` resolution
-  (:func:`capacity_pack.decide.bracket.resolution_of`; None without a search), ``reached`` =
-  width_rps <= resolution_rps, ``confidence`` = the confidence of the attainment intervals, and
-  ``note`` = the decision sentence (:func:`capacity_pack.vocab.words.decision_sentence`). With no
-  rate meeting the gates, pass_rps is None and the capacity lies below the lowest rate tested;
-- every rate that does not pass names what stopped it, per repeat and class, with the binding
-  metric and the causes of the misses (:mod:`capacity_pack.decide.failures`);
-- **offered and achieved**, per repeat, over the report's measured window T (first measured
-  send to last measured terminal event, the drain included): ``nominal_rps`` = the rate the
-  schedule was drawn at; ``offered_measured_rps`` = the rate the schedule's measured requests
-  actually arrived at, (n - 1) / (last - first measured scheduled arrival), from the report's
-  ``offered_rate_rps`` (a seeded Poisson schedule realises a rate near, not at, the nominal
-  one); for a report without it, attempted / T, which reads low by the drain's share of T;
-  ``achieved_rps`` = successful / T (the report's request throughput); ``goodput_rps`` =
-  requests meeting their SLO / T (the observed goodput);
-- run-to-run variation across repeats (:mod:`capacity_pack.decide.repeats`): n, mean, min, max
-  of every quantity, a pooled binomial interval for bounded ones (attainment, error rate) and a
-  Student-t interval for unbounded ones only from five repeats on; never only the best run;
-- per-replica capacity = capacity / replicas under test (valid only for the same workload, cache
-  state, placement and engine configuration); it is what the replica plan sizes with;
-- goodput per GPU = the measured goodput at the capacity rate, the least over its repeats (the
-  capacity must hold in every repeat), / GPUs under test: DistServe's per-GPU goodput (Zhong et
-  al., OSDI 2024: the highest request rate per provisioned GPU meeting the SLO attainment goal)
-  as measured, not as scheduled; ``capacity_per_gpu_nominal_rps`` = capacity / GPUs is the
-  nominal figure;
-- ``decision``: the decision sentence, then why: the evidence at the capacity and the status of
-  the next rate up.
-
-Closed-loop sweep: the latency-throughput curve (output tokens/s against P95 TTFT/TPOT per
-concurrency) and the operating point = the highest throughput whose point still passes the
-latency gates (every class's attainment), with its status (a point can meet the latency gates
-yet be ``inconclusive``, e.g. under-sampled) and whether it is the largest concurrency tested
-(then the frontier may lie beyond it); concurrency 1 (the single-user regime) is reported on
-its own.
-
-Physical sanity (:mod:`capacity_pack.decide.faults`): results that contradict how a server
-works are measurement faults, and the checks the brackets are too wide to settle are notes.
+Method: docs/metrics.md, "Capacity and repeats".
 """
 
 from __future__ import annotations
@@ -68,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from capacity_pack.artifacts import Capacity, Plan, SloReport
 from capacity_pack.decide.bracket import bracket, meets_gates, resolution_of, within
 from capacity_pack.decide.contexts import sent_contexts
 from capacity_pack.decide.failures import failure_summary, repeat_failures
@@ -84,50 +37,40 @@ from capacity_pack.decide.repeats import variation
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT
 from capacity_pack.vocab.words import decision_sentence, rate_status_words
 
-# ---------------------------------------------------------------------------------------------
-# One repeat of a rate: offered and achieved
-# ---------------------------------------------------------------------------------------------
+# --- One repeat of a rate: offered and achieved ---
 
 
-def _per_second(count: Any, window_s: Any) -> float | None:
-    if count is None or not window_s:
-        return None
-    return float(count) / float(window_s)
-
-
-def repeat_rates(report: dict[str, Any]) -> dict[str, Any]:
-    """The nominal, offered and achieved rates of one repeat (see the module docstring)."""
-    window = report.get("measured_window_s")
+def repeat_rates(r: SloReport) -> dict[str, Any]:
+    """The nominal, offered and achieved rates of one repeat (docs/metrics.md, "Capacity and
+    repeats")."""
+    window = r.measured_window_s
     return {
-        "repeat": report["repeat"],
-        "verdict": report["verdict"],
-        "nominal_rps": float(report["offered_rps"]),
+        "repeat": r.repeat,
+        "verdict": r.verdict,
+        "nominal_rps": float(r.offered_rps),
         # The analysis's own figure when it has one (no drain in it), else attempted / T.
-        "offered_measured_rps": report.get("offered_rate_rps")
-        or _per_second(report.get("attempted"), window),
-        "achieved_rps": report.get("request_throughput_rps"),
-        "goodput_rps": report.get("observed_goodput_rps"),
+        "offered_measured_rps": r.offered_rate_rps or (r.attempted / window if window else None),
+        "achieved_rps": r.request_throughput_rps,
+        "goodput_rps": r.observed_goodput_rps,
         "measured_window_s": window,
-        "attempted": report.get("attempted"),
-        "successful": report.get("successful"),
+        "attempted": r.attempted,
+        "successful": r.successful,
         # The cache state made visible: the server's prefix-cache hit rate and the client's
         # cached share of prompt tokens, with where each came from.
-        "prefix_cache_hit_rate": report.get("prefix_cache_hit_rate"),
-        "client_cached_token_fraction": report.get("client_cached_token_fraction"),
-        "prefix_cache_sources": report.get("prefix_cache_sources"),
+        "prefix_cache_hit_rate": r.prefix_cache_hit_rate,
+        "client_cached_token_fraction": r.client_cached_token_fraction,
+        "prefix_cache_sources": r.prefix_cache_sources,
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# The open loop: rates, the bracket and the decision
-# ---------------------------------------------------------------------------------------------
+# --- The open loop: rates, the bracket and the decision ---
 
 
-def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], confidence: float):
+def _rate_row(rate: float, every: list[SloReport], classes: list[str], confidence: float):
     reps = deciding_reports(every)
     status = rate_status(reps)
     failures = (
-        [repeat_failures(r, classes) for r in reps if r["verdict"] != "pass"]
+        [repeat_failures(r, classes) for r in reps if r.verdict != "pass"]
         if not meets_gates(status)
         else []
     )
@@ -139,11 +82,11 @@ def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], conf
         "pooled": pooled,
         "evidence": rate_evidence(status, pooled),
         "repeats": len(reps),
-        "verdicts": [r["verdict"] for r in reps],
+        "verdicts": [r.verdict for r in reps],
         # Repeats that decide nothing, set aside: another repeat of the rate decides.
-        "set_aside_repeats": [r["repeat"] for r in every if r not in reps],
-        "set_aside_why": {str(r["repeat"]): void(r) for r in every if r not in reps},
-        "reasons": sorted({reason for r in reps for reason in r["verdict_reasons"]}),
+        "set_aside_repeats": [r.repeat for r in every if r not in reps],
+        "set_aside_why": {str(r.repeat): void(r) for r in every if r not in reps},
+        "reasons": sorted({reason for r in reps for reason in r.verdict_reasons}),
         "per_repeat": [repeat_rates(r) for r in reps],
         "failures": failures,
         "failure_summary": failure_summary(failures) if failures else None,
@@ -152,17 +95,11 @@ def _rate_row(rate: float, every: list[dict[str, Any]], classes: list[str], conf
 
 
 def capacity_bracket(
-    rows: list[dict[str, Any]],
-    search: Any,
-    confidence: float,
-    cache_state: str,
+    rows: list[dict[str, Any]], search: Any, confidence: float, cache_state: str
 ) -> dict[str, Any]:
-    """A cache state's capacity as ``capacity.json`` states it: the :func:`bracket` of its
-    open-loop ``rows`` (``offered_rps``, ``status``, ``evidence``, ``failure_summary``), the
-    status and evidence at each end, the width, the resolution of ``search`` (the pack's
-    ``sweep.search``, None without one) and whether it is reached, the confidence of the
-    verdicts, and the decision sentence (``note``: :func:`capacity_pack.vocab.words.
-    decision_sentence`)."""
+    """A cache state's ``bracket`` as ``capacity.json`` states it, from its open-loop ``rows``:
+    both ends with their status and evidence, the width, the resolution of ``search`` (None
+    without one) and whether it is reached, the confidence, and the decision sentence (``note``)."""
     low, high = bracket(rows, "offered_rps")
     at = next((r for r in rows if r["offered_rps"] == low), None) if low is not None else None
     fail = next((r for r in rows if r["offered_rps"] == high), None)
@@ -185,31 +122,24 @@ def capacity_bracket(
     }
 
 
-def _confidence(reports: list[dict[str, Any]]) -> float:
-    """The confidence of the reports' attainment bounds (0.95 when they do not say)."""
-    for r in reports:
-        for c in r.get("classes", {}).values():
-            if c.get("attainment_ci_confidence") is not None:
-                return float(c["attainment_ci_confidence"])
-    return 0.95
-
-
 def select_open_loop(
-    reports: list[dict[str, Any]], classes: list[str], replicas: int, gpus: int,
+    reports: list[SloReport], classes: list[str], replicas: int, gpus: int,
     search: Any = None, confidence: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Capacity per cache state from the open-loop reports (see the module docstring);
+    """Capacity per cache state from the open-loop reports (module docstring);
     ``search`` is the pack's ``sweep.search`` (its resolution), None without one;
     ``confidence`` the pack's attainment confidence (None: the one the reports state)."""
-    by_state: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    by_state: dict[str, dict[float, list[SloReport]]] = defaultdict(lambda: defaultdict(list))
     for r in reports:
-        if r.get("mode") == "open":
-            by_state[r["cache_state"]][float(r["offered_rps"])].append(r)
-    confidence = confidence if confidence is not None else _confidence(reports)
+        if r.mode == "open":
+            by_state[r.cache_state][float(r.offered_rps)].append(r)
+    if confidence is None:  # the one the reports' attainment bounds state (0.95 if none)
+        stated = (c.attainment_ci_confidence for r in reports for c in r.classes.values())
+        confidence = float(next((x for x in stated if x is not None), 0.95))
     result: dict[str, Any] = {}
     for state, rates in sorted(by_state.items()):
         rows = [
-            _rate_row(rate, sorted(rates[rate], key=lambda r: r["repeat"]), classes, confidence)
+            _rate_row(rate, sorted(rates[rate], key=lambda r: r.repeat), classes, confidence)
             for rate in sorted(rates)
         ]
         b = capacity_bracket(rows, search, confidence, state)
@@ -287,13 +217,13 @@ def _decision(b: dict[str, Any], rows: list[dict[str, Any]], next_up) -> str:
 
 
 def closed_loop_curve(
-    reports: list[dict[str, Any]], classes: list[str], attainment_min: float
+    reports: list[SloReport], classes: list[str], attainment_min: float
 ) -> dict[str, Any]:
     """Latency-throughput curve per cache state and its operating point."""
-    by_state: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    by_state: dict[str, dict[int, list[SloReport]]] = defaultdict(lambda: defaultdict(list))
     for r in reports:
-        if r.get("mode") == "closed":
-            by_state[r["cache_state"]][int(r["concurrency"])].append(r)
+        if r.mode == "closed":
+            by_state[r.cache_state][int(r.concurrency)].append(r)
     out: dict[str, Any] = {}
     for state, levels in sorted(by_state.items()):
         curve = []
@@ -306,7 +236,7 @@ def closed_loop_curve(
                     "status": rate_status(reps),
                     "output_throughput_tps": var["output_throughput_tps"]["mean"],
                     "request_throughput_rps": float(
-                        np.mean([r["request_throughput_rps"] for r in reps])
+                        np.mean([r.request_throughput_rps for r in reps])
                     ),
                     "p95_ttft_ms": {c: var["classes"][c]["p95_ttft_ms"]["mean"] for c in classes},
                     "p95_tpot_ms": {c: var["classes"][c]["p95_tpot_ms"]["mean"] for c in classes},
@@ -314,7 +244,7 @@ def closed_loop_curve(
                     "meets_latency_gates": all(
                         meets_latency_gates(r, attainment_min) for r in reps
                     ),
-                    "reasons": sorted({x for r in reps for x in r.get("verdict_reasons", [])}),
+                    "reasons": sorted({x for r in reps for x in r.verdict_reasons}),
                 }
             )
         inside = [p for p in curve if p["meets_latency_gates"]]
@@ -348,17 +278,15 @@ def _operating_note(best: dict[str, Any] | None, largest: int) -> str:
     return text
 
 
-def meets_latency_gates(report: dict[str, Any], attainment_min: float) -> bool:
+def meets_latency_gates(report: SloReport, attainment_min: float) -> bool:
     """The latency constraint of the curve: every class's attainment (the closed-loop sweep is
     for the frontier; its sample sizes are not a capacity decision)."""
     return all(
-        CLASS_ATTAINMENT.holds(c["attainment"], attainment_min) for c in report["classes"].values()
+        CLASS_ATTAINMENT.holds(c.attainment, attainment_min) for c in report.classes.values()
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# From reports to the decision and the plan
-# ---------------------------------------------------------------------------------------------
+# --- From reports to the decision and the plan ---
 
 
 def primary_cache_state(states: list[str]) -> str:
@@ -366,7 +294,7 @@ def primary_cache_state(states: list[str]) -> str:
     return "cold" if "cold" in states else states[0]
 
 
-def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
+def build_capacity(reports: list[SloReport], pack) -> Capacity:
     classes = pack.class_names
     placement = pack.engine.placement
     open_loop = select_open_loop(
@@ -375,9 +303,9 @@ def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
         confidence=pack.acceptance.attainment_confidence,
     )  # fmt: skip
     closed = closed_loop_curve(reports, classes, pack.acceptance.class_slo_attainment_min)
-    states = sorted({r["cache_state"] for r in reports}) or list(pack.sweep.cache_states)
+    states = sorted({r.cache_state for r in reports}) or list(pack.sweep.cache_states)
     primary = primary_cache_state([s for s in pack.sweep.cache_states if s in states] or states)
-    return {
+    doc = {
         "pack": pack.pack.name,
         "pack_label": pack.pack.label,
         "primary_cache_state": primary,
@@ -393,10 +321,9 @@ def build_capacity(reports: list[dict[str, Any]], pack) -> dict[str, Any]:
         # a check the brackets are too wide to settle is a note, not a fault.
         "measurement_faults": measurement_faults(open_loop, closed),
         "measurement_notes": measurement_notes(open_loop),
-        "experiments": sorted(
-            {r["point"]: r["verdict"] for r in reports if r.get("mode") == "exp"}.items()
-        ),
+        "experiments": sorted({r.point: r.verdict for r in reports if r.mode == "exp"}.items()),
     }
+    return Capacity.parse(doc, "capacity.json")
 
 
 def mix_p95_context(pack) -> float:
@@ -431,17 +358,15 @@ def memory_inputs(pack) -> dict[str, float] | None:
 
 
 def build_plan(
-    capacity: dict[str, Any], reports: list[dict[str, Any]], pack,
-    tables: list[str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    capacity: Capacity, reports: list[SloReport], pack, tables: list[str] | None = None
+) -> dict[str, Any]:
     """Replicas and GPUs for the pack's peak, from throughput and from memory; cost; the fit
     at the planned concurrency. ``tables``: the points' requests tables (the contexts sent at
     the capacity point are read from them; without them, drawn from the manifest)."""
     from capacity_pack.decide import sizing
 
-    state = capacity["primary_cache_state"]
-    sel = capacity["open_loop"].get(state, {})
-    per_replica = sel.get("capacity_per_replica_rps")
+    state, sel = capacity.primary_cache_state, capacity.primary()
+    per_replica = sel.capacity_per_replica_rps if sel is not None else None
     if per_replica is None:
         return {
             "required_replicas": None,
@@ -460,11 +385,10 @@ def build_plan(
     mem = memory_inputs(pack)
     at_capacity = [
         r for r in reports
-        if r.get("mode") == "open" and r["cache_state"] == state
-        and float(r["offered_rps"]) == float(sel["capacity_rps"])
+        if r.mode == "open" and r.cache_state == state and r.offered_rps == sel.capacity_rps
     ]  # fmt: skip
     p95_e2e_s = max(
-        (c["p95_e2e_ms"] or 0.0) for r in at_capacity for c in r["classes"].values()
+        (c.p95_e2e_ms or 0.0) for r in at_capacity for c in r.classes.values()
     ) / 1e3 if at_capacity else None  # fmt: skip
     sent = sent_contexts(at_capacity, tables, pack)
     tail = sizing.context_tail(sent.contexts, mem["kv_bytes_per_token"] if mem else 0.0)
@@ -481,7 +405,7 @@ def build_plan(
         plan.update(tail_fit(plan, mem, sent, tail, p95_e2e_s))
     if pack.plan.price_per_gpu_hour is not None:
         # Only successes divide the bill: failures at the capacity point raise the unit cost.
-        error_rate = max((r["error_rate"] or 0.0) for r in at_capacity) if at_capacity else 0.0
+        error_rate = max((r.error_rate or 0.0) for r in at_capacity) if at_capacity else 0.0
         plan["cost"] = sizing.cost(
             plan["required_gpus"],
             pack.plan.price_per_gpu_hour,
@@ -525,12 +449,10 @@ def _memory_plan(
 def tail_fit(
     plan: dict[str, Any], mem: dict[str, float], sent, tail, p95_e2e_s: float | None
 ) -> dict[str, Any]:
-    """The two fit probes of a plan, against one replica's budget (memory x memory
-    utilization - margin, as the memory plan and the preflight probe count it): one request
-    at the maximum context sent, and the requests in flight at the planned load
-    (:func:`capacity_pack.decide.sizing.kv_at_concurrency`): the peak over the replicas
-    carrying the load (the plan's, redundancy and warm pool left out: they are what survives
-    a failure, not extra room), each request in flight for its measured time in system."""
+    """The two fit probes of a plan against one replica's budget: one request at the maximum
+    context sent, and the requests in flight at the planned load over the replicas carrying it
+    (:func:`capacity_pack.decide.sizing.kv_at_concurrency`; docs/metrics.md, "Sizing from the
+    tail")."""
     from capacity_pack.decide import sizing
 
     budget = mem["accelerator_memory_gb"] * mem["memory_utilization"]
@@ -641,7 +563,7 @@ def tail_fit_sentences(plan: dict[str, Any]) -> list[str]:
     return out
 
 
-def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None:
+def effective_bandwidth(capacity: Capacity, pack) -> dict[str, Any] | None:
     """Decode-bound effective bandwidth from the measured single-user TPOT (the formula in
     :mod:`capacity_pack.decide.sizing`): tokens/s = 1000 / the lowest class P95 TPOT at
     concurrency 1 (a conservative decode rate),
@@ -650,12 +572,10 @@ def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None
     from capacity_pack.decide import sizing
 
     mem = memory_inputs(pack)
-    single = None
-    for cur in capacity["closed_loop"].values():
-        single = single or cur.get("single_user")
+    single = next((c.single_user for c in capacity.closed_loop.values() if c.single_user), None)
     if mem is None or single is None:
         return None
-    tpots = [v for v in single["p95_tpot_ms"].values() if v]
+    tpots = [v for v in single.p95_tpot_ms.values() if v]
     if not tpots:
         return None
     tokens_per_s = 1000.0 / min(tpots)
@@ -671,39 +591,34 @@ def effective_bandwidth(capacity: dict[str, Any], pack) -> dict[str, Any] | None
     return result
 
 
-def decision_metrics(capacity: dict[str, Any], plan: dict[str, Any]) -> dict[str, float | None]:
+def decision_metrics(capacity: Capacity, plan: Plan) -> dict[str, float | None]:
     """The decision and its run-to-run variation as flat metrics for the MLflow parent run."""
     out: dict[str, float | None] = {
-        "required_replicas": plan.get("required_replicas"),
-        "required_gpus": plan.get("required_gpus"),
+        "required_replicas": plan.required_replicas,
+        "required_gpus": plan.required_gpus,
     }
-    for state, sel in capacity["open_loop"].items():
-        out[f"{state}.capacity_rps"] = sel["capacity_rps"]
-        out[f"{state}.capacity_per_replica_rps"] = sel["capacity_per_replica_rps"]
-        out[f"{state}.goodput_per_gpu_rps"] = sel["goodput_per_gpu_rps"]
-        out[f"{state}.capacity_per_gpu_nominal_rps"] = sel["capacity_per_gpu_nominal_rps"]
-        b = sel["bracket"]
-        out[f"{state}.bracket_pass_rps"] = b["pass_rps"]
-        out[f"{state}.bracket_fail_rps"] = b["fail_rps"]
-        out[f"{state}.bracket_width_rps"] = b["width_rps"]
-        out[f"{state}.bracket_resolution_rps"] = b["resolution_rps"]
-        out[f"{state}.bracket_reached"] = None if b["reached"] is None else float(b["reached"])
-        at = next((r for r in sel["rates"] if r["offered_rps"] == sel["capacity_rps"]), None)
+    for state, sel in capacity.open_loop.items():
+        for key in ("capacity_rps", "capacity_per_replica_rps", "goodput_per_gpu_rps",
+                    "capacity_per_gpu_nominal_rps"):  # fmt: skip
+            out[f"{state}.{key}"] = getattr(sel, key)
+        b = sel.bracket
+        for key in ("pass_rps", "fail_rps", "width_rps", "resolution_rps"):
+            out[f"{state}.bracket_{key}"] = getattr(b, key)
+        out[f"{state}.bracket_reached"] = None if b.reached is None else float(b.reached)
+        at = sel.at_capacity
         if at is None:
             continue
-        g = at["variation"]["observed_goodput_rps"]
-        out[f"{state}.goodput_rps_mean"] = g["mean"]
-        out[f"{state}.goodput_rps_min"] = g["min"]
-        out[f"{state}.goodput_rps_max"] = g["max"]
-        for name, c in at["variation"]["classes"].items():
-            out[f"{state}.{name}.attainment_min"] = c["attainment"]["min"]
-            out[f"{state}.{name}.p95_ttft_ms_mean"] = c["p95_ttft_ms"]["mean"]
-            out[f"{state}.{name}.p95_tpot_ms_mean"] = c["p95_tpot_ms"]["mean"]
-    for state, cur in capacity["closed_loop"].items():
-        op = cur["operating_point"]
-        out[f"{state}.operating_point_concurrency"] = op["concurrency"] if op else None
-        out[f"{state}.operating_point_output_tps"] = op["output_throughput_tps"] if op else None
-        out[f"{state}.saturation_output_tps"] = cur["saturation_tps"]
+        g = at.variation.observed_goodput_rps
+        out |= {f"{state}.goodput_rps_{k}": getattr(g, k) for k in ("mean", "min", "max")}
+        for name, c in at.variation.classes.items():
+            out[f"{state}.{name}.attainment_min"] = c.attainment.min
+            out[f"{state}.{name}.p95_ttft_ms_mean"] = c.p95_ttft_ms.mean
+            out[f"{state}.{name}.p95_tpot_ms_mean"] = c.p95_tpot_ms.mean
+    for state, cur in capacity.closed_loop.items():
+        op = cur.operating_point
+        out[f"{state}.operating_point_concurrency"] = op.concurrency if op else None
+        out[f"{state}.operating_point_output_tps"] = op.output_throughput_tps if op else None
+        out[f"{state}.saturation_output_tps"] = cur.saturation_tps
     return out
 
 

@@ -1,76 +1,16 @@
 """Two capacity packs side by side: what differs, and whether it exceeds run-to-run variation.
 
-``capacity-pack compare A B`` reads two finished packs (a results folder ``results/<pack>``, its
-``pack/`` subfolder, or an MLflow parent run ``mlflow:<run id>`` whose ``pack/`` artifacts are
-downloaded) and reports B against A: the capacity per cache state, every class's SLO
-attainment and P95 latencies at the offered rates both packs measured, the closed-loop curve,
-the replica plan, the failure drills and the manifest fields that differ. Each difference is
-judged against the run-to-run variation the packs themselves measured, and only the tests
-below may call a difference "beyond run-to-run variation"; everything else is shown side by
-side and flagged when it differs.
+``capacity-pack compare A B`` reads two finished packs (a results folder, its ``pack/``, or an
+MLflow parent run) and reports B against A. Only three tests may call a difference "beyond
+run-to-run variation": capacity per cache state by disjoint evidence brackets
+(:func:`capacity_pack.decide.bracket.evidence_bracket`: U_B <= L_A or U_A <= L_B); attainment at
+matched rates by Newcombe's hybrid score interval of p_B - p_A at the effective sample (Statist.
+Med. 17, 1998, method 10); P95 latencies at matched rates by t = (m_B - m_A) / (s sqrt(1/n_A +
+1/n_B)) on log P95 with s pooled over the repeats (from a range: ln(max / min) / d2(n), d2 after
+Tippett 1925). The attainment and latency tests are one Bonferroni family at c' = 1 - (1 - c) / m.
+The plan, the drills and the closed loop are shown, flagged, not tested.
 
-**Capacity (per cache state): non-overlap of the evidence brackets.** A pack's search bracket
-[pass_rps, fail_rps) (:func:`capacity_pack.decide.bracket.bracket`) names the lowest tested
-rate above the capacity whatever its status, but a rate that is ``misses``, ``inconclusive``,
-``marginal`` or ``inconsistent`` has not been shown to fail: two runs of one pack differ there
-by chance (on the default pack, one run passed 30 RPS twice while another left it
-inconclusive, so their search brackets [30, 32) and [25, 30) do not overlap). The comparison
-therefore uses each pack's **evidence bracket** [L, U)
-(:func:`capacity_pack.decide.bracket.evidence_bracket`, a different statistic on purpose):
-L = the capacity (the search bracket's passing end: the highest rate meeting every gate on its
-pooled estimate with every lower rate meeting them; 0 when none does), U = the lowest tested
-rate above L whose status is ``fail`` (+inf when none fails): a class shown to fail on the
-pooled evidence (its interval's upper end under the gate) or another gate failed. B differs
-from A beyond run-to-run variation when the brackets are disjoint, U_B <= L_A (B fails a rate
-A passes) or U_A <= L_B. The headline change is L_B / L_A - 1; under it stand both packs'
-decision sentences (:func:`capacity_pack.vocab.words.decision_sentence`).
-
-**Attainment at matched rates: Newcombe's hybrid score interval.** For a class at an offered
-rate both packs measured (same cache state), p = k / n with k the requests meeting the SLO and
-n the successful requests, pooled over the rate's deciding repeats (``capacity.json``). The
-outcomes of requests sharing a queue are serially correlated, so each side is taken at its
-effective sample k / deff of n / deff, deff the largest batch-means design effect of the
-class over the rate's repeats (``attainment_design_effect`` of the per-point reports; 1 when
-the source has no per-point reports, which the report says). With Wilson score intervals
-(l_A, u_A), (l_B, u_B) at confidence c' (below), d = p_B - p_A lies in
-
-    [d - sqrt((p_B - l_B)^2 + (u_A - p_A)^2),  d + sqrt((u_B - p_B)^2 + (p_A - l_A)^2)]
-
-(Newcombe, Statist. Med. 17, 1998, method 10); it keeps its coverage near 0 and 1 where the
-Wald interval of a difference fails. Beyond run-to-run variation when it excludes 0. A rate
-with a client-bound deciding repeat is tested all the same and marked so in its status.
-
-**P95 latencies at matched rates: pooled between-repeat variation on the log scale.** The
-per-point reports hold each repeat's P95 but no interval for it, and a pack's ``pack/`` folder
-holds no raw requests to bootstrap from, so the variation of a P95 is the one the repeats
-show: latencies are multiplicative (a slower engine scales them), so the log scale. For each
-metric (P95 TTFT, TPOT, E2E), every (pack, cache state, rate, class) with n >= 2 repeats gives
-a variance v of log P95: the sample variance of the repeats' logs when the per-point reports
-are there, else (ln(max / min) / d2(n))^2 from the range ``capacity.json`` keeps, d2(n) the
-expected range of n standard normal values (Tippett 1925; 1.128 at n = 2, where the range is
-the two repeats exactly). Pooled over both packs, s^2 = sum (n_i - 1) v_i / sum (n_i - 1),
-with df = sum (n_i - 1) degrees of freedom. At a matched rate, with m_A, m_B the mean log P95
-(the log of the mean without reports),
-
-    t = (m_B - m_A) / (s sqrt(1/n_A + 1/n_B)),   beyond when |t| > t_{df}(1/2 + c'/2),
-
-and the ratio B / A = exp(m_B - m_A) with its interval exp(m_B - m_A +- t_{df} s
-sqrt(1/n_A + 1/n_B)). This assumes one log-scale variance per metric across rates and
-classes; the repeated points of a searching pack sit at its boundary, where latencies vary
-most, so s errs towards the wide side at lower rates. Only rates that neither pack fails are
-tested: past capacity the queue grows and a percentile measures the run's length, not the
-engine. Without any repeated point (df = 0) nothing is called beyond variation.
-
-**Simultaneous confidence.** The attainment and latency comparisons are one family of m
-tests at a family-wise confidence c (``--confidence``, default 0.95): each interval is taken
-at c' = 1 - (1 - c) / m (Bonferroni), so two runs of one pack show any attainment or latency
-difference with probability at most 1 - c under the assumptions above.
-
-**Not tested.** The plan (replicas, GPUs, cost) follows from the capacity: a plan that differs
-while the capacity it sizes from is within variation is within variation too, and the report
-says so. The failure drills run once per pack, so there is no run-to-run variation to judge
-them against: a differing verdict (the plan drill's N+1, an expected alert, a recovery) is
-flagged, not tested. The closed-loop curve is shown side by side.
+Method: docs/metrics.md, "Comparing two packs".
 """
 
 from __future__ import annotations
@@ -101,9 +41,7 @@ NO_DIFFERENCE = "no difference beyond run-to-run variation"
 #: The most differing fields listed per manifest section.
 MAX_FIELDS_PER_SECTION = 25
 
-# ---------------------------------------------------------------------------------------------
-# Capacity
-# ---------------------------------------------------------------------------------------------
+# --- Capacity ---
 
 
 def compare_capacity(a: Source, b: Source) -> list[dict[str, Any]]:
@@ -116,7 +54,7 @@ def compare_capacity(a: Source, b: Source) -> list[dict[str, Any]]:
         cb = sb.get("capacity_rps") if sb else None
         change = (cb - ca) / ca if ca and cb is not None else None
         search = [s.get("bracket") if s else None for s in (sa, sb)]
-        search_disjoint = all(search) and _search_disjoint(*search)
+        search_disjoint = all(search) and evidence_disjoint(*map(_search_ends, search))
         beyond = evidence_disjoint(ea, eb)
         rows.append(
             {
@@ -141,14 +79,10 @@ def compare_capacity(a: Source, b: Source) -> list[dict[str, Any]]:
     return rows
 
 
-def _search_disjoint(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    def ends(x):
-        lo = x.get("pass_rps") if x.get("pass_rps") is not None else 0.0
-        hi = x.get("fail_rps") if x.get("fail_rps") is not None else math.inf
-        return lo, hi
-
-    (la, ha), (lb, hb) = ends(a), ends(b)
-    return hb <= la or ha <= lb
+def _search_ends(x: dict[str, Any]) -> dict[str, float]:
+    """A search bracket as :func:`evidence_disjoint` reads one (open ends: 0 and infinity)."""
+    lo, hi = x.get("pass_rps"), x.get("fail_rps")
+    return {"low": 0.0 if lo is None else lo, "high": math.inf if hi is None else hi}
 
 
 def _capacity_note(beyond, search_disjoint, sa, sb, ea, eb) -> str:
@@ -166,9 +100,7 @@ def _capacity_note(beyond, search_disjoint, sa, sb, ea, eb) -> str:
     return "the evidence brackets overlap"
 
 
-# ---------------------------------------------------------------------------------------------
-# Matched rates: attainment and latency
-# ---------------------------------------------------------------------------------------------
+# --- Matched rates: attainment and latency ---
 
 
 def _rows_by_rate(sel: dict[str, Any] | None) -> dict[float, dict[str, Any]]:
@@ -324,9 +256,7 @@ def _ratio(a: LogSample | None, b: LogSample | None) -> float | None:
     return math.exp(log_difference(a, b)) if a is not None and b is not None else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Plan, drills, closed loop, manifests
-# ---------------------------------------------------------------------------------------------
+# --- Plan, drills, closed loop, manifests ---
 
 
 PLAN_FIELDS = (
@@ -382,7 +312,13 @@ def _drill_facts(r: dict[str, Any]) -> dict[str, Any]:
     n = r.get("n_plus_one") or {}
     return {
         "outcome": n.get("verdict")
-        or ("alert fired" if r.get("expected_alert_fired") else "expected alert NOT fired"),
+        or (
+            "alerts not evaluated"
+            if not r.get("alerts_evaluated", True)
+            else "alert fired"
+            if r.get("expected_alert_fired")
+            else "expected alert NOT fired"
+        ),
         "recovered": rec is not None,
         "detected_after_s": det - inj if det is not None and inj is not None else None,
         "recovered_after_s": rec - inj if rec is not None and inj is not None else None,
@@ -492,9 +428,7 @@ def identity(src: Source) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# The comparison
-# ---------------------------------------------------------------------------------------------
+# --- The comparison ---
 
 
 def compare_sources(a: Source, b: Source, confidence: float = 0.95) -> dict[str, Any]:
@@ -606,9 +540,7 @@ def verdict(doc: dict[str, Any], a: Source, b: Source) -> dict[str, Any]:
             "beyond_what": found, "decisions": decisions}  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# The entry point
-# ---------------------------------------------------------------------------------------------
+# --- The entry point ---
 
 
 def run_compare(

@@ -1,10 +1,7 @@
 """``capacity-pack compare``'s report: one document model (:func:`blocks`), written as Markdown
-(:func:`to_markdown`) or as a self-contained HTML page (:func:`to_html`, in the pack's page shell
-:mod:`capacity_pack.decide.page`), and the comparison as JSON (:func:`jsonable`).
-
-Under the verdict line stand both packs' decision sentences
-(:func:`capacity_pack.vocab.words.decision_sentence`, the console's and the README's), and every
-bracket is written by :func:`capacity_pack.vocab.words.bracket_text`.
+(:func:`to_markdown`) or a self-contained HTML page (:func:`to_html`, in the pack's page shell
+:mod:`capacity_pack.decide.page`), and the comparison as JSON (:func:`jsonable`). Decision
+sentences and brackets are written by :mod:`capacity_pack.vocab.words`, as the console's.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""``capacity-pack compare``'s two sides: a finished pack read from a results folder or from an
-MLflow parent run.
-
-A source is a results folder (``results/<pack>``, its ``pack/`` subfolder, a ``results/`` folder
-holding one pack, or the work directory above it) or ``mlflow:<parent run id>``, whose ``pack/``
-artifacts, frozen manifest and the per-point SLO reports of its child runs are downloaded to a
-temporary folder (:func:`open_sources`). A source that is not a readable pack raises
-:class:`CompareError`, naming it and what was expected.
+"""``capacity-pack compare``'s two sides: a finished pack read from a results folder
+(``results/<pack>``, its ``pack/``, a ``results/`` folder holding one pack, or the work directory
+above it) or ``mlflow:<parent run id>`` (its ``pack/`` artifacts, frozen manifest and child runs'
+SLO reports downloaded to a temporary folder: :func:`open_sources`). A source that is not a
+readable pack raises :class:`CompareError`, naming it and what was expected.
 """
 
 from __future__ import annotations

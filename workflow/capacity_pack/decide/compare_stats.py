@@ -1,6 +1,6 @@
 """``capacity-pack compare``'s statistics: Newcombe's interval for a difference of attainments,
-and the pooled between-repeat variation of log P95 latencies (the method is
-:mod:`capacity_pack.decide.compare`'s docstring).
+and the pooled between-repeat variation of log P95 latencies (method: docs/metrics.md,
+"Comparing two packs").
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The contexts a replica plan sizes from: what was sent at the selected capacity point(s).
 
-A request's context is the KV it can come to hold: prompt tokens + the output tokens it asked
-for. Prompt tokens are the server's count (``prompt_tokens``, the usage field, which includes a
-chat template's tokens) where the server reported one, else the client's scheduled
-``input_tokens``; output tokens are the larger of the requested length
-(``output_tokens_expected``, the request's ``max_tokens``) and the tokens received, so a
-request cut short by an error still counts at the length it was going to reach. Only measured
-rows count (phases ``measure`` and ``extension``; prewarm and warm-up rows are not part of the
-point's offered load). Each request's time in system is end - sent (monotonic nanoseconds, the
-client's clock): what Little's law's W is, failed requests included, since a request holds its
-KV until its terminal event.
+Context = prompt tokens (the server's ``prompt_tokens``, else the scheduled ``input_tokens``) +
+max(requested output, tokens received), over the measured rows of every deciding repeat of the
+capacity rate in the primary cache state; time in system = end - sent (Little's W, failed
+requests included). Without a requests table: 20,000 draws from the manifest's distributions.
 
-The sample pools every deciding repeat of the capacity rate in the primary cache state. Where
-no requests table of those points is at hand (a plan built from reports alone), the contexts are
-drawn from the manifest's distributions instead (20,000 requests split over the classes by the
-largest-remainder counts of their mix, lengths drawn with a fixed seed: exact for fixed-length
-classes) and labelled so; the time in system is then unknown per request.
+Method: docs/metrics.md, "Sizing from the tail" ("The contexts").
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.evidence.normalize import MEASURED
 
 #: Columns of the requests table the contexts are read from.
@@ -64,23 +55,23 @@ def from_table(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return prompt + output, np.maximum(duration, 0.0)
 
 
-def tables_of(reports: list[dict[str, Any]], tables: Sequence[str | Path]) -> dict[str, Path]:
+def tables_of(reports: list[SloReport], tables: Sequence[str | Path]) -> dict[str, Path]:
     """The requests table of each report, by the report's key (``<point>/<cache>/rep<k>``): the
     normalize stage writes it under ``tables/<key>/``."""
     by_key: dict[str, Path] = {}
     for path in map(Path, tables):
         key = "/".join(path.parts[-4:-1])
         by_key[key] = path
-    return {r["key"]: by_key[r["key"]] for r in reports if r.get("key") in by_key}
+    return {r.key: by_key[r.key] for r in reports if r.key in by_key}
 
 
 def sent_contexts(
-    reports: list[dict[str, Any]], tables: Sequence[str | Path] | None, pack
+    reports: list[SloReport], tables: Sequence[str | Path] | None, pack
 ) -> SentContexts:
     """The contexts sent at ``reports``' points, from their tables when every one is at hand,
     else drawn from the manifest (see the module docstring)."""
     found = tables_of(reports, tables or [])
-    keys = [r["key"] for r in reports if r.get("key")]
+    keys = [r.key for r in reports if r.key]
     if keys and len(found) == len(keys):
         parts = [from_table(pd.read_parquet(found[k], columns=COLUMNS)) for k in keys]
         contexts = np.concatenate([p[0] for p in parts])

@@ -23,19 +23,10 @@ SATURATION_SLACK = 0.05
 
 
 def warm_floor_check(open_loop: dict[str, Any]) -> tuple[str, str] | None:
-    """Warm against :data:`WARM_FLOOR` x cold, on the brackets' evidence.
-
-    Each capacity is a bracket [pass_rps, fail_rps): the capacity is at least pass_rps and under
-    fail_rps. Warm is *shown* under WARM_FLOOR x cold when warm's lowest failing rate is at most
-    WARM_FLOOR x cold's highest passing one (warm capacity < warm fail_rps <= WARM_FLOOR x cold
-    pass_rps <= WARM_FLOOR x cold capacity): ``("fault", message)``. When only the passing
-    ends say so (warm pass_rps < WARM_FLOOR x cold pass_rps, brackets that still allow a ratio
-    of WARM_FLOOR or more) the search's resolution cannot tell: ``("unresolved", message)``,
-    a note, not a fault (a bracket w x its passing rate wide puts the passing end anywhere in
-    1/(1 + w)-1 x the boundary: at w = 0.5, 0.67-1, so two equal capacities can read under 0.8
-    on their passing ends; measured: 0.78 on the real-engine pack). None when
-    warm is not under the floor on either reading, or a state was not measured.
-    """
+    """Warm against :data:`WARM_FLOOR` x cold on the brackets' evidence: ``("fault", message)``
+    when warm fail_rps <= WARM_FLOOR x cold pass_rps, ``("unresolved", message)`` when only the
+    passing ends are under the floor (measured: 0.78 on the real-engine pack), else None.
+    Method: docs/metrics.md, "Capacity and repeats" ("Measurement faults")."""
     cold_sel, warm_sel = open_loop.get("cold") or {}, open_loop.get("warm") or {}
     cold, warm = cold_sel.get("capacity_rps"), warm_sel.get("capacity_rps")
     warm_fail = (warm_sel.get("bracket") or {}).get("fail_rps")
@@ -73,15 +64,10 @@ def measurement_notes(open_loop: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def measurement_faults(open_loop: dict[str, Any], closed: dict[str, Any]) -> list[dict[str, Any]]:
-    """Results that contradict how a server works: each a measurement fault, not a finding.
-
-    - ``warm-below-cold``: the warm capacity shown under :data:`WARM_FLOOR` x the cold one on
-      the brackets' evidence (:func:`warm_floor_check`);
-    - ``above-saturation``: a state's capacity above its closed loop's highest request
-      throughput (1 + :data:`SATURATION_SLACK`) when the closed loop was pushed past its
-      latency gates (its largest level misses them), so that throughput is the server's most;
-    - ``pass-above-failure``: a rate meeting the gates above one that does not (non-monotonic).
-    """
+    """Results that contradict how a server works, each a fault, not a finding:
+    ``warm-below-cold`` (:func:`warm_floor_check`), ``above-saturation`` (above the closed
+    loop's highest throughput x (1 + :data:`SATURATION_SLACK`) when its largest level misses the
+    latency gates) and ``pass-above-failure`` (non-monotonic)."""
     faults: list[dict[str, Any]] = []
     warm_check = warm_floor_check(open_loop)
     if warm_check is not None and warm_check[0] == "fault":

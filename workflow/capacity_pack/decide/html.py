@@ -1,35 +1,12 @@
 """The capacity pack as one page: ``pack/index.html``.
 
-One self-contained HTML file (inline CSS, every plot embedded as a base64 PNG data URI, no
-script, nothing fetched), built only from the pack's own files, so the page and the files it
-summarizes never disagree. In order:
-
-1. the decision (``capacity.json``), first and above every plot;
-2. the capacity bracket of each cache state and the throughput plot that shades it;
-3. the replica plan (``plan.json``);
-4. the failure answer: the plan drill's N+1 verdict and each mechanism drill's line
-   (``failure-test.json``), with every drill's timeline picture;
-5. the gates and the SLO cutoffs per class;
-6. the evidence per measured point, one folded ``<details>`` each (its ``slo-report.json``): the
-   verdict and its reasons, rates, goodput, queue trend and prefix-cache hit rate, then per
-   class the attainment with its confidence bound, P95 TTFT and TPOT against the cutoffs, errors;
-   then each load-shape experiment's question and answer with its picture (``shapes.json``);
-7. cold against warm cache: capacity, goodput and hit rates side by side, the per-repeat tables,
-   the closed loop and the server signals over time;
-8. the full failure test and the performance autopsy (``failure-test.md``, ``autopsy.md``),
-   folded;
-9. the definitions of every verdict word and of every metric the page shows (each table header
-   links to its definition);
-10. the limits, and the pack's files.
-
-The sentences are the README's (the section builders of :mod:`capacity_pack.decide.report`,
-rendered from their Markdown), so the README and the page state one decision in one wording:
-each cache state's capacity is the decision sentence
-(:func:`capacity_pack.vocab.words.decision_sentence`), each verdict word is
-:data:`capacity_pack.vocab.words.STATUS_WORDS`' and each metric is defined in
-:mod:`capacity_pack.decide.glossary`. The page shell (doctype, viewport, ``<main>``, the shared
-CSS, escaping) is :mod:`capacity_pack.decide.page`'s, as compare's page's. Presentation only:
-no measurement imports this module.
+One self-contained HTML file (inline CSS, plots as base64 PNG data URIs, no script, nothing
+fetched), built only from the pack's own files. Its sections are :data:`PAGE_SECTIONS`, in
+order; each plot of :data:`capacity_pack.decide.plots.PLOTS` shows in the section it names (an
+unregistered PNG under "Other figures"). Its sentences are the README's
+(:mod:`capacity_pack.decide.report`), its definitions :mod:`capacity_pack.decide.glossary`'s, its
+shell :mod:`capacity_pack.decide.page`'s. Presentation only: no measurement imports this module.
+Docs: docs/reading.md, "index.html"; a new section: docs/architecture.md, "Where to change…".
 """
 
 from __future__ import annotations
@@ -38,16 +15,21 @@ import base64
 import functools
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capacity_pack.artifacts import Capacity, Plan, SloReport
 from capacity_pack.decide import sessions
 from capacity_pack.decide import shapes as load_shapes
 from capacity_pack.decide.glossary import METRICS
 from capacity_pack.decide.page import escape, page
+from capacity_pack.decide.plots import PLOTS
+from capacity_pack.decide.registry import Registry, Section
 from capacity_pack.decide.report import (
+    README_SECTIONS,
+    PackDocs,
     decision_headline,
     decision_section,
     evidence_section,
@@ -57,49 +39,13 @@ from capacity_pack.decide.report import (
     gates_section,
     limits_section,
     plan_section,
-    selected_section,
+    section_lines,
     title_section,
     verdict_words_section,
 )
 from capacity_pack.io import write_text_atomic
 from capacity_pack.plan.words import target_words
 from capacity_pack.vocab.words import STATUS_WORDS
-
-#: What each plot of the pack answers, and the section it belongs to (failure timelines:
-#: ``failure-timeline-<drill>.png``, in the failure section).
-PLOTS = {
-    "throughput.png": (
-        "bracket",
-        "How much load is served within the SLOs? Goodput and achieved request rate by offered "
-        "rate, each cache state's capacity bracket shaded from its highest passing rate (solid "
-        "line) to the next rate up (dashed).",
-    ),
-    "attainment.png": (
-        "evidence",
-        "Which rates keep every class within its SLO? Each class's joint TTFT+TPOT attainment "
-        "per repeat with its confidence bound, against the gate.",
-    ),
-    "latency.png": (
-        "evidence",
-        "P95 TTFT and P95 TPOT per class and repeat against the class's cutoffs.",
-    ),
-    "closed_loop.png": (
-        "cache",
-        "How far can concurrency go within the SLOs? The worst class's P95 TTFT and TPOT as a "
-        "share of its cutoff against output throughput, cold and warm, the operating point "
-        "circled.",
-    ),
-    "timeseries.png": (
-        "cache",
-        "The server's queue depth, running requests and KV usage over time, one panel per "
-        "open-loop point.",
-    ),
-    "sessions.png": (
-        "cache",
-        "Multi-turn sessions: the prefix-cache hit rate and P95 TTFT by turn index, cold and warm.",
-    ),
-}
-
 
 #: The pack page's own rules, after the shell's (:data:`capacity_pack.decide.page.BASE_CSS`).
 _CSS = """
@@ -136,26 +82,17 @@ dl.defs dd { margin:0 0 0 1.2rem; }
 """
 
 
-@dataclass
-class PackFiles:
+@dataclass(kw_only=True)
+class PackFiles(PackDocs):
     """What the page is built from: the pack folder's documents (None where absent) and the
     per-point SLO reports."""
 
     folder: Path
-    frozen: dict[str, Any]
-    capacity: dict[str, Any]
-    plan: dict[str, Any]
     reports: list[dict[str, Any]]
-    selected: dict[str, Any] | None = None
-    failure: dict[str, Any] | None = None
     failure_md: str | None = None
     autopsy: dict[str, Any] | None = None
     autopsy_md: str | None = None
     plots: dict[str, bytes] = field(default_factory=dict)
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        return self.frozen["manifest"]
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -175,12 +112,12 @@ def load_pack(folder: str | Path, reports: Iterable[str | Path] = ()) -> PackFil
     manifest = yaml.safe_load((folder / "workload-manifest.yaml").read_text())
     sha = manifest.pop("frozen_sha256", None)
     selected = _json(folder / "slo-report.json")
-    docs = [json.loads(Path(p).read_text()) for p in reports]
+    docs = [SloReport.read(p).dump() for p in reports]
     return PackFiles(
         folder=folder,
         frozen={"sha256": sha, "manifest": manifest},
-        capacity=json.loads((folder / "capacity.json").read_text()),
-        plan=json.loads((folder / "plan.json").read_text()),
+        capacity=Capacity.read(folder / "capacity.json").dump(),
+        plan=Plan.read(folder / "plan.json").dump(),
         reports=docs or ([selected] if selected else []),
         selected=selected,
         failure=_json(folder / "failure-test.json"),
@@ -217,12 +154,9 @@ def markdown(text: str, *, shift: int = 0) -> str:
     )
 
 
-def _body(lines: Sequence[str]) -> str:
-    """A README section's Markdown without its ``## heading``, as one string."""
-    lines = list(lines)
-    while lines and (lines[0].startswith("## ") or not lines[0].strip()):
-        lines.pop(0)
-    return "\n".join(lines)
+def _md(lines: list[str] | None) -> str:
+    """A README section's Markdown lines (no heading) as one string."""
+    return "\n".join(lines or [])
 
 
 def _slug(text: str) -> str:
@@ -240,14 +174,20 @@ def _th(key: str, label: str | None = None) -> str:
     return f'<th scope="col"><a href="#def-{key}">{escape(label or METRICS[key][0])}</a></th>'
 
 
+def _ths(*cols: str | tuple[str, str]) -> str:
+    """Column headers linked to their metrics' definitions, each a key or (key, label)."""
+    return "".join(_th(*c) if isinstance(c, tuple) else _th(c) for c in cols)
+
+
+def _table(head: str, rows: Iterable[str], attrs: str = "") -> str:
+    """A table that scrolls on its own when wide."""
+    return (f'<div class="scroll"><table{attrs}><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")  # fmt: skip
+
+
 def _num(v: Any, over: bool = False) -> str:
     cls = "num over" if over else "num"
     return f'<td class="{cls}">{escape(fmt(v))}</td>'
-
-
-def _section(sid: str, title: str, *parts: str) -> str:
-    inner = "\n".join(p for p in parts if p)
-    return f'<section id="{sid}">\n<h2>{escape(title)}</h2>\n{inner}\n</section>'
 
 
 def figure(name: str, data: bytes, caption: str) -> str:
@@ -262,52 +202,23 @@ def figure(name: str, data: bytes, caption: str) -> str:
 
 # --- The sections ------------------------------------------------------------------------------
 
-
-def _decision(p: PackFiles) -> str:
-    body = _body(decision_section(p.manifest, p.capacity))
-    head, _, rest = body.partition("\n\n")
-    return _section(
-        "decision",
-        "Decision",
-        f'<div class="decision" id="decision-sentence">{markdown(head)}</div>',
-        markdown(rest),
-    )
+#: The page's sections, in order: each renders its HTML parts from the pack's files (None:
+#: the section is left out), under ``<section id=name>`` and its ``<h2>`` title, its plots after.
+PAGE_SECTIONS: Registry[Section] = Registry("page section", Section)
 
 
-def _nav() -> str:
-    links = [
-        ("bracket", "Bracket"),
-        ("plan", "Plan"),
-        ("failure", "When a replica fails"),
-        ("gates", "Gates"),
-        ("evidence", "Evidence per point"),
-        ("shapes", "Load shapes"),
-        ("cache", "Cold vs warm"),
-        ("failure-test", "Failure test"),
-        ("autopsy", "Autopsy"),
-        ("definitions", "Definitions"),
-        ("limits", "Limits"),
-        ("files", "Files"),
-    ]
-    return "<nav>" + "".join(f'<a href="#{a}">{escape(t)}</a>' for a, t in links) + "</nav>"
+@PAGE_SECTIONS.register("decision", "Decision", order=10)
+def _decision(p: PackFiles) -> list[str]:
+    head, _, rest = _md(decision_section(p)).partition("\n\n")
+    return [f'<div class="decision" id="decision-sentence">{markdown(head)}</div>', markdown(rest)]
 
 
-def _bracket(p: PackFiles, figures: str) -> str:
+@PAGE_SECTIONS.register("bracket", "The capacity bracket", order=20, nav="Bracket")
+def _bracket(p: PackFiles) -> list[str]:
     unit = target_words(p.manifest).unit
-    head = "".join(
-        [
-            _th("cache_state"),
-            _th("capacity"),
-            _th("next_rate_up"),
-            _th("status", "its status"),
-            _th("width"),
-            _th("resolution"),
-            _th("resolution", "reached"),
-            _th("confidence"),
-            _th("per_replica"),
-            _th("goodput_per_unit", f"goodput per {unit}"),
-        ]
-    )
+    head = _ths("cache_state", "capacity", "next_rate_up", ("status", "its status"), "width",
+                "resolution", ("resolution", "reached"), "confidence", "per_replica",
+                ("goodput_per_unit", f"goodput per {unit}"))  # fmt: skip
     rows, sentences = [], []
     for state, sel in p.capacity["open_loop"].items():
         b = sel.get("bracket") or {}
@@ -326,32 +237,24 @@ def _bracket(p: PackFiles, figures: str) -> str:
         )
         if sel.get("bracket"):
             sentences.append(f"- {decision_headline(state, sel)}")
-    table = (
-        f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
-    return _section(
-        "bracket", "The capacity bracket", markdown("\n".join(sentences)), table, figures
-    )
+    return [markdown("\n".join(sentences)), _table(head, rows)]
 
 
-def _plan(p: PackFiles) -> str:
-    body = _body(plan_section(p.manifest, p.plan))
-    return _section("plan", "Replica plan", markdown(body or "No replica plan in this pack."))
+@PAGE_SECTIONS.register("plan", "Replica plan", order=30, nav="Plan")
+def _plan(p: PackFiles) -> list[str]:
+    return [markdown(_md(plan_section(p)) or "No replica plan in this pack.")]
 
 
-def _failure(p: PackFiles, figures: str) -> str:
+@PAGE_SECTIONS.register("failure", "When a replica fails", order=40, nav="When a replica fails")
+def _failure(p: PackFiles) -> list[str]:
     if p.failure is None:
-        return _section(
-            "failure", "When a replica fails", "<p>This pack ran no failure drills.</p>"
-        )
-    answer = _body(failure_answer_section(p.failure))
-    rest = _body(failure_section(p.manifest))
-    return _section("failure", "When a replica fails", markdown(answer), markdown(rest), figures)
+        return ["<p>This pack ran no failure drills.</p>"]
+    return [markdown(_md(failure_answer_section(p))), markdown(_md(failure_section(p)))]
 
 
-def _gates(p: PackFiles) -> str:
-    return _section("gates", "Gates", markdown(_body(gates_section(p.manifest))))
+@PAGE_SECTIONS.register("gates", "Gates", order=50, nav="Gates")
+def _gates(p: PackFiles) -> list[str]:
+    return [markdown(_md(gates_section(p)))]
 
 
 def _point_order(r: dict[str, Any]) -> tuple:
@@ -409,23 +312,11 @@ def point_details(r: dict[str, Any], *, selected: bool = False) -> str:
 
 def _class_table(r: dict[str, Any]) -> str:
     """A point's per-class numbers: counts, attainment and its bound, P95s against the cutoffs."""
-    head = "".join(
-        [
-            '<th scope="col">class</th>',
-            _th("attempted"),
-            _th("successful"),
-            _th("attainment"),
-            _th("attainment_bound"),
-            _th("all_attempt_attainment"),
-            _th("p95", "P95 TTFT ms"),
-            _th("cutoff", "TTFT cutoff ms"),
-            _th("p95", "P95 TPOT ms"),
-            _th("cutoff", "TPOT cutoff ms"),
-            _th("p95", "P99 TTFT ms"),
-            _th("class_error_rate"),
-            _th("class_pass"),
-        ]
-    )
+    head = '<th scope="col">class</th>' + _ths(
+        "attempted", "successful", "attainment", "attainment_bound", "all_attempt_attainment",
+        ("p95", "P95 TTFT ms"), ("cutoff", "TTFT cutoff ms"), ("p95", "P95 TPOT ms"),
+        ("cutoff", "TPOT cutoff ms"), ("p95", "P99 TTFT ms"), "class_error_rate", "class_pass",
+    )  # fmt: skip
     rows = []
     for name, c in (r.get("classes") or {}).items():
         ci = c.get("attainment_ci") or [None, None]
@@ -447,13 +338,11 @@ def _class_table(r: dict[str, Any]) -> str:
             + _num(c.get("error_rate"))
             + f"<td>{'yes' if passed else 'no' if passed is not None else 'n/a'}</td></tr>"
         )
-    return (
-        f'<div class="scroll"><table class="classes"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
+    return _table(head, rows, ' class="classes"')
 
 
-def _evidence(p: PackFiles, figures: str) -> str:
+@PAGE_SECTIONS.register("evidence", "Evidence per point", order=60, nav="Evidence per point")
+def _evidence(p: PackFiles) -> list[str]:
     selected_key = (p.selected or {}).get("key")
     parts = [
         "<p>Every measured point, one line each: open a point for its numbers. A point's "
@@ -464,22 +353,24 @@ def _evidence(p: PackFiles, figures: str) -> str:
         parts.append(f"<h3>{escape(state.capitalize())} cache</h3>")
         parts += [point_details(r, selected=r.get("key") == selected_key) for r in points]
     if p.selected is not None:
-        parts.append(markdown("\n".join(selected_section(p.selected)), shift=1))
-    return _section("evidence", "Evidence per point", *parts, figures)
+        selected = section_lines(README_SECTIONS["selected"], p)
+        parts.append(markdown("\n".join(selected), shift=1))
+    return parts
 
 
-def _shapes(p: PackFiles) -> str:
+@PAGE_SECTIONS.register("shapes", "Load shapes", order=70, nav="Load shapes")
+def _shapes(p: PackFiles) -> list[str]:
     """Each load-shape experiment's question, answers and picture (``shapes.json``)."""
     doc = _json(p.folder / "shapes.json")
     lines = load_shapes.readme_lines(doc)
     if not lines:
-        return _section("shapes", "Load shapes", "<p>This pack ran no load-shape experiments.</p>")
+        return ["<p>This pack ran no load-shape experiments.</p>"]
     parts = [markdown("\n".join(lines[2:4]))]
     for e in doc["experiments"]:
         parts.append(markdown("\n".join(load_shapes.experiment_lines(e))))
         if e["plot"] in p.plots:
             parts.append(figure(e["plot"], p.plots[e["plot"]], e["question"]))
-    return _section("shapes", "Load shapes", *parts)
+    return parts
 
 
 def _mean(values: Iterable[Any]) -> float | None:
@@ -487,18 +378,13 @@ def _mean(values: Iterable[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _cache(p: PackFiles, figures: str) -> str:
+@PAGE_SECTIONS.register("cache", "Cold vs warm cache", order=80, nav="Cold vs warm")
+def _cache(p: PackFiles) -> list[str]:
     open_loop = p.capacity["open_loop"]
     states = list(open_loop)
-    head = "".join(
-        [
-            _th("cache_state"),
-            _th("capacity"),
-            _th("goodput", "goodput at capacity"),
-            _th("server_hit_rate", "server hit rate (mean over its points)"),
-            _th("client_cached_share", "client cached share (mean)"),
-        ]
-    )
+    head = _ths("cache_state", "capacity", ("goodput", "goodput at capacity"),
+                ("server_hit_rate", "server hit rate (mean over its points)"),
+                ("client_cached_share", "client cached share (mean)"))  # fmt: skip
     rows = []
     for state, sel in open_loop.items():
         per = [x for r in sel["rates"] for x in r.get("per_repeat", [])]
@@ -510,10 +396,7 @@ def _cache(p: PackFiles, figures: str) -> str:
             + _num(_mean(x.get("client_cached_token_fraction") for x in per))
             + "</tr>"
         )
-    summary = (
-        f'<div class="scroll"><table id="cache-summary"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
+    summary = _table(head, rows, ' id="cache-summary"')
     by_rate: dict[float, dict[str, dict[str, Any]]] = {}
     for state, sel in open_loop.items():
         for r in sel["rates"]:
@@ -541,15 +424,10 @@ def _cache(p: PackFiles, figures: str) -> str:
                 + _num(_mean(x.get("client_cached_token_fraction") for x in per))
             )
         rows.append(f"<tr>{cells}</tr>")
-    side = (
-        f'<div class="scroll"><table id="cache-by-rate"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
-    )
-    per_repeat = markdown(_body(evidence_section(p.capacity)), shift=1)
+    side = _table(head, rows, ' id="cache-by-rate"')
+    per_repeat = markdown(_md(evidence_section(p)), shift=1)
     by_turn = sessions.readme_lines(p.reports)
-    return _section(
-        "cache",
-        "Cold vs warm cache",
+    return [
         "<p>The same rates measured with an empty prefix cache (cold) and with the pack's "
         "shared prefixes cached (warm): what the cache buys, and how often it hit.</p>",
         summary,
@@ -557,28 +435,28 @@ def _cache(p: PackFiles, figures: str) -> str:
         "<h3>Per repeat and closed loop</h3>",
         per_repeat,
         markdown("\n".join(by_turn), shift=1) if by_turn else "",
-        figures,
-    )
+    ]
 
 
-def _folded(sid: str, title: str, text: str | None, absent: str) -> str:
+def _folded(sid: str, text: str | None, absent: str) -> str:
     if text is None:
-        return _section(sid, title, f"<p>{escape(absent)}</p>")
-    return _section(
-        sid,
-        title,
+        return f"<p>{escape(absent)}</p>"
+    return (
         f'<details id="{sid}-full"><summary>Open the full text</summary>'
-        f'<div class="body">{markdown(text, shift=2)}</div></details>',
+        f'<div class="body">{markdown(text, shift=2)}</div></details>'
     )
 
 
-def _autopsy(p: PackFiles) -> str:
+PAGE_SECTIONS.register("failure-test", "Failure test in full", order=90, nav="Failure test")(
+    lambda p: [_folded("failure-test", p.failure_md, "No failure drills ran.")]
+)
+
+
+@PAGE_SECTIONS.register("autopsy", "Performance autopsy", order=100, nav="Autopsy")
+def _autopsy(p: PackFiles) -> list[str]:
     """Where the run's wall clock went (the autopsy's buckets), then the whole autopsy, folded."""
-    section = _folded(
-        "autopsy",
-        "Performance autopsy",
-        p.autopsy_md,
-        "No autopsy in this pack (the autopsy job writes autopsy.md).",
+    folded = _folded(
+        "autopsy", p.autopsy_md, "No autopsy in this pack (the autopsy job writes autopsy.md)."
     )
     buckets = ((p.autopsy or {}).get("run") or {}).get("buckets") or {}
     rows = "".join(
@@ -587,91 +465,95 @@ def _autopsy(p: PackFiles) -> str:
         for b in buckets.get("rows") or []
     )
     if not rows:
-        return section
-    table = (
+        return [folded]
+    cols = ("bucket", "seconds", "share", "provenance", "largest contributors")
+    head = "".join(f'<th scope="col">{c}</th>' for c in cols)
+    return [
         "<p>The run's wall clock by bucket (the critical path's split; autopsy.md defines "
         "each bucket and each provenance word):</p>"
-        '<div class="scroll"><table id="autopsy-buckets"><thead><tr><th scope="col">bucket</th>'
-        '<th scope="col">seconds</th><th scope="col">share</th><th scope="col">provenance</th>'
-        '<th scope="col">largest contributors</th></tr></thead>'
-        f"<tbody>{rows}</tbody></table></div>"
-    )
-    return section.replace("</h2>\n", "</h2>\n" + table + "\n", 1)
+        + _table(head, [rows], ' id="autopsy-buckets"'),
+        folded,
+    ]
 
 
-def _definitions(p: PackFiles) -> str:
-    verdicts = markdown(_body(verdict_words_section(p.manifest)))
+@PAGE_SECTIONS.register("definitions", "Definitions", order=110, nav="Definitions")
+def _definitions(p: PackFiles) -> list[str]:
+    verdicts = markdown(_md(verdict_words_section(p)))
     metrics = "".join(
         f'<dt id="def-{k}">{escape(term)}</dt><dd>{escape(text)}</dd>'
         for k, (term, text) in METRICS.items()
     )
-    return _section(
-        "definitions",
-        "Definitions",
+    return [
         '<h3 id="verdict-words">Verdict words</h3>',
         verdicts,
         '<h3 id="metrics">Metrics</h3>',
         f'<dl class="defs">{metrics}</dl>',
-    )
+    ]
 
 
-def _limits(p: PackFiles) -> str:
-    return _section("limits", "Limits", markdown(_body(limits_section(p.manifest))))
+PAGE_SECTIONS.register("limits", "Limits", order=120, nav="Limits")(
+    lambda p: [markdown(_md(limits_section(p)))]
+)
+# Figures only: the pack folder's plots that no registered plot names.
+PAGE_SECTIONS.register("other-figures", "Other figures", order=130)(lambda p: [])
 
 
-def _files(p: PackFiles) -> str:
+@PAGE_SECTIONS.register("files", "Files", order=140, nav="Files")
+def _files(p: PackFiles) -> list[str]:
     names = sorted(
         x.relative_to(p.folder).as_posix()
         for x in p.folder.rglob("*")
         if x.is_file() and x.name != "index.html" and not x.name.startswith(".")
     )
     items = "".join(f'<li><a href="{escape(n)}">{escape(n)}</a></li>' for n in names)
-    return _section(
-        "files",
-        "Files",
+    return [
         f"<p>Beside this page in the pack folder (relative links):</p><ul>{items}</ul>",
         f"<p>Frozen manifest sha256 <code>{escape(p.frozen.get('sha256'))}</code>.</p>",
-    )
+    ]
 
 
-def render_page(p: PackFiles) -> str:
-    """The whole page, as one string."""
-    placed: dict[str, list[str]] = {"bracket": [], "evidence": [], "cache": [], "failure": []}
-    other = []
+def _figures(p: PackFiles) -> dict[str, str]:
+    """The pack folder's plots as figures, by the id of the section that shows them."""
+    placed: dict[str, list[str]] = {}
     for name, data in p.plots.items():
         if name in PLOTS:
-            where, caption = PLOTS[name]
-            placed[where].append(figure(name, data, caption))
+            where, caption = PLOTS[name].section, PLOTS[name].caption
         elif name.startswith("shape-"):
             continue  # in the load-shapes section, beside its answer
         elif name.startswith("failure-timeline-"):
             drill = name.removeprefix("failure-timeline-").removesuffix(".png")
-            placed["failure"].append(
-                figure(name, data, f"Drill {drill} over time: injection, errors, queue, recovery.")
-            )
+            where = "failure"
+            caption = f"Drill {drill} over time: injection, errors, queue, recovery."
         else:
-            other.append(figure(name, data, "A plot of the pack."))
-    figs = {k: "\n".join(v) for k, v in placed.items()}
-    m = p.manifest
-    title = m["pack"]["title"]
-    banner = "\n".join(title_section(m["pack"])[1:])
+            where, caption = "other-figures", "A plot of the pack."
+        where = where if where in PAGE_SECTIONS else "other-figures"
+        placed.setdefault(where, []).append(figure(name, data, caption))
+    return {k: "\n".join(v) for k, v in placed.items()}
+
+
+def _render(section: Section, p: PackFiles, figures: str) -> str:
+    """One section, its plots last; "" when it has neither content nor plots."""
+    parts = section.render(p)
+    if not parts and not figures:
+        return ""
+    inner = "\n".join(x for x in [*(parts or []), figures] if x)
+    title = escape(section.title or section.name)
+    return f'<section id="{section.name}">\n<h2>{title}</h2>\n{inner}\n</section>'
+
+
+def render_page(p: PackFiles) -> str:
+    """The whole page, as one string: the title, the first section (the decision), the links
+    to the others, then the others in order."""
+    figures = _figures(p)
+    title = p.manifest["pack"]["title"]
+    banner = "\n".join(title_section(p)[1:])
+    sections = [_render(s, p, figures.get(s.name, "")) for s in PAGE_SECTIONS]
+    links = "".join(f'<a href="#{s.name}">{escape(s.nav)}</a>' for s in PAGE_SECTIONS if s.nav)
     body = [
         f"<header><h1>Capacity pack: {escape(title)}</h1>{markdown(banner)}</header>",
-        _decision(p),
-        _nav(),
-        _bracket(p, figs["bracket"]),
-        _plan(p),
-        _failure(p, figs["failure"]),
-        _gates(p),
-        _evidence(p, figs["evidence"]),
-        _shapes(p),
-        _cache(p, figs["cache"]),
-        _folded("failure-test", "Failure test in full", p.failure_md, "No failure drills ran."),
-        _autopsy(p),
-        _definitions(p),
-        _limits(p),
-        _section("other-figures", "Other figures", *other) if other else "",
-        _files(p),
+        sections[0],
+        f"<nav>{links}</nav>",
+        *sections[1:],
     ]
     return page(f"Capacity pack: {title}", "\n".join(b for b in body if b), _CSS)
 

@@ -1,11 +1,10 @@
-"""The HTML page shell both pages of the pack share: the pack page (``pack/index.html``,
-:mod:`capacity_pack.decide.html`) and ``capacity-pack compare --html``
+"""The HTML page shell both pages of the pack share: the pack page
+(:mod:`capacity_pack.decide.html`) and ``capacity-pack compare --html``
 (:mod:`capacity_pack.decide.compare_render`).
 
-A page is one self-contained file: ``<!DOCTYPE html>``, ``lang="en"``, UTF-8, a viewport for
-narrow screens, the title, inline CSS (:data:`BASE_CSS`, then the page's own rules), and the body
-inside one ``<main>``; no script, nothing fetched. Every text the pack did not write itself (a
-model name, an error message, a pack's label) goes through :func:`escape`.
+One self-contained file: doctype, ``lang="en"``, UTF-8, a viewport, the title, inline CSS
+(:data:`BASE_CSS`, then the page's own), the body in one ``<main>``; no script, nothing fetched.
+Every text the pack did not write itself goes through :func:`escape`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,23 @@
 """The pack's plots (matplotlib, PNG, cold and warm side by side), each titled with the question
-it answers, its words kept in the PNG's Description (:func:`save_figure`).
-
-- ``throughput.png``: nominal offered RPS against the achieved request throughput and the
-  observed goodput (mean, min-max over repeats), with the capacity bracket of each cache state
-  shaded from its highest passing rate (solid line) to the lowest rate above it (dashed line);
-- ``attainment.png``: per-class joint attainment with its confidence interval, and the gate;
-- ``latency.png``: P95 TTFT and P95 TPOT per class against their cutoffs;
-- ``closed_loop.png``: the latency-throughput curve with the chosen operating point;
-- ``timeseries.png``: does the server keep up? Queue depth, running requests and KV usage
-  over time, one row per open-loop rate labelled with its verdicts, one column per signal on a
-  shared scale (a signal the engine does not expose is not drawn; the title names it).
+it answers, its words kept in the PNG's Description (:func:`save_figure`), and :data:`PLOTS`,
+their registry: each plot's file name, the page section and caption that show it, when it has
+data, and the function that draws it from the report's inputs (:class:`PlotInputs`). A new plot
+is one function and one :func:`register`: the report draws it into the pack folder and lists it
+in the README, and the page shows it in its section.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from capacity_pack.decide import sessions
+from capacity_pack.decide.registry import Registry
 from capacity_pack.io import atomic_path
 from capacity_pack.vocab.words import rate_status_words
 
@@ -376,3 +374,98 @@ def plot_timeseries(
     _timeseries_frame(fig, states, parsed, present, missing)
     save_figure(fig, path)
     return missing
+
+
+# --- The registry ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlotInputs:
+    """What the report draws its plots from: the frozen manifest, ``capacity.json``, every
+    point's SLO report and the open-loop points' server series (point key -> scrape table)."""
+
+    manifest: dict[str, Any]
+    capacity: dict[str, Any]
+    reports: list[dict[str, Any]]
+    series: dict[str, pd.DataFrame]
+
+    @property
+    def classes(self) -> list[str]:
+        return [c["name"] for c in self.manifest["workload"]]
+
+    @property
+    def cutoffs(self) -> dict[str, tuple[float, float]]:
+        return {
+            c["name"]: (c["request_ttft_cutoff_ms"], c["request_tpot_cutoff_ms"])
+            for c in self.manifest["workload"]
+        }
+
+
+@dataclass(frozen=True)
+class Plot:
+    """``name``: its file in the pack folder; ``draw``: writes it to a path; ``section``: the
+    page section that shows it (an id of :data:`capacity_pack.decide.html.PAGE_SECTIONS`, else
+    "Other figures"); ``caption``: the question it answers there; ``when``: whether the inputs
+    hold its data (no file otherwise)."""
+
+    name: str
+    draw: Callable[[PlotInputs, Path], Any]
+    section: str
+    caption: str
+    when: Callable[[PlotInputs], bool] | None = None
+
+
+#: The report's plots, drawn and listed in registration order.
+PLOTS: Registry[Plot] = Registry("plot", Plot)
+#: ``@register(name, section, caption, when=None)`` over ``draw(inputs, path)``.
+register = PLOTS.register
+
+
+register(
+    "throughput.png",
+    "bracket",
+    "How much load is served within the SLOs? Goodput and achieved request rate by offered "
+    "rate, each cache state's capacity bracket shaded from its highest passing rate (solid "
+    "line) to the next rate up (dashed).",
+)(lambda i, path: plot_throughput(i.capacity["open_loop"], path))
+register(
+    "attainment.png",
+    "evidence",
+    "Which rates keep every class within its SLO? Each class's joint TTFT+TPOT attainment "
+    "per repeat with its confidence bound, against the gate.",
+)(
+    lambda i, path: plot_attainment(
+        i.reports, i.classes, i.manifest["acceptance"]["class_slo_attainment_min"], path
+    )
+)
+register(
+    "latency.png",
+    "evidence",
+    "P95 TTFT and P95 TPOT per class and repeat against the class's cutoffs.",
+)(lambda i, path: plot_latency(i.reports, i.classes, i.cutoffs, path))
+register(
+    "closed_loop.png",
+    "cache",
+    "How far can concurrency go within the SLOs? The worst class's P95 TTFT and TPOT as a "
+    "share of its cutoff against output throughput, cold and warm, the operating point "
+    "circled.",
+    when=lambda i: bool(i.capacity["closed_loop"]),
+)(lambda i, path: plot_closed_loop(i.capacity["closed_loop"], path, i.cutoffs))
+# Each time-series row names its points' verdicts, so the plot says which point failed.
+register(
+    "timeseries.png",
+    "cache",
+    "The server's queue depth, running requests and KV usage over time, one panel per "
+    "open-loop point.",
+    when=lambda i: bool(i.series),
+)(
+    lambda i, path: plot_timeseries(
+        i.series, path, {r["key"]: r["verdict"] for r in i.reports if "key" in r}
+    )
+)
+register(
+    "sessions.png",
+    "cache",
+    "Multi-turn sessions: the prefix-cache hit rate and P95 TTFT by turn index, cold and warm.",
+    when=lambda i: bool(sessions.session_reports(i.reports)),
+)(lambda i, path: save_figure(sessions.figure(i.reports, pyplot()), path))

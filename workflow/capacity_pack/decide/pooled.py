@@ -1,35 +1,13 @@
-"""A rate's evidence: its repeats pooled, and its status.
-
-Each repeat of a rate is a different schedule seed; the rate is decided on the repeats that
-decide it (:func:`deciding_reports`: a client-bound, disturbed or superseded repeat is set aside
-when another repeat of the rate decides), pooled:
-
-- **pooled attainment** (:func:`pooled_attainment`): per class k = sum of passing_c and n = sum
-  of successful_c over the repeats, the design effect of all their time blocks together
-  (:func:`capacity_pack.binomial.cluster_design_effect`: repeats that disagree widen it), and
-  the confidence sequence at the effective sample k / deff of n / deff; each class
-  ``shown to pass`` (lower bound >= gate), ``shown to fail`` (upper bound < gate) or ``cannot
-  decide at this sample size`` (:mod:`capacity_pack.vocab.words`). Where the engine model is the
-  points' control variate (:mod:`capacity_pack.twin.control`), the estimate and its interval
-  come from the live - model differences on the same requests;
-- **the status** (:func:`rate_status`, the first that holds): ``inconclusive`` (no repeat is a
-  server result), ``fail`` (a class shown to fail pooled, or another gate failed in a repeat:
-  the error rate, a growing queue, an optional gate), ``misses`` (some class under the gate on
-  the pooled estimate, not shown to fail), ``inconclusive`` (an undecided queue trend, or a
-  class under its sample gate pooled), ``pass`` (every class shown to pass), ``marginal``
-  (every class meets the gate on the pooled estimate, some not shown). Reports analyzed before
-  pooling (no time blocks) keep the old rule: every repeat must pass (``inconsistent`` when
-  some do);
-- **meeting the gates**: ``pass`` or ``marginal``, the statuses a capacity is selected among
-  (:func:`capacity_pack.decide.bracket.meets_gates`);
-- **the evidence in words** (:func:`rate_evidence`): the class or classes that decide the
-  status, with their pooled attainment, interval and confidence.
+"""A rate's evidence: its repeats pooled (:func:`deciding_reports`, :func:`pooled_attainment`,
+or the engine model's control variate), its status (:func:`rate_status`) and the evidence in
+words (:func:`rate_evidence`). Method: docs/metrics.md, "Capacity and repeats".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.binomial import (
     cluster_design_effect,
     confidence_sequence,
@@ -38,79 +16,72 @@ from capacity_pack.binomial import (
 from capacity_pack.vocab.words import SHOWN_FAIL, SHOWN_PASS, UNDECIDED
 
 
-def deciding_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The repeats of one rate that decide it. Two kinds of repeat decide nothing and are set
-    aside whenever another repeat of the rate decides: a client-bound one (the load generator's
-    dispatch lateness p99 over ``client.lateness_bound_ms``: it measured the client falling
-    behind its schedule, not the target), a disturbed one (other processes' CPU or the
-    simulated engine's step lateness beyond their bounds: :mod:`capacity_pack.measure.host`)
-    and a superseded one (decided in run under another
-    attainment gate and undecided at the pack's: ``capacity_pack.evidence.analysis``). With
-    no deciding repeat they are all kept, and the rate is not shown to pass."""
+def deciding_reports(reports: list[SloReport]) -> list[SloReport]:
+    """The repeats of one rate that decide it: a client-bound, disturbed or superseded one
+    (:func:`void`) is set aside whenever another repeat decides; with none deciding all are
+    kept, and the rate is not shown to pass (docs/search.md, "A point that decides nothing is
+    measured again")."""
     valid = [r for r in reports if not void(r)]
     return valid or list(reports)
 
 
-def void(report: dict[str, Any]) -> str | None:
+def void(report: SloReport) -> str | None:
     """Why a repeat decides nothing (``client-bound``, ``disturbed`` or ``superseded``), None
     if it does."""
     # Disturbed first: a host busy with other work also makes the client fall behind.
-    if report.get("disturbed"):
+    if report.disturbed:
         return "disturbed"
-    if report.get("client_bound"):
+    if report.client_bound:
         return "client-bound"
-    if report.get("superseded"):
-        return "superseded"
-    return None
+    return "superseded" if report.superseded else None
 
 
-def poolable(report: dict[str, Any]) -> bool:
+def poolable(report: SloReport) -> bool:
     """Whether a report carries what pooling needs (its gate, its other gates' outcome and each
     class's time blocks); a report analyzed before 2026-12-05 does not."""
     return (
-        "attainment_gate" in report
-        and "besides_attainment" in report
-        and all("attainment_blocks" in c for c in report.get("classes", {}).values())
+        report.attainment_gate is not None
+        and report.besides_attainment is not None
+        and all(c.attainment_blocks is not None for c in report.classes.values())
     )
 
 
-def pooled_attainment(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per class, the attainment of a rate's repeats pooled into one sample (the module
-    docstring's method; every report :func:`poolable`): k = sum of passing_c, n = sum of
-    successful_c, the design effect of all the repeats' time blocks together
-    (:func:`capacity_pack.binomial.cluster_design_effect`), the confidence sequence at the
-    effective sample k / deff of n / deff against the gate, each repeat's own attainment, and
-    the evidence in words: ``shown to pass`` (lower bound >= gate), ``shown to fail`` (upper
-    bound < gate), else ``cannot decide at this sample size``."""
-    gate = float(reports[0]["attainment_gate"]["min"])
-    sample_gate = reports[0]["attainment_gate"].get("min_successful")
+def pooled_attainment(reports: list[SloReport]) -> dict[str, dict[str, Any]]:
+    """Per class, the attainment of a rate's repeats pooled into one sample (every report
+    :func:`poolable`): k = sum of passing_c, n = sum of successful_c, the design effect of all
+    the repeats' time blocks together (:func:`capacity_pack.binomial.cluster_design_effect`),
+    the confidence sequence at the effective sample k / deff of n / deff against the gate, each
+    repeat's own attainment, and the evidence in words: ``shown to pass`` (lower bound >=
+    gate), ``shown to fail`` (upper bound < gate), else ``cannot decide at this sample size``."""
+    gate = float(reports[0].attainment_gate.min)
+    sample_gate = reports[0].attainment_gate.min_successful
     out: dict[str, dict[str, Any]] = {}
-    for name in reports[0]["classes"]:
-        entries = [r["classes"][name] for r in reports]
-        k = sum(int(e["passing_count"]) for e in entries)
-        n = sum(int(e["successful_count"]) for e in entries)
-        n_j = [v for e in entries for v in e["attainment_blocks"]["successful"]]
-        k_j = [v for e in entries for v in e["attainment_blocks"]["passing"]]
-        confidence = float(entries[0].get("attainment_ci_confidence") or 0.95)
+    for name in reports[0].classes:
+        entries = [r.classes[name] for r in reports]
+        k = sum(e.passing_count for e in entries)
+        n = sum(e.successful_count for e in entries)
+        n_j = [v for e in entries for v in e.attainment_blocks.successful]
+        k_j = [v for e in entries for v in e.attainment_blocks.passing]
+        confidence = float(entries[0].attainment_ci_confidence or 0.95)
         deff = cluster_design_effect(n_j, k_j)
         ci = confidence_sequence(k / deff, n / deff, confidence, gate) if n else None
         low, high = ci if ci is not None else (0.0, 1.0)
         estimate = k / n if n else None
         method = "pooled"
-        cv = [e.get("control_variate") for e in entries]
+        cv = [e.control_variate for e in entries]
         if n and all(cv):
             # The engine model as a control variate (capacity_pack.twin.control): the estimate
             # and its interval come from the live - model differences on the same requests.
             estimate, (low, high) = control_variate_interval(
                 n_j,
-                [v for c in cv for v in c["diff_blocks"]],
-                sum(int(c["disagreements"]) for c in cv),
-                float(cv[0]["long_run"]),
-                float(cv[0]["long_run_var"]),
+                [v for c in cv for v in c.diff_blocks],
+                sum(c.disagreements for c in cv),
+                float(cv[0].long_run),
+                float(cv[0].long_run_var),
                 confidence,
             )
             method = "control variate"
-        per_repeat = [e.get("attainment") for e in entries]
+        per_repeat = [e.attainment for e in entries]
         known = [a for a in per_repeat if a is not None]
         out[name] = {
             "passing": k,
@@ -131,28 +102,27 @@ def pooled_attainment(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]
         }
         if method == "control variate":
             out[name]["control_variate"] = {
-                "long_run": float(cv[0]["long_run"]),
-                "model_attainment": sum(int(c["model_passing"]) for c in cv) / n,
-                "disagreements": sum(int(c["disagreements"]) for c in cv),
+                "long_run": float(cv[0].long_run),
+                "model_attainment": sum(c.model_passing for c in cv) / n,
+                "disagreements": sum(c.disagreements for c in cv),
             }
     return out
 
 
-def rate_status(reports: list[dict[str, Any]]) -> str:
-    """A rate's status from the repeats that decide it, pooled (module docstring), the first
-    that holds: ``inconclusive`` (no repeat is a server result), ``fail`` (a class shown to
-    fail on the pooled evidence, or another gate failed in a repeat), ``misses`` (some class
-    under the gate on the pooled estimate, not shown to fail: cannot decide at this sample
-    size), ``inconclusive`` (an undecided queue trend, or a class under its sample gate
-    pooled), ``pass`` (every class shown to pass), ``marginal`` (every class meets the gate on
-    the pooled estimate, some not shown at the confidence)."""
+def rate_status(reports: list[SloReport]) -> str:
+    """A rate's status from the repeats that decide it, pooled: the first of ``inconclusive``,
+    ``fail``, ``misses``, ``inconclusive``, ``pass``, ``marginal`` that holds (docs/metrics.md,
+    "Capacity and repeats", states each)."""
     if not reports:
         return "inconclusive"
+    # The twin's virtual point (capacity_pack.twin.virtual_point) judges the analyzer's own
+    # dict, which names no point: read it as a report of no point.
+    reports = [r if isinstance(r, SloReport) else _unnamed(r) for r in reports]
     if not all(poolable(r) for r in reports):
         return _status_by_repeats(reports)
     if any(void(r) for r in reports):
         return "inconclusive"  # no repeat of the rate decides (deciding_reports kept them all)
-    others = [r["besides_attainment"]["outcome"] for r in reports]
+    others = [r.besides_attainment.outcome for r in reports]
     pooled = pooled_attainment(reports)
     if "fail" in others or any(e["evidence"] == SHOWN_FAIL for e in pooled.values()):
         return "fail"
@@ -167,10 +137,15 @@ def rate_status(reports: list[dict[str, Any]]) -> str:
     return "marginal"
 
 
-def _status_by_repeats(reports: list[dict[str, Any]]) -> str:
+def _unnamed(doc: dict[str, Any]) -> SloReport:
+    identity = {"point": "", "key": "", "cache_state": "", "repeat": 0, "mode": "open"}
+    return SloReport.parse(identity | doc, "the analyzer's report")
+
+
+def _status_by_repeats(reports: list[SloReport]) -> str:
     """The status of reports that cannot be pooled (analyzed before pooling existed): every
     repeat must pass."""
-    verdicts = [r["verdict"] for r in reports]
+    verdicts = [r.verdict for r in reports]
     if all(v == "pass" for v in verdicts):
         return "pass"
     if any(v == "inconclusive" for v in verdicts):

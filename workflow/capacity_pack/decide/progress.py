@@ -1,23 +1,15 @@
 """What the console says about the whole pack while it is measured: one plan line when the run
-starts, then one line each time a measurement point finishes, e.g.::
+starts (``pack plan: 24 measurement points, 3 measured before and reused, about 20 min of load
+left``), then one line each time a measurement point finishes.
 
-    pack plan: 24 measurement points, 3 measured before and reused, about 20 min of load left
-    pack: 7 of 24 points measured (3 reused), about 14 min of load left
+A point's load is its schedule's ``duration_s`` (the written summary, else the schedule built
+from the pack: the same seeded arrivals); a closed-loop point counts at the mean ``wall_s`` of
+the closed-loop points measured so far, or is untimed. A searching pack counts "at least" until
+every cache state's search is done. Presentation only, never a rule's: the Snakefile's
+``onstart`` handler builds a :class:`PackProgress` over the job graph, so no measurement's
+params, inputs or code hash depend on the other points.
 
-A point's *load* is its schedule's span, warm-up and measured window: the schedule summary's
-``duration_s`` once the schedule is written, else the schedule built from the pack (the same
-seeded arrivals, not a second formula). A closed-loop point has no span beforehand (its
-arrivals follow the responses): it counts at the mean ``wall_s`` of the pack's closed-loop points
-measured so far, or is said to be untimed while there are none. The time is load only (the
-target's start, cache resets, analysis and drills come on top), and a point decided in run ends
-before its schedule does, one extended past it later: "about".
-
-In a searching pack (``sweep.search``) the points are known round by round: the count is "at
-least" the points known so far, until every cache state's round files say the search is done.
-
-Presentation only, and never a rule's: the Snakefile's ``onstart`` handler builds a
-:class:`PackProgress` over Snakemake's job graph and prints its lines, so no measurement's params,
-inputs or code hash depend on the other points of the pack.
+Method: docs/quickstart.md, "While it runs".
 """
 
 from __future__ import annotations
@@ -168,12 +160,9 @@ def search_done(pack: Pack, round_file: Callable[[str, int], Path]) -> bool:
 
 class PackProgress:
     """The pack's progress over the measurement jobs Snakemake knows: ``jobs`` gives each job's
-    point, whether Snakemake need not run it (its measurement is there) and whether it has
-    finished in this invocation; ``rounds_pending`` whether a search round is still to run.
-
-    ``schedule_summary``, ``sweep_summary`` and ``round_file`` give the files' paths (the stage
-    table's, which this layer does not import). Every line is best effort: a file missing or
-    unreadable only makes the estimate rougher."""
+    point, whether its measurement is already there and whether it finished in this invocation;
+    ``rounds_pending`` whether a search round is still to run; the path callables are the stage
+    table's (not imported here). Best effort: a missing file only makes the estimate rougher."""
 
     def __init__(
         self,

@@ -1,29 +1,13 @@
 """Statistics across the repeats of one point: what varies from run to run, stated honestly.
 
-Every quantity gets n (the repeats with a value), mean, min and max. Its interval depends on
-what the quantity is:
+Every quantity gets n, mean, min and max. Unbounded ones (goodput, throughput, P95 latencies):
+the Student-t interval mean +- t(1/2 + c/2, n - 1) s / sqrt(n), clipped to [0, inf), only from
+:data:`MIN_REPEATS_FOR_T_INTERVAL` (5) repeats on, else None with ``interval_note``. Bounded ones
+(attainment, error rate): Wilson's score interval of the counts pooled over the repeats
+(without counts: the mean with a t-interval clipped to [0, 1], same repeat rule). Describes the
+evidence, decides nothing.
 
-- **Unbounded** (goodput, throughput, P95 latencies): the Student-t interval of the mean,
-  mean +- t(1/2 + c/2, n - 1) s / sqrt(n) with s the sample standard deviation (ddof = 1), only
-  from :data:`MIN_REPEATS_FOR_T_INTERVAL` (5) repeats on. Below that the interval is ``None``
-  and ``interval_note`` says so ("range of 2 repeats; no interval below 5 repeats"): with 1 to
-  3 degrees of freedom the t quantile (12.71, 4.30, 3.18 at 95 %) multiplies a standard
-  deviation itself estimated from two to four values, so the "interval" is mostly the noise of
-  s (at n = 2, s / sqrt(2) is half the range, so it reaches 12.7 half-ranges either side of the
-  mean) and the normality it assumes cannot be checked; the range says what was seen without
-  claiming more. Latencies and rates are non-negative, so their interval is intersected with
-  [0, inf): the true mean lies there, so the intersection keeps the interval's coverage.
-- **Bounded in [0, 1]** (attainment, error rate): a binomial interval of the counts pooled over
-  the repeats, never a t-interval. Attainment: k = sum of passing_c, n = sum of successful_c;
-  error rate: k = sum of failed, n = sum of attempted; Wilson's score interval of k / n at the
-  confidence c, which lies inside [0, 1] by construction (Wilson, JASA 1927; Brown, Cai and
-  DasGupta, Statist. Sci. 2001, for its coverage). Pooling treats the repeats as one sample with
-  one true proportion; the per-repeat min and max show whether they agree. It describes the
-  pooled evidence and decides nothing: each repeat's verdict is taken on its own report's
-  bound (a confidence sequence, valid under the sweep's early stopping and extension, which a
-  fixed-sample Wilson interval of counts so gathered is not).
-  Without the counts (a report that lacks them) the mean of the per-repeat values is given with
-  a t-interval clipped to [0, 1] under the same repeat rule.
+Method: docs/metrics.md, "Capacity and repeats" ("Statistics across repeats").
 """
 
 from __future__ import annotations
@@ -33,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.binomial import wilson_interval
 
 #: The fewest repeats from which a Student-t interval of a mean is reported.
@@ -116,47 +101,33 @@ def pooled_proportion(
     return out
 
 
-def _counts(reports: list[dict[str, Any]], key: str) -> list[Any]:
-    return [r.get(key) for r in reports]
-
-
-def variation(
-    reports: list[dict[str, Any]], classes: list[str], confidence: float = 0.95
-) -> dict[str, Any]:
+def variation(reports: list[SloReport], classes: list[str], confidence: float = 0.95) -> dict:
     """Run-to-run variation of a point's repeats: rates and P95 latencies (t or range),
     error rate and every class's attainment (pooled binomial)."""
-    failed = [
-        (r["attempted"] - r["successful"]) if r.get("attempted") is not None
-        and r.get("successful") is not None else None
-        for r in reports
-    ]  # fmt: skip
     out: dict[str, Any] = {
-        "observed_goodput_rps": t_interval(_counts(reports, "observed_goodput_rps"), confidence),
-        "request_throughput_rps": t_interval(
-            _counts(reports, "request_throughput_rps"), confidence
-        ),
-        "output_throughput_tps": t_interval(_counts(reports, "output_throughput_tps"), confidence),
-        "error_rate": pooled_proportion(
-            _counts(reports, "error_rate"),
-            failed,
-            _counts(reports, "attempted"),
-            confidence,
-            "error rate",
-        ),  # fmt: skip
-        "classes": {},
+        key: t_interval([getattr(r, key) for r in reports], confidence)
+        for key in ("observed_goodput_rps", "request_throughput_rps", "output_throughput_tps")
     }
+    out["error_rate"] = pooled_proportion(
+        [r.error_rate for r in reports],
+        [r.attempted - r.successful for r in reports],
+        [r.attempted for r in reports],
+        confidence,
+        "error rate",
+    )
+    out["classes"] = {}
     for c in classes:
-        rows = [r["classes"][c] for r in reports]
+        rows = [r.classes[c] for r in reports]
         entry = {
             "attainment": pooled_proportion(
-                [row.get("attainment") for row in rows],
-                [row.get("passing_count") for row in rows],
-                [row.get("successful_count") for row in rows],
+                [row.attainment for row in rows],
+                [row.passing_count for row in rows],
+                [row.successful_count for row in rows],
                 confidence,
                 "attainment",
             )
         }
         for key in ("p95_ttft_ms", "p95_tpot_ms", "p95_e2e_ms"):
-            entry[key] = t_interval([row.get(key) for row in rows], confidence)
+            entry[key] = t_interval([getattr(row, key) for row in rows], confidence)
         out["classes"][c] = entry
     return out

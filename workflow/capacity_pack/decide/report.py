@@ -1,79 +1,34 @@
 """The capacity pack a person reads: decision, plan, plots, manifest, requests and SLO report.
 
-``results/<pack>/pack/`` holds ``workload-manifest.yaml`` (the frozen manifest), ``requests.csv``
-and ``slo-report.json`` of the selected point, ``capacity.json`` (selection, variation, curves),
-``plan.json`` (replicas and GPUs from throughput and from memory, cost), the plots, and a
-``README.md`` that states the decision, the gates, the evidence and its limits in plain words.
-
-:func:`write_pack` writes the folder, drawing the plots of :mod:`capacity_pack.decide.plots`;
-:func:`render_readme` the README, one function per section, each shared with the HTML page
-(:mod:`capacity_pack.decide.html`). A cache state's capacity is stated by
-:func:`decision_headline`: the decision sentence (:func:`capacity_pack.vocab.words.
-decision_sentence`), then what each end of its bracket showed (:func:`bracket_evidence`).
+:func:`write_pack` writes ``results/<pack>/pack/`` (the frozen manifest, the selected point's
+``requests.csv`` and ``slo-report.json``, ``capacity.json``, ``plan.json``, every plot of
+:data:`capacity_pack.decide.plots.PLOTS`); :func:`render_readme` the README, the sections of
+:data:`README_SECTIONS` in order, each a function of :class:`PackDocs` that the HTML page renders
+too. A cache state's capacity is stated by :func:`decision_headline`. Docs: docs/reading.md,
+"The pack README"; a new section: docs/architecture.md, "Where to change…".
 """
 
 from __future__ import annotations
 
-import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from capacity_pack.artifacts import Capacity, Plan, SloReport
 from capacity_pack.decide import sessions
 from capacity_pack.decide.capacity import tail_fit_sentences
-from capacity_pack.decide.plots import (
-    plot_attainment,
-    plot_closed_loop,
-    plot_latency,
-    plot_throughput,
-    plot_timeseries,
-    pyplot,
-    save_figure,
-)
+
+# pyplot and save_figure: drills/timeline.py imports them from here.
+from capacity_pack.decide.plots import PLOTS, PlotInputs, pyplot, save_figure  # noqa: F401
+from capacity_pack.decide.registry import Registry, Section
 from capacity_pack.decide.traffic import manifest_lines, selected_lines
 from capacity_pack.evidence.gates import Gates
-from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
+from capacity_pack.io import atomic_path, write_text_atomic
 from capacity_pack.plan.words import target_words
 from capacity_pack.vocab.words import decision_sentence, rate_status_words
-
-
-def _write_plots(
-    out_dir: Path,
-    manifest: dict[str, Any],
-    capacity: dict[str, Any],
-    reports: list[dict[str, Any]],
-    series: dict[str, pd.DataFrame],
-) -> list[Path]:
-    """The pack's plots (the module docstring's), those that have data; returns their paths."""
-    classes = [c["name"] for c in manifest["workload"]]
-    cutoffs = {
-        c["name"]: (c["request_ttft_cutoff_ms"], c["request_tpot_cutoff_ms"])
-        for c in manifest["workload"]
-    }
-    gate = manifest["acceptance"]["class_slo_attainment_min"]
-    files = []
-    # Each time-series row names its points' verdicts, so the plot says which point failed.
-    verdicts = {r["key"]: r["verdict"] for r in reports if "key" in r}
-    plots = {
-        "throughput.png": lambda p: plot_throughput(capacity["open_loop"], p),
-        "attainment.png": lambda p: plot_attainment(reports, classes, gate, p),
-        "latency.png": lambda p: plot_latency(reports, classes, cutoffs, p),
-        "closed_loop.png": lambda p: plot_closed_loop(capacity["closed_loop"], p, cutoffs),
-        "timeseries.png": lambda p: plot_timeseries(series, p, verdicts),
-    }
-    for name, draw in plots.items():
-        if name == "closed_loop.png" and not capacity["closed_loop"]:
-            continue
-        if name == "timeseries.png" and not series:
-            continue
-        draw(out_dir / name)
-        files.append(out_dir / name)
-    if (fig := sessions.figure(reports, pyplot())) is not None:
-        save_figure(fig, out_dir / "sessions.png")
-        files.append(out_dir / "sessions.png")
-    return files
 
 
 def write_pack(
@@ -104,17 +59,20 @@ def write_pack(
     )
     write_text_atomic(out_dir / "workload-manifest.yaml", text)
     files.append(out_dir / "workload-manifest.yaml")
-    write_json_atomic(out_dir / "capacity.json", capacity)
-    write_json_atomic(out_dir / "plan.json", plan)
     files += [out_dir / "capacity.json", out_dir / "plan.json"]
+    Capacity.parse(capacity, files[-2]).write(files[-2])
+    Plan.parse(plan, files[-1]).write(files[-1])
     if selected_report is not None:
-        write_json_atomic(out_dir / "slo-report.json", selected_report)
         files.append(out_dir / "slo-report.json")
+        SloReport.parse(selected_report, files[-1]).write(files[-1])
     if selected_tables is not None and (selected_tables / "requests.csv").exists():
         with atomic_path(out_dir / "requests.csv") as tmp:
             shutil.copyfile(selected_tables / "requests.csv", tmp)
         files.append(out_dir / "requests.csv")
-    files += _write_plots(out_dir, manifest, capacity, reports, series)
+    inputs = PlotInputs(manifest, capacity, reports, series)
+    for plot in (p for p in PLOTS if p.when is None or p.when(inputs)):
+        plot.draw(inputs, out_dir / plot.name)
+        files.append(out_dir / plot.name)
     for f in extra_files or []:
         if f.exists():
             with atomic_path(out_dir / f.name) as tmp:
@@ -132,16 +90,14 @@ def write_pack(
         with atomic_path(out_dir / "twin-validation.json") as tmp:
             shutil.copyfile(twin[1], tmp)
         files.append(out_dir / "twin-validation.json")
-    names = [f.name for f in files]
-    section = shapes[0] if shapes else None
     readme = render_readme(
         frozen,
         capacity,
         plan,
         selected_report,
-        names,
+        [f.name for f in files],
         failure,
-        section,
+        shapes[0] if shapes else None,
         sessions.readme_lines(reports),
         twin[0] if twin is not None else None,
     )
@@ -171,6 +127,47 @@ def gate_sentence(acceptance: dict[str, Any]) -> str:
     )
 
 
+@dataclass(kw_only=True)
+class PackDocs:
+    """The pack's documents a section reads: the frozen manifest, ``capacity.json``,
+    ``plan.json``, the selected point's ``slo-report.json`` and ``failure-test.json`` (None where
+    absent). The page's :class:`capacity_pack.decide.html.PackFiles` is one too."""
+
+    frozen: dict[str, Any]
+    capacity: dict[str, Any]
+    plan: dict[str, Any]
+    selected: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.frozen["manifest"]
+
+
+@dataclass(kw_only=True)
+class Readme(PackDocs):
+    """The README's documents: the pack's, its file names, and the sections other modules
+    write (the load shapes', sessions by turn, the twin's), each with its own heading."""
+
+    files: list[str]
+    shapes: list[str] | None = None
+    sessions: list[str] | None = None
+    twin: list[str] | None = None
+
+
+#: The README's sections, in order: each renders its lines under ``## title`` (None: lines
+#: with their own heading); a render that returns None leaves its section out.
+README_SECTIONS: Registry[Section] = Registry("README section", Section)
+
+
+def section_lines(section: Section, docs: PackDocs) -> list[str]:
+    """One section's Markdown lines, its heading first."""
+    lines = section.render(docs)
+    if lines is None:
+        return []
+    return [f"## {section.title}", "", *lines] if section.title else list(lines)
+
+
 def render_readme(
     frozen: dict[str, Any],
     capacity: dict[str, Any],
@@ -182,33 +179,19 @@ def render_readme(
     session_lines: list[str] | None = None,
     twin_lines: list[str] | None = None,
 ) -> str:
-    """The pack's README.md: decision, the failure answer, replica plan, gates, evidence, the
-    twin's predicted vs measured capacity (``twin_lines``: :mod:`capacity_pack.twin.validate`),
-    the load shapes' answers, sessions by turn (``session_lines``:
-    :mod:`capacity_pack.decide.sessions`), selected point, failure test, limits and files, one
-    section renderer each."""
-    m = frozen["manifest"]
-    lines = [
-        *title_section(m["pack"]),
-        *decision_section(m, capacity),
-        *failure_answer_section(failure),
-        *plan_section(m, plan),
-        *gates_section(m),
-        *manifest_lines(frozen),
-        *verdict_words_section(m),
-        *evidence_section(capacity),
-        *(twin_lines or []),
-        *(shapes or []),
-        *(session_lines or []),
-        *selected_section(selected),
-        *failure_section(m),
-        *limits_section(m),
-        *files_section(frozen, files),
-    ]
-    return "\n".join(lines)
+    """The pack's README.md: the sections of :data:`README_SECTIONS` in order, ``shapes``,
+    ``session_lines`` (:mod:`capacity_pack.decide.sessions`) and ``twin_lines``
+    (:mod:`capacity_pack.twin.validate`) among them as their modules wrote them."""
+    docs = Readme(
+        frozen=frozen, capacity=capacity, plan=plan, selected=selected, failure=failure,
+        files=files, shapes=shapes, sessions=session_lines, twin=twin_lines,
+    )  # fmt: skip
+    return "\n".join(line for s in README_SECTIONS for line in section_lines(s, docs))
 
 
-def title_section(pack: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("title", None, order=10)
+def title_section(docs: PackDocs) -> list[str]:
+    pack = docs.manifest["pack"]
     lines = [f"# Capacity pack: {pack['title']}", ""]
     if pack["size"] == "rehearsal":
         lines += [
@@ -267,12 +250,13 @@ def decision_headline(state: str, sel: dict[str, Any]) -> str:
     return f"**{sentence}.**" + (f" {bracket_evidence(sel)}." if b else "")
 
 
-def decision_section(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("decision", "Decision", order=20)
+def decision_section(docs: PackDocs) -> list[str]:
+    m, capacity = docs.manifest, docs.capacity
     w = target_words(m)
     primary = capacity["primary_cache_state"]
     sel = capacity["open_loop"].get(primary, {})
     cap = sel.get("capacity_rps")
-    lines = ["## Decision", ""]
     headline = decision_headline(primary, sel)
     if cap is not None:
         goodput = sel["goodput_at_capacity_rps"]
@@ -284,8 +268,7 @@ def decision_section(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
             + (", DistServe's sense" if w.unit == "GPU" else "")
             + f", as measured; nominally {fmt(sel['capacity_per_gpu_nominal_rps'])})."
         )
-    lines.append(headline)
-    lines += ["", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
+    lines = [headline, "", *[f"- {s['decision']}" for s in capacity["open_loop"].values()], ""]
     if faults := capacity.get("measurement_faults"):
         lines += [
             "**Measurement faults** (results that contradict how a server works: the pack "
@@ -300,13 +283,13 @@ def decision_section(m: dict[str, Any], capacity: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plan_section(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("plan", "Replica plan", order=40)
+def plan_section(docs: PackDocs) -> list[str] | None:
+    m, plan = docs.manifest, docs.plan
     w = target_words(m)
     if plan.get("required_replicas") is None:
-        return ["## Replica plan", "", plan["reason"], ""] if plan.get("reason") else []
+        return [plan["reason"], ""] if plan.get("reason") else None
     lines = [
-        "## Replica plan",
-        "",
         f"For a peak of **{m['plan']['peak_rps']:g} RPS** at a target utilization of "
         f"{plan['throughput']['target_utilization']:g}: "
         f"**{plan['required_replicas']} replicas, {plan['required_gpus']} {w.units}** "
@@ -342,12 +325,11 @@ def plan_section(m: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     return lines
 
 
-def gates_section(m: dict[str, Any]) -> list[str]:
-    acc = m["acceptance"]
+@README_SECTIONS.register("gates", "Gates", order=50)
+def gates_section(docs: PackDocs) -> list[str]:
+    m = docs.manifest
     return [
-        "## Gates",
-        "",
-        gate_sentence(acc),
+        gate_sentence(m["acceptance"]),
         "",
         "| class | TTFT cutoff (ms) | TPOT cutoff (ms) |",
         "|---|---:|---:|",
@@ -357,13 +339,12 @@ def gates_section(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def verdict_words_section(m: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("verdict-words", "Verdict words", order=70)
+def verdict_words_section(docs: PackDocs) -> list[str]:
     """What each verdict word in this README means (one repeat's, then a rate's)."""
-    acc = m["acceptance"]
+    acc = docs.manifest["acceptance"]
     gate, conf = acc["class_slo_attainment_min"], acc.get("attainment_confidence", 0.95)
     return [
-        "## Verdict words",
-        "",
         "One measured repeat of a rate gets one verdict:",
         "",
         f"- **pass**: every class's attainment is proven >= {gate:g}: the lower end of its "
@@ -410,10 +391,10 @@ def _cache_sources(capacity: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def evidence_section(capacity: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("evidence", "Evidence", order=80)
+def evidence_section(docs: PackDocs) -> list[str]:
+    capacity = docs.capacity
     lines = [
-        "## Evidence",
-        "",
         "Per repeat (separated by /): the offered rate the schedule's measured requests arrived "
         "at (attempted / T) and the achieved rate (successful / T), T being the measured window "
         "(first measured send to last terminal event, the drain included). Ranges are min-max "
@@ -469,12 +450,12 @@ def evidence_section(capacity: dict[str, Any]) -> list[str]:
     return lines
 
 
-def selected_section(selected: dict[str, Any] | None) -> list[str]:
+@README_SECTIONS.register("selected", "The selected point", order=120)
+def selected_section(docs: PackDocs) -> list[str] | None:
+    selected = docs.selected
     if selected is None:
-        return []
+        return None
     return [
-        "## The selected point",
-        "",
         f"`slo-report.json` and `requests.csv` are point `{selected['key']}` "
         f"(verdict {selected['verdict']}): {selected['attempted']} attempted, "
         f"{selected['successful']} successful, error rate {fmt(selected['error_rate'])}, "
@@ -486,12 +467,14 @@ def selected_section(selected: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def failure_answer_section(failure: dict[str, Any] | None) -> list[str]:
+@README_SECTIONS.register("failure-answer", "When a replica fails", order=30)
+def failure_answer_section(docs: PackDocs) -> list[str] | None:
     """The second headline question, answered for the recommended plan, then one line per
     mechanism drill."""
+    failure = docs.failure
     if failure is None:
-        return []
-    lines = ["## When a replica fails", ""]
+        return None
+    lines: list[str] = []
     plan = failure.get("plan_drill")
     if plan is not None:
         lines.append(f"**{plan['sentence']}.**")
@@ -516,14 +499,14 @@ def failure_answer_section(failure: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def failure_section(m: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("failure-test", "Failure test, alerts and dashboard", order=130)
+def failure_section(docs: PackDocs) -> list[str] | None:
+    m = docs.manifest
     if not m.get("failure"):
-        return []
+        return None
     drills = ", ".join(f"`{d['name']}` ({d['kind']})" for d in m["failure"]["drills"])
     plan = (m["failure"].get("plan_drill") or {}).get("enabled", True)
     return [
-        "## Failure test, alerts and dashboard",
-        "",
         "`failure-test.md` (and `failure-test.json`) hold "
         + (
             "the plan drill (one replica of the recommended fleet killed at the planned peak, "
@@ -542,10 +525,10 @@ def failure_section(m: dict[str, Any]) -> list[str]:
     ]
 
 
-def limits_section(m: dict[str, Any]) -> list[str]:
+@README_SECTIONS.register("limits", "Limits", order=140)
+def limits_section(docs: PackDocs) -> list[str]:
+    m = docs.manifest
     return [
-        "## Limits",
-        "",
         "- The capacity holds only for this workload mix, cache state, placement, engine "
         "configuration and scaling regime; the per-replica figure is not a universal constant.",
         "- The replica plan assumes linear scaling: validate the planned topology with a live "
@@ -561,19 +544,25 @@ def limits_section(m: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def files_section(frozen: dict[str, Any], files: list[str]) -> list[str]:
+@README_SECTIONS.register("files", "Files", order=150)
+def files_section(docs: Readme) -> list[str]:
     return [
-        "## Files",
+        *[f"- `{f}`" for f in docs.files],
         "",
-        *[f"- `{f}`" for f in files],
-        "",
-        f"Frozen manifest sha256 `{frozen['sha256']}`.",
+        f"Frozen manifest sha256 `{docs.frozen['sha256']}`.",
         "",
     ]
 
 
+# The sections other modules write, each with its own heading.
+README_SECTIONS.register("workload-lengths", None, order=60)(lambda d: manifest_lines(d.frozen))
+README_SECTIONS.register("twin", None, order=90)(lambda d: d.twin)
+README_SECTIONS.register("shapes", None, order=100)(lambda d: d.shapes)
+README_SECTIONS.register("sessions", None, order=110)(lambda d: d.sessions)
+
+
 def load_reports(paths: list[Path]) -> list[dict[str, Any]]:
-    return [json.loads(Path(p).read_text()) for p in paths]
+    return [SloReport.read(p).dump() for p in paths]
 
 
 def selected_point(

@@ -1,92 +1,16 @@
 """The SLO-boundary search: from the reports of the points measured so far to the next round.
 
-A pack with ``sweep.search`` does not measure a fixed list of rates: it searches, per cache state
-(cold and warm independently), for the boundary between the rates it can defend and those it
-cannot, round by round. Each round is a set of ordinary points (``open-r35/cold/rep0``); the
-pipeline runs each round as a Snakemake checkpoint (``rules/search.smk``), so every point is a
-cached sweep/normalize/analyze job and a rerun measures only points it has not measured.
+Per cache state, round by round, the open-loop rate (and optionally the closed-loop level)
+bracket [pass_rps, fail_rps) is narrowed: bisect to the tidy rate near the midpoint
+(:func:`tidy_between`), halve / double (or :func:`gallop` from a prediction) outside it, stop
+within the resolution. A rate is decided on its deciding repeats pooled; a failing end that
+decides nothing is retried at the next repeat index; confirmations spend the remaining repeats
+on the bracket's ends. :func:`decide_round` maps rounds 1..k to round k's file, :func:`plan_rounds`
+applies ``max_rounds`` to the files in order (so raising it only adds rounds), :func:`summarize`
+writes the whole search. Pure functions: each round runs as a Snakemake checkpoint.
 
-**Open loop.** A tested rate's status is :func:`capacity_pack.decide.pooled.rate_status` of
-the reports of its measured repeats, pooled; ``pass`` and ``marginal`` meet the gates
-(:func:`capacity_pack.decide.pooled.meets_gates`: shown at the confidence, or on the pooled
-estimate), ``misses``, ``fail`` and ``inconclusive`` do not. The bracket [pass_rps, fail_rps)
-is :func:`capacity_pack.decide.bracket.bracket`'s (pass_rps the highest tested rate meeting the
-gates with every lower tested rate meeting them, fail_rps the lowest tested rate above it), the
-capacity decision's, so a pass above a failure never moves it. The next rate of the search:
-
-- *bisect* when both ends exist and the width fail_rps - pass_rps exceeds the resolution
-  (:func:`capacity_pack.decide.bracket.resolution_of`: ``resolution_rps``, or
-  ``resolution_rel`` x pass_rps): the tidiest rate within an eighth of
-  the width of the midpoint (:func:`tidy_between`: the coarsest step of the 1-2-5 ladder whose
-  multiple nearest the midpoint lies strictly inside), so ids stay readable (``open-r32``, not
-  ``open-r32.5``) and each round still shrinks the bracket to at most 5/8 of its width;
-- *down* when the lowest tested rate does not pass: half of it (2 significant digits), not below
-  the search's lower bound (``min_rps``, default round 1's lowest rate / 8);
-- *up* when every tested rate passes: twice the highest (2 significant digits), not above the
-  upper bound (``max_rps``, default 4 x round 1's highest rate) - an exponential search
-  (Bentley and Yao, "An almost optimal algorithm for unbounded searching", 1976). A search
-  that starts from a prediction (``initial: predicted``) steps from it instead: one resolution
-  below the lowest tested rate (above the highest), doubling the step each time it misses
-  again (:func:`gallop`);
-- none when the bracket is within the resolution, a bound is reached, or no new rate fits.
-
-With ``initial: auto`` round 1 measures only the closed loop and round 2's rates are 0.5, 0.75
-and 1 x its saturation request throughput (the highest ``request_throughput_rps`` among the
-closed-loop points of the cache state), each to 2 significant digits. With ``initial:
-predicted`` (a simulated target) round 1 likewise measures only the closed loop (if any), and
-round 2's rates are the cache state's predicted bracket from the preflight prediction
-(:mod:`capacity_pack.twin.preflight`, ``preflight/preflight.json``; re-centred there on the
-engine model's long-run boundary where the control variate judges the points): its two ends,
-and the tidy rate near its midpoint when the bracket is wider than the resolution, given to
-:func:`decide_round` by the round's stage.
-
-**Repeats where they decide.** Search points run repeat 0. When the search has converged (or has
-run ``max_rounds`` search rounds), a *confirmation* round measures repeats 1..R-1
-(``sweep.repeats`` = R) of both ends of the bracket, the failing end unless its status is
-``fail`` (shown to fail, or another gate failed). A repeat is a new schedule seed and the rate
-is decided on its repeats pooled, so a confirmation can move the bracket either way; the search
-then continues from the new bracket, again within ``max_rounds``. With ``pooled_steps`` a search
-step measures repeats 0..R-1 of each new rate at once, so every rate is decided on its pooled
-repeats when it is first measured and no confirmation is left to do: for a search that starts
-at the predicted boundary, where every rate it measures is near the answer, this spends the
-same points in fewer rounds and never walks on one repeat's luck (a rate passing on repeat 0
-sends the search up, and its confirmation brings it back a round later).
-
-**A point that decides nothing is measured again, not bisected below.** A repeat whose load
-generator fell behind its schedule (client-bound: dispatch lateness p99 over
-``client.lateness_bound_ms``) measured the client, not the target; a repeat decided in run under
-another attainment gate and undecided at the pack's (superseded: the gate changed since) was
-stopped by a rule that no longer applies. A rate's status is taken over the repeats that decide
-it (:func:`capacity_pack.decide.pooled.deciding_reports`). When the bracket's failing end
-has none, the next round measures it again at the next repeat index (a ``retry`` step: a search
-round while search rounds remain, a ``retry`` round after ``max_rounds``, as a confirmation is)
-instead of bisecting below it; after ``sweep.search.extra_repeats`` measurements beyond
-``sweep.repeats`` the search goes on below it and says the bracket is a lower bound.
-Confirmations likewise count deciding repeats. So a changed gate re-decides every round from
-the points already measured, and measures only what the new decisions ask for.
-
-**Closed loop** (``search.concurrency``). A level *meets* the SLO when every class's attainment
-meets ``acceptance.class_slo_attainment_min`` in every measured repeat (the latency constraint of
-:func:`capacity_pack.decide.capacity.closed_loop_curve`). The bracket is the same walk over the
-levels (:func:`capacity_pack.decide.bracket.bracket`); the next level bisects it (the integer
-midpoint floor((low + high) / 2), when the bracket is wider than ``resolution`` workers),
-doubles the highest level when all meet (up to ``max_concurrency``, default 4 x the highest
-declared level), and stops when concurrency 1 fails. The same confirmation rule spends the
-repeats on the bracket's meeting level. Its round 1 is ``sweep.closed_loop_concurrency``.
-
-**Saturation check** (recorded, with or without a closed-loop search): the curve is *saturated*
-when the last doubling of concurrency raised the output throughput by less than 10 %:
-T(c_max) < 1.10 x T(c'), c_max the highest tested level, c' the highest tested level at most
-c_max / 2, T the mean output tokens/s over its repeats.
-
-**Rounds.** :func:`decide_round` maps the reports of rounds 1..k to round k's file: the tested
-table, the bracket, the search step and the confirmation it proposes, per loop. It does not read
-``max_rounds``: :func:`plan_rounds` applies it to the files in order (round k+1 takes a loop's
-search step while that loop has run fewer than ``max_rounds`` search rounds, else its
-confirmation; the search is done when no loop has either), so raising ``max_rounds`` leaves every
-written round file as it is and only adds rounds. :func:`summarize` is the whole search of a
-cache state (``search/<cache>/search.json``): each round's points and kind, why each loop
-stopped, its final bracket.
+Method: docs/search.md (every section: status and bracket, retries, the next rate, repeats,
+the closed loop and its saturation check, rounds as checkpoints).
 """
 
 from __future__ import annotations
@@ -99,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.decide.bracket import bracket, resolution_of, within
 from capacity_pack.decide.capacity import meets_latency_gates
 from capacity_pack.decide.pooled import deciding_reports, rate_status, void
@@ -178,9 +103,7 @@ class SearchInputs(BaseModel):
         return canonical_json(self.model_dump(mode="json", exclude=unset or None))
 
 
-# ---------------------------------------------------------------------------------------------
-# Tidy numbers
-# ---------------------------------------------------------------------------------------------
+# --- Tidy numbers ---
 
 
 def _ladder(width: float) -> Iterable[float]:
@@ -222,55 +145,53 @@ def tidy(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
     return round(value, max(min(places, 6), -15))
 
 
-# ---------------------------------------------------------------------------------------------
-# The tables of one cache state
-# ---------------------------------------------------------------------------------------------
+# --- The tables of one cache state ---
 
 
-def rate_rows(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def rate_rows(reports: Sequence[SloReport]) -> list[dict[str, Any]]:
     """One row per tested open-loop rate: its status over the repeats that decide it
     (:func:`capacity_pack.decide.pooled.deciding_reports`: a client-bound or superseded
     repeat is set aside when another decides), every measured repeat, and the void ones."""
-    by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    by_rate: dict[float, list[SloReport]] = defaultdict(list)
     for r in reports:
-        if r.get("mode") == "open":
-            by_rate[float(r["offered_rps"])].append(r)
+        if r.mode == "open":
+            by_rate[float(r.offered_rps)].append(r)
     rows = []
     for rate in sorted(by_rate):
-        reps = sorted(by_rate[rate], key=lambda r: r["repeat"])
-        why = {int(r["repeat"]): v for r in reps if (v := void(r))}
+        reps = sorted(by_rate[rate], key=lambda r: r.repeat)
+        why = {r.repeat: v for r in reps if (v := void(r))}
         rows.append(
             {
                 "offered_rps": rate,
                 "status": rate_status(deciding_reports(reps)),
-                "repeats": [int(r["repeat"]) for r in reps],
-                "verdicts": [r["verdict"] for r in reps],
+                "repeats": [r.repeat for r in reps],
+                "verdicts": [r.verdict for r in reps],
                 "void_repeats": sorted(why),
                 "void_why": {str(k): v for k, v in why.items()},
-                "deciding_repeats": [int(r["repeat"]) for r in reps if not void(r)],
+                "deciding_repeats": [r.repeat for r in reps if not void(r)],
             }
         )
     return rows
 
 
-def level_rows(reports: Sequence[dict[str, Any]], attainment_min: float) -> list[dict[str, Any]]:
+def level_rows(reports: Sequence[SloReport], attainment_min: float) -> list[dict[str, Any]]:
     """One row per tested closed-loop level: whether it meets the SLO, its mean throughputs."""
-    by_level: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_level: dict[int, list[SloReport]] = defaultdict(list)
     for r in reports:
-        if r.get("mode") == "closed":
-            by_level[int(r["concurrency"])].append(r)
+        if r.mode == "closed":
+            by_level[r.concurrency].append(r)
     rows = []
     for level in sorted(by_level):
-        reps = sorted(by_level[level], key=lambda r: r["repeat"])
+        reps = sorted(by_level[level], key=lambda r: r.repeat)
         meets = all(meets_latency_gates(r, attainment_min) for r in reps)
         rows.append(
             {
                 "concurrency": level,
                 "meets_slo": meets,
                 "status": "pass" if meets else "fail",
-                "repeats": [int(r["repeat"]) for r in reps],
-                "output_throughput_tps": _mean(r.get("output_throughput_tps") for r in reps),
-                "request_throughput_rps": _mean(r.get("request_throughput_rps") for r in reps),
+                "repeats": [r.repeat for r in reps],
+                "output_throughput_tps": _mean(r.output_throughput_tps for r in reps),
+                "request_throughput_rps": _mean(r.request_throughput_rps for r in reps),
             }
         )
     return rows
@@ -282,7 +203,8 @@ def _mean(values: Iterable[Any]) -> float | None:
 
 
 def saturation(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The throughput-flattening check of the closed-loop curve (module docstring)."""
+    """The closed-loop curve's throughput-flattening check (docs/search.md, "The closed
+    loop")."""
     rule = (
         f"saturated when T(c_max) < {1 + SATURATION_GAIN:.2f} x T(c'), c' the highest tested "
         "level <= c_max / 2 (T: mean output tokens/s)"
@@ -309,9 +231,7 @@ def saturation(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# One loop's step
-# ---------------------------------------------------------------------------------------------
+# --- One loop's step ---
 
 
 def rate_step(
@@ -361,10 +281,8 @@ def rate_step(
 def gallop(rate: float, sign: int, steps: int, inputs: SearchInputs) -> float:
     """A predicted search's step out of its start: ``rate`` +- resolution x 2^steps (``steps``:
     the rates already tested beyond round 1's on that side), to 2 significant digits, never
-    through zero. The prediction puts the boundary near round 1's rates, so the search first
-    looks one resolution step away and doubles the step only while it keeps missing (an
-    exponential search from a guess: Bentley and Yao 1976); halving a rate that just failed,
-    the step of a search with no prior, would throw the prediction away."""
+    through zero: doubling from the prediction rather than halving (docs/search.md, "The next
+    rate")."""
     res = resolution_of(inputs, rate)
     assert res is not None
     step = res * 2**steps
@@ -418,12 +336,9 @@ def auto_rates(levels: Sequence[dict[str, Any]]) -> tuple[list[float], str]:
 def predicted_rates(
     preflight: dict[str, Any], cache_state: str, resolution_rps: float | None = None
 ) -> list[float]:
-    """``initial: predicted``: round 1's rates from a preflight file
-    (:mod:`capacity_pack.twin.preflight`): the cache state's predicted bracket's ends and the
-    tidy rate near its midpoint (:func:`tidy_between`), the ends only when the bracket is
-    already within ``resolution_rps`` (a midpoint there would measure a rate the search never
-    needs); with one end only, that end and half (below a failing end) or twice (above a
-    passing one) it; none without a bracket."""
+    """``initial: predicted``: round 1's rates from a preflight file: the cache state's predicted
+    bracket's ends and the tidy rate near its midpoint (the ends only when within
+    ``resolution_rps``); with one end, that end and half or twice it; none without a bracket."""
     entry = next(
         (b for b in preflight.get("brackets") or [] if b["cache_state"] == cache_state), {}
     )
@@ -518,13 +433,11 @@ def void_retry(
     return [{"offered_rps": fail_rps, "repeats": [fresh[0]]}], why
 
 
-# ---------------------------------------------------------------------------------------------
-# A round's file
-# ---------------------------------------------------------------------------------------------
+# --- A round's file ---
 
 
 def decide_round(
-    reports: Sequence[dict[str, Any]],
+    reports: Sequence[SloReport],
     inputs: SearchInputs,
     cache_state: str,
     round_index: int,
@@ -535,7 +448,7 @@ def decide_round(
     declared closed-loop points): per loop the tested table, the bracket, the search step and
     the confirmation the next round may take (:func:`plan_rounds` chooses); ``measured``: the
     keys of the points this round measured (shown as they are)."""
-    mine = [r for r in reports if r.get("cache_state") == cache_state]
+    mine = [r for r in reports if r.cache_state == cache_state]
     first, why_first = _first_rates(mine, inputs, predicted_rps)
     return {
         "format": FORMAT,
@@ -555,7 +468,7 @@ def decide_round(
 
 
 def _first_rates(
-    mine: Sequence[dict[str, Any]], inputs: SearchInputs, predicted_rps: Sequence[float] | None
+    mine: Sequence[SloReport], inputs: SearchInputs, predicted_rps: Sequence[float] | None
 ) -> tuple[list[float] | None, str]:
     """(round 1's open-loop rates, where they come from): declared, predicted, or derived
     from the declared closed-loop levels (``initial: auto``)."""
@@ -571,9 +484,7 @@ def _first_rates(
         declared = [
             r
             for r in mine
-            if r.get("mode") == "closed"
-            and int(r["concurrency"]) in inputs.closed_levels
-            and int(r["repeat"]) == 0
+            if r.mode == "closed" and r.concurrency in inputs.closed_levels and r.repeat == 0
         ]
         first, why_first = auto_rates(level_rows(declared, inputs.attainment_min))
     return first, why_first
@@ -641,9 +552,7 @@ def _closed_part(levels: list[dict[str, Any]], inputs: SearchInputs) -> dict[str
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Rounds, in order
-# ---------------------------------------------------------------------------------------------
+# --- Rounds, in order ---
 
 
 def first_round(inputs: SearchInputs, cache_state: str) -> list[Point]:

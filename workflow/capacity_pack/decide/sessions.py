@@ -1,12 +1,9 @@
 """The pack README's multi-turn section and its plot: TTFT and prefix reuse by turn index.
 
-From every measured point's SLO report that has a ``sessions`` section
-(:mod:`capacity_pack.evidence.sessions`): per cache state and rate (repeat 0, the open-loop
-points), per turn index, the client's prefix-cache hit rate (cached / prompt tokens of the
-successful turns) and P50/P95 TTFT. The plot (``sessions.png``) draws both against the turn
-index, one line per point, cold and warm in their colours: warm turn 0 starts at the shared
-system prompt's share, cold turn 0 near zero, and both rise with the turn index as the resent
-conversation grows.
+From every measured open-loop point's SLO report with a ``sessions`` section (repeat 0), per
+cache state, rate and turn index: the client's prefix-cache hit rate (cached / prompt tokens of
+the successful turns) and P50/P95 TTFT; ``sessions.png`` draws both against the turn index, one
+line per point, cold and warm in their colours. Method: docs/metrics.md, "Multi-turn sessions".
 """
 
 from __future__ import annotations

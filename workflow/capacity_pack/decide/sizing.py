@@ -1,56 +1,13 @@
 """Sizing arithmetic: replicas and GPUs from throughput and from memory, fit, bandwidth, cost.
 
-Formulas (in parentheses, the worked numbers that ``tests/unit/decide/test_sizing.py`` checks):
+replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)), then N+k and a warm
+pool; memory replicas = ceil(peak_rps x P95 latency / floor(KV capacity / KV per request at the
+P95 context)); the plan takes the larger. Fit probe: weights + KV + overhead <= memory - margin;
+KV at the planned concurrency (:func:`kv_at_concurrency`): the P95 of the M/G/infinity compound
+sum of duration-weighted contexts; MBU = achieved / spec bandwidth; cost per completed request =
+GPUs x price per GPU-hour / (3600 x successful RPS).
 
-- throughput sizing: replicas = ceil(peak_rps / (capacity_per_replica x target_utilization)),
-  GPUs = replicas x GPUs per replica; then N+k redundancy and a warm pool add whole replicas
-  (36 RPS, 6 RPS/replica, 0.75, TP2 -> 8 replicas, 16 GPUs);
-- GPU-seconds form: GPUs = ceil(peak_rps x GPU-seconds per request / target_utilization)
-  (50 RPS x 0.2 GPU-s / 0.6 -> 17 GPUs);
-- Little's law (J. D. C. Little, "A proof for the queuing formula L = lambda W", Operations
-  Research 9(3), 1961): in-flight L = lambda x W for a stable system
-  (20 RPS x 2 s p95 -> 40 in flight);
-- memory sizing: in-flight at peak = peak_rps x P95 latency; KV bytes per request = KV bytes per
-  token x P95 context (prompt + output); KV capacity per replica = usable memory - weights -
-  overhead; requests per replica = floor(capacity / KV per request); replicas =
-  ceil(in-flight at peak / requests per replica). The plan takes the larger of the throughput
-  and memory replica counts and says which one bound it;
-- the context distribution sized from (:mod:`capacity_pack.decide.contexts` gathers it): each
-  request's context = prompt tokens + the output tokens it asked for, over the requests sent
-  at the selected capacity point(s); the P95 and the maximum are nearest-rank order statistics
-  of that sample, taken over the whole mix at once. The P95 of a mix is not the mix of the
-  classes' P95s: 90 % of requests from a class whose P95 is 1,000 and 10 % from one whose P95 is
-  20,000 put the mix's P95 inside the long class, wherever its own distribution puts it, not at
-  the 95 % point of the class P95s. The memory plan sizes KV per request at the P95 context and
-  states whether one request at the maximum context fits (:func:`context_tail`);
-- KV held at the planned concurrency (:func:`kv_at_concurrency`): per replica, requests arrive
-  at lambda_r = peak / replicas carrying the load and each is in flight for its time in system
-  S (send to last event, measured at the capacity point: the planned rate is at most the
-  capacity, so S there overstates S at the plan). Little's law gives the mean number in flight
-  L = lambda_r E[S]; its cost form H = lambda G (Brumelle, "On the relation between customer
-  and time averages in queues", J. Appl. Prob. 8, 1971; Heyman and Stidham, Operations
-  Research 28(4), 1980) gives the mean KV held, lambda_r E[S C] for contexts C. Its tail: a
-  continuous-batching replica serves every admitted request at once, an M/G/infinity system
-  under Poisson arrivals, in which the requests in flight at an instant number Poisson(L) and
-  each is drawn from the sent requests with probability proportional to its S (a long request
-  is in flight at more instants; Kleinrock, Queueing Systems vol. 1, 1975, on M/G/infinity).
-  The statistic is the P95 of that compound sum, sum over Poisson(L) duration-weighted draws of
-  C x KV bytes per token, by resampling the sent requests with a fixed seed (20,000 draws of
-  the sum). A request is counted at its full context for all of S (its KV grows from the prompt
-  to prompt + output), so the figure is an upper bound in that respect; bursty arrivals
-  (gamma with CV > 1) spread the count wider than Poisson, which the figure does not cover;
-- fit probe: weights + KV + overhead <= memory - margin; headroom = budget - need;
-  ``fits`` (headroom > 0), ``zero-headroom`` (== 0 within 1e-9), ``does-not-fit`` (< 0)
-  (24 GB with a 2 GB margin: 12+4+2 = 18 fits with 4 GB; 12+8+2 = 22 zero; 12+12+2 = 26 no);
-- effective bandwidth of a decode-bound (memory-bandwidth-bound) workload: tokens/s =
-  effective bandwidth / bytes moved per token, where the effective bandwidth is the one achieved
-  (bytes per token x measured tokens/s), not the spec sheet's; memory-bandwidth utilization
-  MBU = effective / spec, as Databricks' "LLM Inference Performance Engineering: Best
-  Practices" (2023) defines it (20 GB/token at 600 GB/s -> 30 tokens/s, MBU 0.67 of 900 GB/s);
-- cost: GPU-hours per hour = GPUs provisioned; cost per completed request =
-  GPUs x price per GPU-hour / (3600 x successful requests per second at the planned load), which
-  counts the idle headroom, failures and retries because only successes divide the bill; a task
-  of k requests costs k times that.
+Method: docs/metrics.md, "Sizing arithmetic" and "Sizing from the tail".
 """
 
 from __future__ import annotations
@@ -292,7 +249,7 @@ def context_tail(contexts: np.ndarray, kv_bytes_token: float) -> ContextTail:
 
 
 class ConcurrencyKV(_Model):
-    """KV held per replica at the planned load (see the module docstring)."""
+    """KV held per replica at the planned load (docs/metrics.md, "Sizing from the tail")."""
 
     rate_per_replica_rps: float = Field(description="lambda_r: planned arrivals per replica.")
     mean_time_in_system_s: float = Field(description="E[S]: mean send-to-last-event time.")

@@ -1,46 +1,13 @@
 """The Prometheus alerting rules of a pack: one rule per failure mechanism a drill injects, plus
 the symptoms a user sees.
 
-:func:`alert_rules` builds a rule file of one group by running each rule definition of
-:data:`RULES` in order, in the file's order:
+:func:`alert_rules` runs each rule definition of :data:`RULES` in order; a rule (or clause)
+whose signal the metric map lacks is left out and reported. Every rule carries
+:data:`STATIC_LABELS`. Windows default to drill scale; thresholds are :class:`AlertThresholds`
+(``failure.alert_thresholds``). SLO burn: ``1 - within / count`` above
+``burn_factor x (1 - attainment gate)``, within the bucket at the cutoff rounded up.
 
-- ``ReplicaDown`` (replica failure): a replica out of the router's rotation and not starting, or
-  a scrape target down (``up == 0``);
-- ``QueueSaturation``: waiting requests per replica above ``queue_waiting_max`` while KV usage
-  stays below ``kv_usage_max`` (else it is KV pressure), or the router's admission control
-  shedding more than ``shed_rate_min`` requests/s *and* more than ``shed_share_min`` of its
-  responses (a rate alone fires on one Poisson burst) while KV usage stays below the same cap;
-- ``KVCachePressure``: KV usage above ``kv_usage_max`` or preemptions faster than
-  ``preemption_rate_max``/s;
-- ``TransferDegraded``: the router's health-check round trip to a replica above
-  ``health_rtt_max_s`` and above ``health_rtt_ratio_min`` x the fleet's fastest (a host-wide
-  slowdown lifts every replica's round trip and is no link fault); a one-replica fleet is held
-  to the absolute threshold alone;
-- ``RequestCancellations``: aborted / finished requests above ``cancel_share_max``;
-- ``ColdReplica`` (cold start): a replica still loading, or its prefix-cache hit rate below
-  ``cold_hit_ratio`` x the fleet's while the fleet's is above ``cold_fleet_hit_rate_min``;
-- symptoms: ``ErrorRate`` (non-2xx / all router responses above the error-rate gate's cap, or
-  ``error_rate_max``) and ``SLOBurnTTFT`` / ``SLOBurnTPOT``: ``1 - within / count`` of the
-  latency histogram above ``burn_factor x (1 - attainment gate)``, the error budget of the
-  attainment gate (within: the bucket at the cutoff, below).
-
-Every rule carries the same five bounded labels (:data:`STATIC_LABELS`); aggregation is only
-ever by the replica label, ``replica``, ``code`` or the finish-reason label. A rule (or a clause
-of one) whose signal the engine's metric map lacks is left out and reported beside the file.
-
-Windows and ``for:`` durations default to drill scale (10 s rate windows, 1-3 s ``for``, 1 s
-evaluation) because a failure drill lasts tens of seconds. A production deployment should
-lengthen them (e.g. 5 m windows, ``for: 5m``, 30 s-1 m evaluation) through
-:class:`AlertThresholds`, or the alerts will flap on ordinary noise.
-
-SLO burn from engine histograms: the histograms carry no workload-class label, so the TTFT rule
-uses the strictest class cutoff for every request, rounded up to the nearest histogram bucket
-bound (a histogram can only count observations at or below a bound). The TPOT rule reads the
-inter-token-latency histogram, which counts gaps, not requests, held to the loosest class TPOT
-cutoff; it is an early signal, while the analyzer's per-request attainment stays the decision.
-
-To change a rule: its function in :data:`RULES`; a threshold: a field of
-:class:`AlertThresholds` (a pack overrides it in ``failure.alert_thresholds``).
+The rules and why: docs/failure-drills.md, "The alert rules".
 """
 
 from __future__ import annotations
@@ -59,6 +26,7 @@ from capacity_pack.drills.queries import (
     any_of,
     duration,
     histogram_cutoff,
+    hit_rates,
     le,
     num,
     pack_metrics,
@@ -202,9 +170,7 @@ class RuleFile:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# The rules, one function each, in the order of the file (RULES)
-# ---------------------------------------------------------------------------------------------
+# --- The rules, one function each, in the order of the file (RULES) ---
 
 
 def replica_down(r: RuleFile) -> None:
@@ -384,24 +350,11 @@ def request_cancellations(r: RuleFile) -> None:
 def cold_replica(r: RuleFile) -> None:
     """A replica still loading, or its prefix-cache hit rate far below the fleet's."""
     m, t, w, rl, who = r.m, r.t, r.w, r.rl, r.who
-    if m.prefix_hits is not None and m.prefix_queries is not None:
-        per = (
-            f"{agg('sum', rl, rate(m.prefix_hits, w))} / "
-            f"{agg('sum', rl, rate(m.prefix_queries, w))}"
-        )
-        fleet = f"sum({rate(m.prefix_hits, w)}) / sum({rate(m.prefix_queries, w)})"
-    elif m.prefix_hits is not None and m.prefix_misses is not None:
-        # llama.cpp counts the prompt tokens it computed, not the ones it looked up.
-        hits, misses = rate(m.prefix_hits, w), rate(m.prefix_misses, w)
-        per_hits = agg("sum", rl, hits)
-        per = f"{per_hits} / ({per_hits} + {agg('sum', rl, misses)})"
-        fleet = f"sum({hits}) / (sum({hits}) + sum({misses}))"
-    elif m.prefix_hit_rate is not None:
-        per = agg("avg", rl, f"avg_over_time({m.prefix_hit_rate}[{w}])")
-        fleet = f"avg(avg_over_time({m.prefix_hit_rate}[{w}]))"
-    else:
+    rates = hit_rates(m, rl, lambda x: rate(x, w), lambda x: f"avg_over_time({x}[{w}])")
+    if rates is None:
         r.skip("ColdReplica", "cold_start", "no prefix-cache hit/query (or miss) counters or gauge")
         return
+    per, fleet = rates
     if not rl:
         r.skip("ColdReplica", "cold_start", "no replica label: no per-replica hit rate to compare")
         return
@@ -455,8 +408,8 @@ def error_rate(r: RuleFile) -> None:
 
 
 # Two alert names, not one "SLOBurn" twice: both results are label-less fleet ratios, so under
-# one name Alertmanager would merge them into one alert (and promql.load_rules rejects duplicate
-# names in a group).
+# one name Alertmanager would merge them into one alert (and so would the drills' episodes,
+# keyed by alert name and labels).
 def slo_burn_ttft(r: RuleFile) -> None:
     """Symptom: first tokens slower than the strictest class TTFT cutoff."""
     _slo_burn(r, "SLOBurnTTFT", r.m.ttft_hist, r.m.ttft_buckets, "ttft")

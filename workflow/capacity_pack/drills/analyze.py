@@ -1,56 +1,14 @@
 """Failure drills, analysed: the failure-test fields of one drill from its records and series.
 
-Everything is computed from the drill's own files (see :mod:`capacity_pack.drills.run`), on
-the load generator's clock (seconds from its t0); router events are mapped onto it through the
-run's (t0, t0_realtime) anchor, and :func:`clock_check` reports the divergence of
-CLOCK_MONOTONIC from CLOCK_REALTIME over the run, measured on every request's
-(sent, sent_realtime) pair.
+Everything is on the load generator's clock (seconds from its t0), router events mapped through
+the run's (t0, t0_realtime) anchor. This module holds the drill's times (injection, fault
+cleared, recovery, detection) and the report (:func:`analyze_drill`);
+:mod:`capacity_pack.drills.stats` the statistics it reads, :mod:`capacity_pack.drills.n_plus_one`
+the plan drill's verdict. Recovery time = max(fault cleared, injection, start of the first
+window from which every later window passes :data:`DRILL_GATES`).
 
-What a drill measures:
-
-- Injection time: the router's event for the fault (``killed`` for ``replica_kill``, ``added``
-  for ``cold_replica``), else the injector's action, else the planned time.
-- SLO attainment: requests are binned by when they ended (``window_s`` wide windows, from the
-  end of the warm-up), so a request cut by the fault counts in the incident, not in the healthy
-  window it was sent in. A request meets its SLO when it succeeded with TTFT <= its class's
-  ``request_ttft_cutoff_ms`` and TPOT <= ``request_tpot_cutoff_ms`` (the one predicate,
-  :func:`capacity_pack.vocab.slo.requests_meeting_slo`); a window's attainment is
-  meets / successful requests (``attainment``, among successful requests), its
-  ``all_attempt_attainment`` meets / (attempted - cancelled) (over all attempts: a failed,
-  rejected, lost or timed-out request is a miss), its failure share (errors + timeouts +
-  rejections) / (attempted - cancelled): policy cancellations are neither successes nor
-  failures.
-- Phases: before = [warm-up end, injection), during = [injection, recovery), after =
-  [recovery, last request's end]; per phase and per class: counts, error rate, both attainments,
-  goodput (requests meeting their SLO per second of the phase) and nearest-rank p50/p95 of TTFT
-  and TPOT.
-- Fault cleared: for ``replica_kill``/``cold_replica`` the router's ``ready`` event after the
-  injection (the replica back in rotation), else when the drill lifted the fault.
-- Recovery time = max(fault cleared, injection, start of the first window, from one window
-  before the injection on, from which every later window passes :data:`DRILL_GATES`: attainment
-  >= ``class_slo_attainment_min`` and failure share <= ``error_rate_max``, all classes pooled);
-  none if either never happened during the run.
-- Queue recovery: the first scrape after the incident's peak (engines' waiting queue + client's
-  in-flight count) at which the engines' waiting queue is back at or under its baseline maximum
-  and the client's in-flight count at or under 1.2 x its baseline maximum (baseline = scrapes
-  in [warm-up end, injection)).
-- Counters (router retries, admission rejections): increase summed over series, a counter
-  reset counting the new value as the increase (as PromQL's ``increase`` does).
-- Alert timing: the pack's alert rules are evaluated by :mod:`capacity_pack.drills.promql` at
-  every successful scrape time over the scraped series; each episode has its pending, firing
-  and resolved times. Detection time = the first firing at or after the injection of an alert
-  naming the drill's mechanism, else of any alert. Mechanisms other than the drill's own, its
-  allowed consequences and the generic symptoms are reported as unexpected.
-- Capacity returned without manual repair: the ``after`` phase passes both gates and recovery
-  was reached, with no action beyond lifting the injected fault.
-- Timeline (:func:`timeline`): the series of the drill's picture.
-- The plan drill's N+1 verdict: :func:`n_plus_one`.
-
-Module map: :mod:`capacity_pack.drills.stats` holds what the analysis reads
-(:class:`~capacity_pack.drills.stats.DrillAnalysisSpec`) and the statistics above (requests
-table, windows, phases, timeline, queue, counters, alert episodes, clock check);
-:mod:`capacity_pack.drills.n_plus_one` the plan drill's verdict; this module the drill's times
-(injection, fault cleared, recovery, detection) and the report (:func:`analyze_drill`).
+Definitions: docs/failure-drills.md, "The fields, and where each comes from" and "How the
+fields are computed".
 """
 
 from __future__ import annotations
@@ -63,8 +21,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.drills.kinds import DrillKind, kind
 from capacity_pack.drills.n_plus_one import n_plus_one
-from capacity_pack.drills.plan import CONSEQUENCES, MECHANISM, NS, SYMPTOMS, DrillPlan
+from capacity_pack.drills.plan import NS, SYMPTOMS, DrillPlan
 from capacity_pack.drills.stats import (
     DRILL_GATES,
     DrillAnalysisSpec,
@@ -104,11 +63,11 @@ def analyze_drill(
     d = Path(drill_dir)
     facts = json.loads((d / "drill.json").read_text())
     plan = DrillPlan.model_validate(facts["plan"])
-    name, kind = plan.drill.name, plan.drill.kind
+    name, drill_kind = plan.drill.name, kind(plan.drill.kind)
     report: dict[str, Any] = {
         "drill": name,
-        "kind": kind,
-        "mechanism": MECHANISM[kind],
+        "kind": plan.drill.kind,
+        "mechanism": drill_kind.mechanism,
         "plan": facts["plan"],
     }
     if facts.get("skipped"):
@@ -126,7 +85,7 @@ def analyze_drill(
         _report_fields(facts, plan, req, samples, scrapes, events, inc, waiting, rules_path, spec)
     )
     report["capacity_returned_without_manual_repair"] = _capacity_returned(
-        report, kind, events, plan, spec
+        report, drill_kind, events, spec
     )
     report["timeline"] = timeline(req, samples, scrapes, spec, waiting, inc.base_lo, inc.end_ns)
     report["scope"] = plan.scope
@@ -149,13 +108,13 @@ def _incident(
 ) -> _Incident:
     """When the fault was injected and cleared and the service recovered, with the windows
     recovery is judged on (and the schedule's completeness)."""
-    kind = plan.drill.kind
+    drill_kind = kind(plan.drill.kind)
     start = int(facts["profile_start_s"] * NS)
     inject_planned = start + int(plan.inject_at_s * NS)
     actions = facts.get("actions") or []
     inject_act = next((a for a in actions if a["action"] == "inject"), None)
     restore_act = next((a for a in actions if a["action"] == "restore"), None)
-    injection = _injection_time(kind, plan, events, inject_act, inject_planned)
+    injection = _injection_time(drill_kind, plan, events, inject_act, inject_planned)
     completeness = _completeness(d, req)
     last_due = int(req["end_offset_ns"].max()) if len(req) else start
     base_lo = start + int(spec.warmup_s * NS)
@@ -163,7 +122,7 @@ def _incident(
     # round, not int: t_s came from integer ns, and a truncated ns would move a request that
     # ended at the injection into the healthy window before it.
     inj_ns = round(injection["t_s"] * NS)
-    cleared_ns, cleared_how = _fault_cleared(kind, plan, events, restore_act, inj_ns, start)
+    cleared_ns, cleared_how = _fault_cleared(drill_kind, plan, events, restore_act, inj_ns)
     recovered_ns, recovery_how = _recovery(wins, inj_ns, cleared_ns, spec, start_s=base_lo)
     return _Incident(
         injection=injection,
@@ -192,15 +151,21 @@ def _report_fields(
     spec: DrillAnalysisSpec,
 ) -> dict[str, Any]:
     """The report's measured fields: clocks, times, phases, queue, counters, alerts, windows."""
-    kind, injection = plan.drill.kind, inc.injection
+    injection = inc.injection
     inj_ns, recovered_ns, base_lo, end_ns = inc.inj_ns, inc.recovered_ns, inc.base_lo, inc.end_ns
     queue = queue_evidence(samples, scrapes, inj_ns, base_lo, waiting, recovered_ns)
     # Alerts over the same scrapes, on the same clock.
-    fired = _alerts_fired(alert_episodes(Path(rules_path), samples, scrapes))
+    evaluation = alert_episodes(Path(rules_path), samples, scrapes)
+    fired = _alerts_fired(evaluation.episodes)
     firing = [a for a in fired if a["firing_t_s"] is not None]
-    detection, own, others = _detection(firing, kind, injection["t_s"])
+    detection, own, others = _detection(firing, kind(plan.drill.kind), injection["t_s"])
+    detection_source = "first firing of the alert naming the mechanism (else of any alert)"
+    if not evaluation.evaluated:
+        detection_source = f"not evaluated: {evaluation.note}"
     router_removal = _router_removal(events, plan, injection["t_s"])
-    fails_after = _failures_after(req, inj_ns)
+    # Failed requests (errors, timeouts, rejections) that ended at or after the injection.
+    fails = req[req["failed"]] if len(req) else req
+    fails_after = fails[fails["end_ns"] - fails["sent_ns"] + fails["sent_offset_ns"] >= inj_ns]
     end_off = fails_after["sent_offset_ns"] + (fails_after["end_ns"] - fails_after["sent_ns"])
     lost = fails_after[fails_after["status"].isin(["error", "timeout"])]
     return dict(
@@ -215,7 +180,7 @@ def _report_fields(
         injection_time_s=injection["t_s"],
         injection_source=injection["source"],
         detection_time_s=detection,
-        detection_source="first firing of the alert naming the mechanism (else of any alert)",
+        detection_source=detection_source,
         router_removal_time_s=router_removal,
         router_events=[e for e in events if e["t_s"] >= -1.0],
         fault_cleared_time_s=drill_seconds(inc.cleared_ns),
@@ -237,9 +202,12 @@ def _report_fields(
         requests_lost=int(len(lost)),
         requests_cancelled=int((req["status"] == "cancelled").sum()) if len(req) else 0,
         admission_rejected=counter_increase(samples, "router:admission_rejected_total"),
+        alerts_evaluated=evaluation.evaluated,
+        alert_evaluation=evaluation.note,
         alerts=fired,
         alerts_fired=sorted({a["alert"] for a in firing}),
-        expected_alert_fired=bool(own),
+        # None, not False: without an evaluation nobody knows whether the alert would fire.
+        expected_alert_fired=bool(own) if evaluation.evaluated else None,
         unexpected_mechanisms_fired=others,
         windows=inc.wins.replace({np.nan: None}).to_dict("records"),
     )
@@ -284,7 +252,7 @@ def _alerts_fired(ep: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _detection(
-    firing: list[dict[str, Any]], kind: str, inj_s: float
+    firing: list[dict[str, Any]], drill_kind: DrillKind, inj_s: float
 ) -> tuple[float | None, list[dict[str, Any]], list[str]]:
     """(detection time, the drill's own alerts fired after the injection, unexpected mechanisms).
 
@@ -293,42 +261,30 @@ def _detection(
     drill's own, its allowed consequences nor generic symptoms.
     """
     after_inj = [a for a in firing if a["firing_t_s"] >= inj_s]
-    own = [a for a in after_inj if a["mechanism"] == MECHANISM[kind]]
+    own = [a for a in after_inj if a["mechanism"] == drill_kind.mechanism]
     detection = min((a["firing_t_s"] for a in own), default=None)
     if detection is None:
         detection = min((a["firing_t_s"] for a in after_inj), default=None)
     mech_fired = {a["mechanism"] for a in firing}
-    others = sorted(mech_fired - {MECHANISM[kind]} - CONSEQUENCES[kind] - SYMPTOMS)
+    others = sorted(mech_fired - {drill_kind.mechanism} - drill_kind.consequences - SYMPTOMS)
     return detection, own, others
 
 
 def _router_removal(events: list[dict[str, Any]], plan: DrillPlan, inj_s: float) -> float | None:
-    """When the router took the killed replica out of rotation (``replica_kill`` only)."""
+    """When the router took the killed replica out of rotation (kinds that kill one only)."""
     removed = [
         e for e in events
         if e["event"] == "removed" and e.get("replica") == plan.drill.replica
         and e["t_s"] >= inj_s - 1e-3
     ]  # fmt: skip
-    return removed[0]["t_s"] if removed and plan.drill.kind == "replica_kill" else None
+    return removed[0]["t_s"] if removed and kind(plan.drill.kind).kills_replica else None
 
 
-def _failures_after(req: pd.DataFrame, inj_ns: int) -> pd.DataFrame:
-    """Failed requests (errors, timeouts, rejections) that ended at or after the injection."""
-    fails = req[req["failed"]] if len(req) else req
-    return fails[fails["end_ns"] - fails["sent_ns"] + fails["sent_offset_ns"] >= inj_ns]
-
-
-def _injection_time(kind, plan, events, act, planned_ns) -> dict[str, Any]:
-    if kind == "replica_kill":
-        ev = [
-            e for e in events if e["event"] == "killed" and e.get("replica") == plan.drill.replica
-        ]
-        if ev:
-            return {"t_s": ev[0]["t_s"], "source": "router event 'killed' (SIGKILL sent)"}
-    if kind == "cold_replica":
-        ev = [e for e in events if e["event"] == "added"]
-        if ev:
-            return {"t_s": ev[0]["t_s"], "source": "router event 'added' (replica spawned)"}
+def _injection_time(drill_kind: DrillKind, plan, events, act, planned_ns) -> dict[str, Any]:
+    marker = drill_kind.injected
+    ev = marker.matching(events, plan.drill) if marker is not None else []
+    if ev:
+        return {"t_s": ev[0]["t_s"], "source": f"router event '{marker.event}' ({marker.what})"}
     if act is not None:
         return {
             "t_s": act["t_s"],
@@ -338,18 +294,19 @@ def _injection_time(kind, plan, events, act, planned_ns) -> dict[str, Any]:
     return {"t_s": planned_ns / NS, "source": "planned injection time (no action recorded)"}
 
 
-def _fault_cleared(kind, plan, events, restore_act, inj_ns, start_ns) -> tuple[int | None, str]:
-    if kind in ("replica_kill", "cold_replica"):
-        want = plan.drill.replica if kind == "replica_kill" else None
-        ready = [
-            e for e in events
-            if e["event"] == "ready" and e["t_s"] * NS > inj_ns
-            and (want is None or e.get("replica") == want)
-        ]  # fmt: skip
+def _fault_cleared(
+    drill_kind: DrillKind, plan, events, restore_act, inj_ns
+) -> tuple[int | None, str]:
+    marker = drill_kind.cleared
+    if marker is not None:
+        ready = [e for e in marker.matching(events, plan.drill) if e["t_s"] * NS > inj_ns]
         if ready:
-            what = "restarted replica" if kind == "replica_kill" else "added replica"
-            return int(ready[0]["t_s"] * NS), f"router event 'ready': the {what} is in rotation"
-        if kind == "replica_kill" and plan.drill.commands is not None and not events:
+            return (
+                int(ready[0]["t_s"] * NS),
+                f"router event '{marker.event}': the {marker.what} is in rotation",
+            )
+        # A killed replica of a real target: its commands act, and no router reports back.
+        if drill_kind.kills_replica and plan.drill.commands is not None and not events:
             return None, "unknown: a real target exposes no router events"
         return None, "never: the replica did not come back into rotation during the run"
     if restore_act is not None:
@@ -375,14 +332,14 @@ def _recovery(wins: pd.DataFrame, inj_ns: int, cleared_ns, spec, start_s: int):
     return max(int(first.iloc[0] * NS), int(cleared_ns), inj_ns), rule
 
 
-def _capacity_returned(report, kind, events, plan, spec) -> dict[str, Any]:
+def _capacity_returned(report, drill_kind: DrillKind, events, spec) -> dict[str, Any]:
     """Did the service get back to passing its gates with nobody repairing anything?"""
     after = (report["phases"] or {}).get("after")
     evidence = []
     passing = bool(
         after and all(g.holds(after[key] or 0.0, spec.threshold(g)) for g, _, key, _ in DRILL_GATES)
     )
-    if kind == "replica_kill":
+    if drill_kind.kills_replica:
         restarted = [e for e in events if e["event"] == "restarted"]
         evidence.append(
             f"supervisor restarts: {len(restarted)}; the replica was back in rotation at "

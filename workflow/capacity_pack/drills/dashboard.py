@@ -1,27 +1,10 @@
 """The Grafana dashboard of a pack: an importable dashboard JSON (schemaVersion 39) whose panels
 read the engine's series through its metric map.
 
-The panels are data: :data:`ROWS` lists, row by row, one :class:`PanelSpec` per panel (title,
-unit, description, the metric-map fields it needs, its targets as ``(expr, legend)`` pairs built
-from the map, its y-axis range). :func:`build_dashboard` iterates over it: a panel whose needed
-series the map lacks (or whose targets all are) is left out, with the reason, in the returned
-list and the dashboard's description; the rest are laid out :data:`PANEL_WIDTH` x
-:data:`PANEL_HEIGHT` cells, three per line of Grafana's 24-column grid, under their row.
-
-The four rows are the signal groups that tell the failure mechanisms apart: Request and SLO,
-Scheduler and queue, KV and GPU, Distributed; every panel's description says which mechanism
-(queue saturation, KV pressure, GPU/replica failure, network/transfer degradation) its signal
-points to. Engine series are filtered by the dashboard's ``$replica`` variable on the map's
-replica label, router series on ``replica``; rates use Grafana's ``$__rate_interval``. Latency
-panels are ``histogram_quantile`` of the summed bucket rates; the "share within the SLO-burn
-cutoff" panel is ``rate(bucket{le=bound}) / rate(count)`` with the cutoff the SLO-burn alerts
-use (:func:`~capacity_pack.drills.queries.histogram_cutoff`: the strictest class TTFT cutoff,
-the loosest class TPOT cutoff for the inter-token gaps) rounded up to a bucket bound
-(:func:`~capacity_pack.drills.queries.round_up`). GPU panels read dcgm-exporter's fields
-(:data:`DCGM_METRICS`), present only where it runs beside the engine.
-
-To change a panel: its :class:`PanelSpec` in :data:`ROWS` (a new target shape: a target builder
-beside the others).
+:data:`ROWS` lists one :class:`PanelSpec` per panel; :func:`build_dashboard` leaves out, with
+the reason, a panel whose series the map lacks, and lays the rest out :data:`PANEL_WIDTH` x
+:data:`PANEL_HEIGHT`. To change a panel: its :class:`PanelSpec` in :data:`ROWS`.
+Docs: docs/failure-drills.md, "The dashboard".
 """
 
 from __future__ import annotations
@@ -36,6 +19,7 @@ from typing import Any
 from capacity_pack.drills.queries import (
     agg,
     histogram_cutoff,
+    hit_rates,
     le,
     num,
     pack_metrics,
@@ -127,9 +111,7 @@ class PanelSpec:
     min_max: tuple[int, int] | None = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Target builders: each returns a function of the Scope that gives the panel's (expr, legend)s
-# ---------------------------------------------------------------------------------------------
+# --- Target builders: each gives a function of the Scope returning the panel's (expr, legend)s
 
 
 def quantiles(field: str) -> Targets:
@@ -227,24 +209,8 @@ def admission(s: Scope) -> list[tuple[str, str]]:
 
 
 def hit_rate(s: Scope) -> list[tuple[str, str]]:
-    """Per replica and fleet: hits / queries of the counters (queries = hits + misses where the
-    engine counts misses), else the mean hit-rate gauge."""
-    m, rl = s.m, s.rl
-    if m.prefix_hits is not None and m.prefix_queries is not None:
-        hits, queries = rate(s.es(m.prefix_hits), RATE), rate(s.es(m.prefix_queries), RATE)
-        per = f"{agg('sum', rl, hits)} / {agg('sum', rl, queries)}"
-        fleet = f"sum({hits}) / sum({queries})"
-    elif m.prefix_hits is not None and m.prefix_misses is not None:
-        hits, misses = rate(s.es(m.prefix_hits), RATE), rate(s.es(m.prefix_misses), RATE)
-        per_hits = agg("sum", rl, hits)
-        per = f"{per_hits} / ({per_hits} + {agg('sum', rl, misses)})"
-        fleet = f"sum({hits}) / (sum({hits}) + sum({misses}))"
-    elif m.prefix_hit_rate is not None:
-        per = agg("avg", rl, s.es(m.prefix_hit_rate))
-        fleet = f"avg({s.es(m.prefix_hit_rate)})"
-    else:
-        return []
-    return [(per, s.who), (fleet, "fleet")]
+    rates = hit_rates(s.m, s.rl, lambda x: rate(s.es(x), RATE), s.es)
+    return [(rates[0], s.who), (rates[1], "fleet")] if rates else []
 
 
 def replicas_up(s: Scope) -> list[tuple[str, str]]:
@@ -262,9 +228,7 @@ def relay_failures(s: Scope) -> list[tuple[str, str]]:
     ]
 
 
-# ---------------------------------------------------------------------------------------------
-# The panels, row by row
-# ---------------------------------------------------------------------------------------------
+# --- The panels, row by row ---
 
 UNIT = (0, 1)
 
@@ -523,9 +487,7 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 ROW_TITLES = tuple(title for title, _ in ROWS)
 
 
-# ---------------------------------------------------------------------------------------------
-# The builder
-# ---------------------------------------------------------------------------------------------
+# --- The builder ---
 
 
 def _panel(

@@ -1,33 +1,12 @@
 """The plan drill's N+1 verdict: does the recommended fleet, one replica down, carry its peak?
 
-PASS when all four hold:
+PASS when (0) the plan holds before the failure, (1) the survivors carry the peak (requests
+sent while one replica short: per-class attainment over all attempts >=
+``class_slo_attainment_min``, failure share <= ``error_rate_max``), (2) every lost request was
+sent before the router removed the replica, and (3) the fleet recovered. UNDECIDED when nothing
+failed but 0 or 1 has no request to judge; each check is ``True``, ``False`` or ``None``.
 
-0. the plan holds before the failure: among the requests that ended between the end of the
-   warm-up and the injection, the same per-class and failure-share gates as in 1 (a plan
-   that misses its SLO with every replica up has nothing to lose a replica from: its linear
-   scaling does not hold on this target);
-1. the survivors carry the peak: among the requests *sent* while the fleet is one replica
-   short (from the injection until the killed replica is back in rotation, else the end of
-   the run), every class's attainment over all attempts (failures count as misses) is at
-   least ``class_slo_attainment_min``, and the pooled failure share is at most
-   ``error_rate_max``;
-2. the blast radius is the failed replica's: every request lost (error or timeout after the
-   injection) was sent before the router took the replica out of rotation, i.e. was in
-   flight on it (a request sent after its removal and lost would be the router's failure);
-3. the fleet recovered: the replica came back and every window from then on passed the
-   drill gates (``recovery_time_s``) before the run ended.
-
-Point estimates over one drill (no confidence bound): a few hundred requests per class at
-a rehearsal pack's peak; the counts are reported with every share.
-
-UNDECIDED (instead of PASS) when nothing failed but 0 or 1 has nothing to judge: a class
-with no request in its window, or a window with no request at all (a low peak over a short
-baseline, e.g. 0.5 RPS for 3 s). An empty window is no evidence either way; FAIL is kept
-for a check that failed on requests it saw. Each check is ``True``, ``False`` or ``None``
-(nothing to judge).
-
-The verdict is part of a plan drill's analysis (:mod:`capacity_pack.drills.analyze`), over the
-drill's requests table and the router and recovery times of its report.
+Method: docs/failure-drills.md, "The plan drill".
 """
 
 from __future__ import annotations

@@ -1,64 +1,15 @@
 """Failure drills, planned: which drills exist, what each reads, its rate, limit and schedule.
 
-A drill is one named experiment with one fault mechanism (never a combined chaos score):
+A drill is one named experiment of a kind registered in :mod:`capacity_pack.drills.kinds`. Rate:
+``failure.rate_rps``, else the selected capacity per replica x the drill's replicas (a simulated
+target's capped at ``failure.plan_drill.live_max_rps``), x ``rate_multiplier`` from the
+injection; admission limit ceil(``admission_headroom`` x L / replicas under test), L from
+Little's law. The plan drill (``plan_replica_kill``) runs ``required_replicas`` at
+``plan.peak_rps``, live, virtual (:mod:`capacity_pack.drills.virtual`), or on a trusted
+calibrated twin (:class:`capacity_pack.twin.trust.ValidatedTwin`).
 
-- ``replica_kill``: SIGKILL one replica (simulated cluster: ``POST /cluster/replicas/i/kill``;
-  real target: the configured command). The router must detect it, stop routing to it, shed
-  what the survivors cannot carry (admission control answers 429), and the supervisor restarts
-  it (``restart_after_s``), cold.
-- ``cold_replica``: at the injection the offered rate steps up by (N + 1) / N and a new replica
-  is added (an autoscaler's reaction); it joins cold.
-- ``kv_pressure``: one replica's usable KV blocks drop to ``kv_capacity_fraction`` for
-  ``fault_s``.
-- ``cancellation``: the client cancels ``cancel_fraction`` of the requests it sends during
-  ``fault_s``, ``cancel_after_s`` after sending them.
-- ``degraded_link``: ``latency_ms`` (and optionally a bandwidth cap) on the link between the
-  router and one replica for ``fault_s``.
-
-Each drill names the alert mechanism it must fire (:data:`MECHANISM`), the other mechanisms it
-may legitimately set off (:data:`CONSEQUENCES`) and the symptom alerts any fault may fire
-(:data:`SYMPTOMS`).
-
-A simulated target's derived rate is capped at ``failure.plan_drill.live_max_rps`` (labelled
-so): the project's router, one process, relays every simulated replica's stream, and past this
-host's live limit a drill measures the router rather than its mechanism.
-
-Replicas: ``failure.replicas``, else what the target has: max(2, the replicas the sweep
-measured) simulated replicas (so that one can fail while another serves), and for a real target
-the replicas the sweep measured (a managed target: that many copies of its command behind the
-project's router, which the drill starts; another real target: the fleet as it is).
-
-Which drill runs where: on simulated replicas every kind; on managed replicas the kinds the
-router itself can inject (``replica_kill``: the router kills the copy, its supervisor restarts
-it; ``cold_replica``: it starts another copy; ``degraded_link``: its link emulation;
-``cancellation``: the client) and ``kv_pressure`` only with configured commands (it needs an
-engine fault); on any other real target ``cancellation``, and the other kinds with configured
-commands. Drill rate:
-``failure.rate_rps`` if set, else the selected capacity per replica (primary cache state, then
-warm, then cold; else the configured fallback, else the lowest tested rate / replicas under
-test) x the drill's replicas, i.e. every replica at its capacity point. The rate from the
-injection on is that rate x ``rate_multiplier`` (default (N + 1) / N for ``cold_replica``, 1
-otherwise). Admission limit per replica: ``failure.admission_max_outstanding`` if set, else
-ceil(``admission_headroom`` x L / replicas under test), where L is the largest average number
-of requests in flight (Little's law, L = lambda x W, from the SLO reports at the capacity
-rate); no such report turns admission control off.
-
-The plan drill (``plan_replica_kill``, settings ``failure.plan_drill``): the replica-kill drill
-on the recommended fleet, ``plan.json``'s ``required_replicas`` at ``plan.peak_rps`` (the
-admission limit as above), run live or, for a simulated target whose plan does not fit this
-host's live limits, in virtual time (:mod:`capacity_pack.drills.virtual`); its N+1 verdict is
-:func:`capacity_pack.drills.analyze.n_plus_one`. A real target's plan that does not fit live is
-predicted in virtual time on the pack's calibrated twin when its validation trusts it
-(:class:`capacity_pack.twin.trust.ValidatedTwin`; labelled a prediction, with the twin's
-capacity error and tolerance), and skipped, saying why, with an untrusted twin or none. The
-other drills are mechanism tests.
-
-Timeline (seconds after the rate profile starts, i.e. after the warm-up): injection at
-``inject_at_s`` (default ``baseline_s``); reversible faults (``kv_pressure``, ``cancellation``,
-``degraded_link``) are lifted ``fault_s`` later, which must fall inside ``duration_s``. The
-arrivals are the sweep's open-loop schedule with two segments (before and from the injection);
-a ``cancellation`` drill picks its cancelled requests with a seeded generator so that the same
-pack cancels the same requests.
+Method: docs/failure-drills.md, "How a drill is planned", "Drill rate and admission limit" and
+"The plan drill".
 """
 
 from __future__ import annotations
@@ -69,10 +20,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack.drills.kinds import NS, kind, kinds
 from capacity_pack.io import canonical_json
 from capacity_pack.measure.inputs import SweepInputs
 from capacity_pack.plan.manifest import (
@@ -89,27 +40,10 @@ from capacity_pack.plan.manifest import (
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule
 from capacity_pack.twin.trust import ValidatedTwin
 
-NS = 1_000_000_000
-# The alert that names each drill's mechanism, and what else it may legitimately set off.
-MECHANISM = {
-    "replica_kill": "replica_failure",
-    "cold_replica": "cold_start",
-    "kv_pressure": "kv_pressure",
-    "cancellation": "cancellation",
-    "degraded_link": "transfer_degradation",
-}
-CONSEQUENCES = {
-    # The survivors cannot carry the rate: shedding is the honest answer, and the supervisor's
-    # replacement comes back with an empty cache.
-    "replica_kill": {"queue_saturation", "cold_start"},
-    # The step up in load is what made the autoscaler act: until the new replica is ready the
-    # old ones shed the excess.
-    "cold_replica": {"queue_saturation"},
-    # A replica that cannot hold its batch queues what it cannot admit.
-    "kv_pressure": {"queue_saturation"},
-    "cancellation": set(),
-    "degraded_link": set(),
-}
+# Kind -> the alert mechanism it must fire, and what else it may set off, as the registered
+# kinds say (the drills' own code asks the registry; tests read these).
+MECHANISM = {k.name: k.mechanism for k in kinds()}
+CONSEQUENCES = {k.name: set(k.consequences) for k in kinds()}
 SYMPTOMS = {"errors", "slo"}
 
 
@@ -342,64 +276,12 @@ def plan_drill(
     a real target's plan drill, ``twin``: the pack's calibrated twin and its validation, when it
     has one)."""
     f, d = inputs.failure, inputs.drill
-    target = inputs.sweep.target
-    real = isinstance(target, OpenAITarget)
-    managed = real and target.managed is not None
-    per, source = numbers.per_replica_rps, numbers.rate_source
-    planned = None
-    if inputs.scope == "plan":
-        planned = numbers.planned or _planned(None)
-        n = int(planned.get("required_replicas") or 1)
-        assert inputs.peak_rps is not None
-        rate = inputs.peak_rps
-        source = (
-            f"the plan's peak, {rate:g} RPS, on the plan's {n} replicas "
-            f"({planned.get('replicas_for_load')} for the load at "
-            f"{planned.get('target_utilization')} target utilization + "
-            f"{planned.get('redundancy_replicas')} redundancy + "
-            f"{planned.get('warm_pool_replicas')} warm pool; plan.json)"
-        )
-    else:
-        n = f.replicas or (
-            inputs.replicas_under_test if real else max(2, inputs.replicas_under_test)
-        )
-        cap = (inputs.plan_drill or PlanDrill()).live_max_rps
-        if f.rate_rps is not None:
-            rate, source = f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)"
-        elif per is not None and isinstance(target, SimTarget) and per * n > cap:
-            # The project's router relays every simulated replica's stream: past this host's
-            # live limit the drill would measure the router, not the mechanism.
-            rate = cap
-            source = (
-                f"{source} x {n} replicas = {per * n:g} RPS, capped at this host's live limit "
-                f"of {cap:g} RPS (failure.plan_drill.live_max_rps: the router, one process, "
-                "relays every stream)"
-            )
-        elif per is not None:
-            rate = per * n
-            source = f"{source} x {n} replicas"
-        else:
-            raise DrillError(
-                "no drill rate: the sweep selected no capacity point and tested no open-loop "
-                "rate; set failure.rate_rps"
-            )
-    k, k_source = f.admission_max_outstanding, "configured failure.admission_max_outstanding"
-    if k is None:
-        inflight = numbers.inflight_at_rate
-        if inflight:
-            per_replica = max(inflight) / inputs.replicas_under_test
-            k = max(1, math.ceil(f.admission_headroom * per_replica))
-            k_source = (
-                f"{f.admission_headroom:g} x {per_replica:.1f} requests in flight per replica "
-                f"measured at the capacity point (max over {len(inflight)} report(s))"
-            )
-        else:
-            k_source = "no in-flight measurement at the capacity point: admission control off"
-    mult = d.rate_multiplier or ((n + 1) / n if d.kind == "cold_replica" else 1.0)
+    n, rate, source, planned = _size(inputs, numbers)
+    k, k_source = _admission(inputs, numbers)
+    spec = kind(d.kind)
+    mult = d.rate_multiplier or ((n + 1) / n if spec.rate_step else 1.0)
     inject = d.inject_at_s or f.baseline_s
-    restore = (
-        inject + d.fault_s if d.kind in ("kv_pressure", "cancellation", "degraded_link") else None
-    )
+    restore = inject + d.fault_s if spec.reversible else None
     if restore is not None and restore >= f.duration_s:
         raise DrillError(
             f"drill {d.name!r}: the fault ends at {restore:g} s, after the schedule "
@@ -417,20 +299,8 @@ def plan_drill(
         # In virtual time nothing on the target is touched, and a plan drill that cannot run
         # says its own reason: only a live one needs a way to inject.
         live = runnable and execution == "live"
-    if live and managed and d.commands is None and d.kind == "kv_pressure":
-        runnable = False
-        why = (
-            f"drill {d.name!r} (kv_pressure) needs failure.drills[].commands for a managed "
-            "target: the router can kill, add and slow replicas, but only the engine can "
-            "shrink its KV cache"
-        )
-    elif live and real and not managed and d.commands is None and d.kind != "cancellation":
-        runnable = False
-        where = "failure.plan_drill.commands" if inputs.scope == "plan" else "failure.drills[]"
-        why = (
-            f"drill {d.name!r} ({d.kind}) needs {where}.commands for a real "
-            "target (an argv that injects the fault, e.g. a kubectl line); none configured"
-        )
+    if live and (no_way := _no_injector(inputs)):
+        runnable, why = False, no_way
     return DrillPlan(
         drill=d,
         replicas=n,
@@ -450,6 +320,84 @@ def plan_drill(
         planned=planned,
         twin=twin_used,
     )
+
+
+def _size(
+    inputs: DrillInputs, numbers: DrillNumbers
+) -> tuple[int, float, str, dict[str, Any] | None]:
+    """(replicas, rate before the injection, where the rate came from, the plan's numbers)."""
+    f, target = inputs.failure, inputs.sweep.target
+    per, source = numbers.per_replica_rps, numbers.rate_source
+    if inputs.scope == "plan":
+        planned = numbers.planned or _planned(None)
+        n = int(planned.get("required_replicas") or 1)
+        assert inputs.peak_rps is not None
+        rate = inputs.peak_rps
+        source = (
+            f"the plan's peak, {rate:g} RPS, on the plan's {n} replicas "
+            f"({planned.get('replicas_for_load')} for the load at "
+            f"{planned.get('target_utilization')} target utilization + "
+            f"{planned.get('redundancy_replicas')} redundancy + "
+            f"{planned.get('warm_pool_replicas')} warm pool; plan.json)"
+        )
+        return n, rate, source, planned
+    real = isinstance(target, OpenAITarget)
+    n = f.replicas or (inputs.replicas_under_test if real else max(2, inputs.replicas_under_test))
+    cap = (inputs.plan_drill or PlanDrill()).live_max_rps
+    if f.rate_rps is not None:
+        return n, f.rate_rps, f"configured failure.rate_rps ({f.rate_rps:g} RPS)", None
+    if per is not None and isinstance(target, SimTarget) and per * n > cap:
+        # The project's router relays every simulated replica's stream: past this host's
+        # live limit the drill would measure the router, not the mechanism.
+        source = (
+            f"{source} x {n} replicas = {per * n:g} RPS, capped at this host's live limit "
+            f"of {cap:g} RPS (failure.plan_drill.live_max_rps: the router, one process, "
+            "relays every stream)"
+        )
+        return n, cap, source, None
+    if per is not None:
+        return n, per * n, f"{source} x {n} replicas", None
+    raise DrillError(
+        "no drill rate: the sweep selected no capacity point and tested no open-loop "
+        "rate; set failure.rate_rps"
+    )
+
+
+def _admission(inputs: DrillInputs, numbers: DrillNumbers) -> tuple[int | None, str]:
+    """The router's admission limit per replica, and where it came from."""
+    f = inputs.failure
+    if f.admission_max_outstanding is not None:
+        return f.admission_max_outstanding, "configured failure.admission_max_outstanding"
+    inflight = numbers.inflight_at_rate
+    if not inflight:
+        return None, "no in-flight measurement at the capacity point: admission control off"
+    per_replica = max(inflight) / inputs.replicas_under_test
+    source = (
+        f"{f.admission_headroom:g} x {per_replica:.1f} requests in flight per replica "
+        f"measured at the capacity point (max over {len(inflight)} report(s))"
+    )
+    return max(1, math.ceil(f.admission_headroom * per_replica)), source
+
+
+def _no_injector(inputs: DrillInputs) -> str | None:
+    """Why a live drill has nothing to inject its fault with on its target (None: it has)."""
+    d, target = inputs.drill, inputs.sweep.target
+    spec = kind(d.kind)
+    if d.commands is not None or not isinstance(target, OpenAITarget):
+        return None
+    if target.managed is not None and spec.needs_engine:
+        return (
+            f"drill {d.name!r} ({d.kind}) needs failure.drills[].commands for a managed "
+            "target: the router can kill, add and slow replicas, but only the engine can "
+            f"{spec.needs_engine}"
+        )
+    if target.managed is None and spec.router is not None:
+        where = "failure.plan_drill" if inputs.scope == "plan" else "failure.drills[]"
+        return (
+            f"drill {d.name!r} ({d.kind}) needs {where}.commands for a real "
+            "target (an argv that injects the fault, e.g. a kubectl line); none configured"
+        )
+    return None
 
 
 def _planned(plan_doc: dict[str, Any] | None) -> dict[str, Any]:
@@ -536,13 +484,10 @@ def drill_schedule(inputs: DrillInputs, plan: DrillPlan) -> tuple[pd.DataFrame, 
     frame = build_schedule(sched_inputs, drill_point(plan))
     warm = frame.loc[frame["phase"] == "warmup", "scheduled_offset_ns"]
     start_ns = int(warm.max()) if len(warm) else 0
-    if plan.drill.kind == "cancellation":
+    client_part = kind(plan.drill.kind).schedule
+    if client_part is not None:
         lo = start_ns + int(plan.inject_at_s * NS)
         hi = start_ns + int((plan.restore_at_s or plan.duration_s) * NS)
-        rng = np.random.default_rng([inputs.sweep.schedule.client.request_schedule_seed, 0xCA9CE1])
-        due = frame["scheduled_offset_ns"].to_numpy()
-        pick = (due >= lo) & (due < hi) & (rng.random(len(frame)) < plan.drill.cancel_fraction)
-        cancel = frame["cancel_after_ns"].to_numpy().copy()
-        cancel[pick] = int(plan.drill.cancel_after_s * NS)
-        frame["cancel_after_ns"] = cancel
+        seed = inputs.sweep.schedule.client.request_schedule_seed
+        client_part(frame, plan.drill, (lo, hi), seed)
     return frame, start_ns

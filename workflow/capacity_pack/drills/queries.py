@@ -1,22 +1,15 @@
 """What the alert rules (:mod:`~capacity_pack.drills.alerts`) and the Grafana dashboard
 (:mod:`~capacity_pack.drills.dashboard`) share: the engine's metric map and PromQL text.
 
-- :func:`engine_metrics` and :func:`metric_map_name` pick the metric map of a pack's engine from
-  the engine registry (:mod:`capacity_pack.engines`); an unusable map or override is a
-  :class:`DashboardError` whose message says what to give.
-- PromQL builders, each returning expression text: :func:`sel` (``metric{m1,m2}``), :func:`agg`
-  (``op by (label) (inner)``, or ``op(inner)`` without a label), :func:`rate`
-  (``rate(selector[window])``), :func:`any_of` (``(a) or (b)``), :func:`num` (a threshold,
-  10 significant digits), :func:`duration` (``10s``, ``500ms``), :func:`le` (a histogram bucket
-  bound as Prometheus writes it).
-- SLO cutoffs against histograms: :func:`strictest` (the smallest, or largest, class cutoff and
-  the classes that have it) and :func:`round_up` (the smallest bucket bound at or above a
-  cutoff: a histogram counts observations at or below a bound only, so a cutoff between two
-  bounds is met by the next bound up).
+The metric map of a pack's engine (:func:`engine_metrics`, :func:`metric_map_name`; an unusable
+one is a :class:`DashboardError`), PromQL builders returning expression text, and SLO cutoffs
+against histograms (:func:`strictest`, :func:`round_up`: a histogram counts observations at or
+below a bound only, so a cutoff between two bounds is met by the next bound up).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from capacity_pack import engines
@@ -92,6 +85,27 @@ def any_of(parts: list[str]) -> str:
 
 def rate(selector: str, window: str) -> str:
     return f"rate({selector}[{window}])"
+
+
+def hit_rates(
+    m: EngineMetrics, rl: str | None, counter: Callable[[str], str], gauge: Callable[[str], str]
+) -> tuple[str, str] | None:
+    """(per replica, fleet) prefix-cache hit rate: hits / queries of the counters (queries =
+    hits + misses where the engine counts the computed tokens, as llama.cpp does), else the mean
+    hit-rate gauge; ``counter`` and ``gauge`` wrap a metric name. None without any of them."""
+    if m.prefix_hits is not None and m.prefix_queries is not None:
+        hits, queries = counter(m.prefix_hits), counter(m.prefix_queries)
+        per = f"{agg('sum', rl, hits)} / {agg('sum', rl, queries)}"
+        return per, f"sum({hits}) / sum({queries})"
+    if m.prefix_hits is not None and m.prefix_misses is not None:
+        hits, misses = counter(m.prefix_hits), counter(m.prefix_misses)
+        per_hits = agg("sum", rl, hits)
+        per = f"{per_hits} / ({per_hits} + {agg('sum', rl, misses)})"
+        return per, f"sum({hits}) / (sum({hits}) + sum({misses}))"
+    if m.prefix_hit_rate is not None:
+        g = gauge(m.prefix_hit_rate)
+        return agg("avg", rl, g), f"avg({g})"
+    return None
 
 
 def round_up(cutoff_s: float, bounds: tuple[float, ...]) -> float | None:

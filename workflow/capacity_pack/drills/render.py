@@ -1,20 +1,14 @@
 """Failure drills, rendered: failure-test.md, its JSON twin, and each drill's MLflow child run.
 
-``failure-test.json`` holds every drill's report (see :mod:`capacity_pack.drills.analyze`) and
-a summary across them: drills run and skipped, whether any alert fired, whether each drill's
-own mechanism alert fired, and the other mechanisms' alerts each set off.
-``failure-test.md`` is its rendering: a summary table (detection and recovery as seconds after
-the injection), then per drill its load, admission limit, schedule completeness, clock check,
-the field table (every time on the drill clock with its offset from the injection), TTFT, TPOT
-and attainment by phase, and the alert episodes. (A drill's MLflow run is
-``capacity_pack.track.records.drill``.)
+A drill whose alerts were not evaluated (no ``promtool``) reads "not evaluated", with why,
+wherever alerts appear. Contents: docs/failure-drills.md, "How the fields are computed".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from capacity_pack.drills.plan import CONSEQUENCES
+from capacity_pack.drills.kinds import kind
 
 
 def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
@@ -23,6 +17,25 @@ def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}{unit}"
     return f"{v}{unit}"
+
+
+def alerts_evaluated(r: dict[str, Any]) -> bool:
+    """Were the drill's alert rules evaluated? (Reports from before the field: yes.)"""
+    return r.get("alerts_evaluated", True)
+
+
+def alerts_fired_text(r: dict[str, Any], none: str = "none") -> str:
+    """The alerts that fired, ``none``, or "not evaluated (why)"."""
+    if not alerts_evaluated(r):
+        return f"not evaluated ({r.get('alert_evaluation')})"
+    return ", ".join(r["alerts_fired"]) or none
+
+
+def expected_alert_text(r: dict[str, Any]) -> str:
+    """Did the drill's own mechanism alert fire: yes, NO, or not evaluated."""
+    if not alerts_evaluated(r):
+        return "not evaluated"
+    return "yes" if r["expected_alert_fired"] else "NO"
 
 
 def _rel(t: float | None, inj: float | None) -> str:
@@ -52,6 +65,9 @@ def failure_test(reports: list[dict[str, Any]], pack: dict[str, Any]) -> dict[st
             "drills_skipped": {r["drill"]: r["skipped"] for r in reports if r.get("skipped")},
             "any_alert_fired": any(r["alerts_fired"] for r in ran),
             "expected_alerts_fired": {r["drill"]: r["expected_alert_fired"] for r in ran},
+            "alerts_not_evaluated": {
+                r["drill"]: r.get("alert_evaluation") for r in ran if not alerts_evaluated(r)
+            },
             "unexpected_mechanisms": {r["drill"]: r["unexpected_mechanisms_fired"] for r in ran},
             # One line per mechanism drill, in words (the pack README lists them).
             "mechanism_lines": [drill_line(r) for r in reports if r.get("scope") != "plan"],
@@ -87,11 +103,15 @@ def drill_line(r: dict[str, Any]) -> str:
     inj = r["injection_time_s"]
     det, rec = r["detection_time_s"], r["recovery_time_s"]
     during = r["phases"]["during"]
+    if not alerts_evaluated(r):
+        detected = f"alerts not evaluated ({r.get('alert_evaluation')})"
+    elif det is None:
+        detected = f"not detected ({alerts_fired_text(r, 'no alert')})"
+    else:
+        detected = f"detected in {det - inj:.1f} s ({alerts_fired_text(r, 'no alert')})"
     return (
         f"`{r['drill']}` ({r['kind']}, {r['replicas']} replicas at {r['rate_rps']:.1f} RPS): "
-        f"{'detected' if det is not None else 'not detected'}"
-        + (f" in {det - inj:.1f} s" if det is not None else "")
-        + f" ({', '.join(r['alerts_fired']) or 'no alert'}), "
+        + f"{detected}, "
         + (f"recovered in {rec - inj:.1f} s" if rec is not None else "not recovered")
         + f", {r['requests_rejected']} rejected, {r['requests_lost']} lost; during the incident "
         f"attainment {_fmt(during['all_attempt_attainment'], '', 3)} over all attempts "
@@ -137,8 +157,8 @@ def failure_test_markdown(doc: dict[str, Any]) -> str:
         det = r["detection_time_s"]
         rec = r["recovery_time_s"]
         lines.append(
-            f"| {r['drill']} | {r['mechanism']} | {'yes' if r['expected_alert_fired'] else 'NO'}"
-            f" | {', '.join(r['alerts_fired']) or 'none'} | "
+            f"| {r['drill']} | {r['mechanism']} | {expected_alert_text(r)}"
+            f" | {alerts_fired_text(r)} | "
             f"{_fmt(det - inj if det is not None else None, ' s')} after injection | "
             f"{_fmt(rec - inj if rec is not None else None, ' s')} after injection | "
             f"{'yes' if r['capacity_returned_without_manual_repair']['value'] else 'no'} |"
@@ -213,7 +233,7 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
         f"control shed {_fmt(r['admission_rejected'], '', 0)}) |",
         f"| requests lost | {r['requests_lost']} (errors and timeouts after the injection) |",
         f"| requests cancelled | {r['requests_cancelled']} (client policy) |",
-        f"| alerts fired | {', '.join(r['alerts_fired']) or 'none'} |",
+        f"| alerts fired | {alerts_fired_text(r)} |",
         f"| capacity returned without manual repair | "
         f"{'yes' if r['capacity_returned_without_manual_repair']['value'] else 'no'}: "
         f"{'; '.join(r['capacity_returned_without_manual_repair']['evidence'])} |",
@@ -229,6 +249,12 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
         "worst-class p95 TPOT |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    return lines + _phase_rows(r) + _alert_lines(r, inj)
+
+
+def _phase_rows(r: dict[str, Any]) -> list[str]:
+    """The phase table's rows: before, during, after the incident."""
+    lines = []
     for phase in ("before", "during", "after"):
         st = r["phases"].get(phase)
         if not st:
@@ -245,9 +271,18 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
             f"{_fmt(st['goodput_rps'], ' RPS', 1)} | "
             f"{_fmt(ttft, ' ms', 1)} | {_fmt(tpot, ' ms', 1)} |"
         )
-    lines += ["", "Alerts (evaluated by the project over the scraped series with the pack's "
-              "rule file; times on the drill clock):", ""]  # fmt: skip
-    if not r["alerts"]:
+    return lines
+
+
+def _alert_lines(r: dict[str, Any], inj: float) -> list[str]:
+    """The alerts that fired, their times relative to the injection, and the verdict."""
+    lines: list[str] = []
+    if not alerts_evaluated(r):
+        lines += ["", f"Alerts: not evaluated ({r.get('alert_evaluation')}).", ""]
+    else:
+        lines += ["", f"Alerts ({r.get('alert_evaluation') or 'evaluated'}, with the pack's "
+                  "rule file; times on the drill clock):", ""]  # fmt: skip
+    if not r["alerts"] and alerts_evaluated(r):
         lines.append("- none fired")
     for a in r["alerts"]:
         lines.append(
@@ -255,12 +290,12 @@ def _drill_section(r: dict[str, Any]) -> list[str]:
             f"{_rel(a['pending_t_s'], inj)}, firing {_rel(a['firing_t_s'], inj)}, resolved "
             f"{_rel(a['resolved_t_s'], inj)}"
         )
-    verdict = "yes" if r["expected_alert_fired"] else "NO"
+    verdict = expected_alert_text(r)
     lines += [
         "",
         f"Expected mechanism alert fired: {verdict}. Other mechanisms' alerts fired: "
         f"{', '.join(r['unexpected_mechanisms_fired']) or 'none'} (allowed consequences of "
-        f"this drill: {', '.join(sorted(CONSEQUENCES[r['kind']])) or 'none'}).",
+        f"this drill: {', '.join(sorted(kind(r['kind']).consequences)) or 'none'}).",
     ]
     return lines
 

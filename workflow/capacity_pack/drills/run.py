@@ -1,35 +1,12 @@
 """Failure drills, run: one drill against its target, with every request, scrape and event kept.
 
-For the simulated target the drill starts ``replicas`` simulated replicas behind the router
-(admission control at the planned limit, one retry on connect failures, health checks every
-``health_interval_s``, supervisor restarts after ``restart_after_s``, restarted or added
-replicas loading for ``cold_start_s``). For a managed target (``target.managed``) it starts
-``replicas`` copies of the managed command behind the same router
-(:class:`capacity_pack.measure.managed.ManagedFleet`), so a replica the pack started is killed,
-detected, removed and restarted by the router's supervisor as a simulated one is, and a
-restarted copy loads for as long as the real server takes; the placeholder ``base_url`` of a
-managed target is never contacted. Any other real target must answer ``/health`` and injects
-its faults with the drill's configured commands (each killed after the drill's
-``commands.timeout_s``, its output redacted: :mod:`capacity_pack.measure.commands`). The load
-generator runs the drill's open-loop schedule and never extends it (no minimum sample count, no
-maximum duration).
+Simulated replicas, or copies of a managed command
+(:class:`capacity_pack.measure.managed.ManagedFleet`), behind the project's router; another
+real target injects with the drill's commands (:mod:`capacity_pack.measure.commands`). The
+scraper and injector share the load generator's clock; router events are mapped through the
+(t0, t0_realtime) anchor in ``drill.json``.
 
-One clock: every time in a drill's files is an offset in seconds (or ns) from the load
-generator's t0 on its CLOCK_MONOTONIC (``perf_counter_ns``). The scraper and the injector are
-side tasks on the load generator's event loop, so they share that clock: the scraper reads
-``/metrics`` every ``scrape_interval_s`` with a client of its own (as Prometheus would) and
-keeps the raw text, parsed only after the run so that parsing never delays a send; the
-injector acts at ``profile start + inject_at_s`` (and lifts a reversible fault at
-``restore_at_s``), recording when each action started and finished. Router events carry
-CLOCK_REALTIME stamps from another process; the run's (t0, t0_realtime) anchor, written to
-``drill.json``, maps them onto the drill clock at analysis time.
-
-Outputs of one drill directory: ``records.jsonl`` (per-request records), ``schedule.parquet``,
-``samples.parquet`` (t_ns, metric, labels, value), ``scrapes.parquet`` (t_ns, realtime_ns, ok,
-client_in_flight), ``events.json`` (router events, null for a target the drill does not start)
-and ``drill.json`` (the plan, the clock anchor, the injector's actions and the load summary). A
-drill that cannot run on its target (see :func:`capacity_pack.drills.plan.plan_drill`) writes
-the same files, empty, and says why in ``drill.json``.
+Files and clock: docs/failure-drills.md, "How a drill runs".
 """
 
 from __future__ import annotations
@@ -44,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.drills.files import write_outputs
+from capacity_pack.drills.kinds import kind
 from capacity_pack.drills.plan import (
     NS,
     DrillError,
@@ -145,28 +123,10 @@ class _Recorder:
         import httpx
 
         d = self.plan.drill
-        restore = which == "restore"
-        if d.kind == "replica_kill":
-            method, path, body = "POST", f"/cluster/replicas/{d.replica}/kill", {}
-        elif d.kind == "cold_replica":
-            method, path, body = "POST", "/cluster/replicas/add", {}
-        elif d.kind == "kv_pressure":
-            frac = 1.0 if restore else d.kv_capacity_fraction
-            method, path, body = (
-                "POST",
-                f"/sim/faults?replica={d.replica}",
-                {"kv_capacity_fraction": frac},
-            )
-        elif d.kind == "degraded_link":
-            body = {"latency_ms": 0.0, "bandwidth_bytes_per_s": 0.0}
-            if not restore:
-                body = {
-                    "latency_ms": d.latency_ms,
-                    "bandwidth_bytes_per_s": d.bandwidth_bytes_per_s,
-                }
-            method, path = "POST", f"/cluster/replicas/{d.replica}/link"
-        else:
-            return {"outcome": "client-side fault: the schedule's cancellations"}
+        spec = kind(d.kind)
+        if spec.router is None:
+            return {"outcome": f"client-side fault: {spec.client_fault}"}
+        method, path, body = spec.router(d, which == "restore")
         async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
             resp = await client.request(
                 method, f"{self.base_url}{path}", json=body, headers=self.control_headers
@@ -212,6 +172,60 @@ def parse_scrapes(
     return samples, frame.astype({"t_ns": np.int64, "realtime_ns": np.int64})
 
 
+def _start_target(
+    inputs: DrillInputs, plan: DrillPlan, out: Path
+) -> tuple[Any, str, dict[str, str]]:
+    """(the process the drill started or None, the base URL it drives, the control headers):
+    simulated replicas or a managed command's copies behind the project's router, else the
+    configured target, which must be up."""
+    from capacity_pack.measure.target import SimProcess, healthy
+
+    target, f = inputs.sweep.target, inputs.failure
+    # The router's settings, for simulated and managed replicas alike.
+    extra = ["--health-interval-s", str(f.health_interval_s), "--retries", "1"]
+    if plan.admission_max_outstanding:
+        extra += ["--admission-max-outstanding", str(plan.admission_max_outstanding)]
+    if f.restart_after_s is not None:
+        extra += ["--restart-after-s", str(f.restart_after_s)]
+    if isinstance(target, OpenAITarget) and target.managed is not None:
+        from capacity_pack.measure.managed import ManagedError, ManagedFleet
+
+        fleet = ManagedFleet(
+            target.managed,
+            plan.replicas,
+            keep_alive=target.keep_alive,
+            extra_args=extra,
+            log_path=out / "server.log",
+        )
+        try:
+            base_url = fleet.start()
+        except ManagedError as err:
+            raise DrillError(f"the managed target did not start for the drill: {err}") from None
+        return fleet, base_url, fleet.control_headers
+    if isinstance(target, SimTarget):
+        if f.cold_start_s:
+            extra += ["--cold-start-s", str(f.cold_start_s)]
+        gt = out / "ground_truth.jsonl"
+        gt.unlink(missing_ok=True)
+        model = inputs.sweep.model.served_name or inputs.sweep.model.id
+        proc = SimProcess(
+            target.model_copy(update={"replicas": plan.replicas}),
+            model,
+            ground_truth=gt if target.ground_truth else None,
+            log_path=out / "server.log",
+            extra_args=extra,
+        )
+        try:
+            return proc, proc.start(), proc.control_headers
+        except BaseException:
+            proc.stop()  # a start that failed half-way leaves nothing running
+            raise
+    base_url = target.base_url.rstrip("/")
+    if not healthy(base_url, timeout_s=5.0):
+        raise DrillError(f"{base_url}/health does not answer 200: is the target up?")
+    return None, base_url, {}
+
+
 def run_drill(
     inputs: DrillInputs,
     plan: DrillPlan,
@@ -222,7 +236,6 @@ def run_drill(
     """Measure one drill; write records.jsonl, scrapes, events.json and drill.json."""
     from capacity_pack.measure.inputs import load_settings, token_counter
     from capacity_pack.measure.run import run_point
-    from capacity_pack.measure.target import SimProcess, healthy
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,54 +254,10 @@ def run_drill(
     target = inputs.sweep.target
     sim = isinstance(target, SimTarget)
     managed = isinstance(target, OpenAITarget) and target.managed is not None
-    model = inputs.sweep.model.served_name or inputs.sweep.model.id
     proc: Any = None
-    control: dict[str, str] = {}
     f = inputs.failure
     try:
-        # The router's settings, for simulated and managed replicas alike.
-        extra = ["--health-interval-s", str(f.health_interval_s), "--retries", "1"]
-        if plan.admission_max_outstanding:
-            extra += ["--admission-max-outstanding", str(plan.admission_max_outstanding)]
-        if f.restart_after_s is not None:
-            extra += ["--restart-after-s", str(f.restart_after_s)]
-        if managed:
-            from capacity_pack.measure.managed import ManagedError, ManagedFleet
-
-            assert isinstance(target, OpenAITarget) and target.managed is not None
-            proc = ManagedFleet(
-                target.managed,
-                plan.replicas,
-                keep_alive=target.keep_alive,
-                extra_args=extra,
-                log_path=out / "server.log",
-            )
-            try:
-                base_url = proc.start()
-            except ManagedError as err:
-                proc = None
-                raise DrillError(f"the managed target did not start for the drill: {err}") from None
-            control = proc.control_headers
-        elif sim:
-            assert isinstance(target, SimTarget)
-            if f.cold_start_s:
-                extra += ["--cold-start-s", str(f.cold_start_s)]
-            gt = out / "ground_truth.jsonl"
-            gt.unlink(missing_ok=True)
-            proc = SimProcess(
-                target.model_copy(update={"replicas": plan.replicas}),
-                model,
-                ground_truth=gt if target.ground_truth else None,
-                log_path=out / "server.log",
-                extra_args=extra,
-            )
-            base_url = proc.start()
-            control = proc.control_headers
-        else:
-            assert isinstance(target, OpenAITarget)
-            base_url = target.base_url.rstrip("/")
-            if not healthy(base_url, timeout_s=5.0):
-                raise DrillError(f"{base_url}/health does not answer 200: is the target up?")
+        proc, base_url, control = _start_target(inputs, plan, out)
         routed = sim or managed  # behind the project's router, whose control plane acts
         recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, routed, control)
         settings = load_settings(inputs.sweep, drill_point(plan), base_url, progress=progress)

@@ -1,17 +1,8 @@
 """A drill's statistics, from its records and scrapes: what the analysis reads and computes.
 
-- :class:`DrillAnalysisSpec`: what analysing a drill reads from the manifest, and
-  :data:`DRILL_GATES`, the gates its windows and its after phase are held to;
-- :func:`request_frame`: the drill's requests table, with SLO columns and each request's end
-  on the drill clock (a request lands in time when it ended);
-- :func:`windows` and :func:`phase_stats`: counts, attainments (among successful requests and
-  over all attempts), failure shares and P95s per window and per phase;
-- :func:`timeline`: the series of the drill's picture;
-- :func:`queue_evidence`, :func:`counter_increase`, :func:`alert_episodes`,
-  :func:`clock_check`: the queue's peak and return, router counters, alert episodes, and the
-  divergence of the monotonic from the realtime clock.
-
-The definitions are :mod:`capacity_pack.drills.analyze`'s (its module docstring).
+:class:`DrillAnalysisSpec` and :data:`DRILL_GATES`; the requests table (a request lands when it
+ended), windows and phases, the timeline, the queue, counters, alert episodes and the clock
+check. Definitions: docs/failure-drills.md, "How the fields are computed".
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.drills.plan import NS
+from capacity_pack.drills.prometheus import AlertEvaluation, evaluate_alert_rules
 from capacity_pack.evidence.gates import CLASS_ATTAINMENT, ERROR_RATE, Gate
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.manifest import Failure, Pack, PackInfo, WorkloadClass
@@ -313,17 +305,9 @@ def counter_increase(samples: pd.DataFrame, metric: str) -> float | None:
     return total
 
 
-def alert_episodes(rules_path: Path, samples: pd.DataFrame, scrapes: pd.DataFrame) -> pd.DataFrame:
-    """The pack's alert rules evaluated at every scrape (capacity_pack.drills.promql)."""
-    from capacity_pack.drills import promql
-
-    rules = promql.load_rules(rules_path)
-    ok = scrapes[scrapes["ok"]] if len(scrapes) else scrapes
-    if not len(ok):
-        return pd.DataFrame(columns=["alert", "labels", "pending_t_ns", "firing_t_ns",
-                                     "resolved_t_ns", "max_value", "mechanism"])  # fmt: skip
-    store = promql.SeriesStore.from_frame(samples, ok["t_ns"].to_numpy(dtype=np.int64))
-    ep = promql.evaluate_alerts(rules, store, ok["t_ns"].to_numpy(dtype=np.int64))
-    mech = {r.alert: r.labels.get("mechanism") for r in rules}
-    ep["mechanism"] = ep["alert"].map(mech)
-    return ep
+def alert_episodes(
+    rules_path: Path, samples: pd.DataFrame, scrapes: pd.DataFrame
+) -> AlertEvaluation:
+    """The pack's alert rules over the drill's scrapes, by Prometheus' own rule engine
+    (:func:`capacity_pack.drills.prometheus.evaluate_alert_rules`): episodes, or why none."""
+    return evaluate_alert_rules(rules_path, samples, scrapes)

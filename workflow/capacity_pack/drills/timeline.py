@@ -1,17 +1,8 @@
 """A drill's picture over time, from its report's ``timeline`` (presentation only).
 
-Three panels on the drill clock, sharing the time axis:
-
-1. load: offered rate (requests sent / s) and completed rate (successes / s), with errors
-   (errors and timeouts) and rejections (429/503) per second as bars;
-2. SLO: per class, the attainment over all attempts of the requests that ended in the trailing
-   window (failures count as misses), with the pack's attainment gate as a line;
-3. queue: the client's requests in flight and the engines' waiting queue at every scrape.
-
-Every panel marks the drill's moments: injection, detection (first firing of the mechanism's
-alert), router removal, first and last error, fault cleared (the killed replica back in
-rotation, or the fault lifted) and recovery. The title says what ran (live or virtual) and, for
-the plan drill, its verdict.
+Three panels on the drill clock (load, per-class attainment over all attempts against the gate,
+queue), each marking injection, detection, router removal, first and last error, fault cleared
+and recovery; the title says live or virtual and the plan drill's verdict.
 """
 
 from __future__ import annotations
@@ -47,6 +38,47 @@ def plot_drill_timeline(report: dict[str, Any], gate: float, path: str | Path) -
     load, slo, queue = axes
     t = tl.get("t_s") or []
     step = tl.get("step_s", 0.5)
+    _load_panel(load, t, step, tl)
+    load.set_ylabel("requests / s")
+    load.legend(fontsize=7, loc="upper left", ncol=2)
+    for name, share in (tl.get("all_attempt_attainment") or {}).items():
+        slo.plot(t, [None if v is None else v for v in share], label=name)
+    slo.axhline(gate, color="grey", linestyle="--", linewidth=1, label=f"gate {gate:g}")
+    slo.set_ylim(-0.02, 1.05)
+    slo.set_ylabel(f"attainment, all attempts\n(trailing {tl.get('window_s', 2):g} s)")
+    slo.legend(fontsize=7, loc="lower left", ncol=4)
+    if tl.get("scrape_t_s"):
+        queue.plot(
+            tl["scrape_t_s"], tl["client_in_flight"], color="tab:blue", label="client in flight"
+        )
+        if tl.get("server_waiting"):
+            queue.plot(
+                tl["scrape_t_s"],
+                tl["server_waiting"],
+                color="tab:orange",
+                label="engines' waiting queue",
+            )
+    queue.set_ylabel("requests")
+    queue.set_xlabel("seconds on the drill clock")
+    queue.yaxis.get_major_locator().set_params(integer=True)
+    if tl.get("scrape_t_s"):
+        queue.legend(fontsize=7, loc="upper left")
+    _marks(axes, load, report)
+    title = (
+        f"Drill {report['drill']} ({report['kind']}): {report['replicas']} replicas at "
+        f"{report['rate_rps']:.1f} RPS, {report.get('execution', 'live')}"
+    )
+    n = report.get("n_plus_one")
+    if n:
+        title += f"\n{n['sentence']}"
+    else:
+        title += "\nmechanism test at the capacity point"
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, Path(path))
+
+
+def _load_panel(load: Any, t: list[float], step: float, tl: dict[str, Any]) -> None:
+    """Offered and completed rates as steps, errors and rejections as stacked bars."""
     if tl.get("offered_rps"):
         load.plot(
             t, tl["offered_rps"], color="tab:blue", label="offered (sent/s)", drawstyle="steps-post"
@@ -77,30 +109,10 @@ def plot_drill_timeline(report: dict[str, Any], gate: float, path: str | Path) -
             alpha=0.6,
             label="rejected (429/503)/s",
         )
-    load.set_ylabel("requests / s")
-    load.legend(fontsize=7, loc="upper left", ncol=2)
-    for name, share in (tl.get("all_attempt_attainment") or {}).items():
-        slo.plot(t, [None if v is None else v for v in share], label=name)
-    slo.axhline(gate, color="grey", linestyle="--", linewidth=1, label=f"gate {gate:g}")
-    slo.set_ylim(-0.02, 1.05)
-    slo.set_ylabel(f"attainment, all attempts\n(trailing {tl.get('window_s', 2):g} s)")
-    slo.legend(fontsize=7, loc="lower left", ncol=4)
-    if tl.get("scrape_t_s"):
-        queue.plot(
-            tl["scrape_t_s"], tl["client_in_flight"], color="tab:blue", label="client in flight"
-        )
-        if tl.get("server_waiting"):
-            queue.plot(
-                tl["scrape_t_s"],
-                tl["server_waiting"],
-                color="tab:orange",
-                label="engines' waiting queue",
-            )
-    queue.set_ylabel("requests")
-    queue.set_xlabel("seconds on the drill clock")
-    queue.yaxis.get_major_locator().set_params(integer=True)
-    if tl.get("scrape_t_s"):
-        queue.legend(fontsize=7, loc="upper left")
+
+
+def _marks(axes: Any, load: Any, report: dict[str, Any]) -> None:
+    """A vertical line at each moment of the drill on every panel, labelled on the top one."""
     for ax in axes:
         ax.grid(alpha=0.3)
         for i, (key, label, color, style) in enumerate(MARKS):
@@ -120,17 +132,6 @@ def plot_drill_timeline(report: dict[str, Any], gate: float, path: str | Path) -
                     ha="right",
                     color=color,
                 )
-    title = (
-        f"Drill {report['drill']} ({report['kind']}): {report['replicas']} replicas at "
-        f"{report['rate_rps']:.1f} RPS, {report.get('execution', 'live')}"
-    )
-    n = report.get("n_plus_one")
-    if n:
-        title += f"\n{n['sentence']}"
-    else:
-        title += "\nmechanism test at the capacity point"
-    fig.suptitle(title, fontsize=9)
-    save_figure(fig, Path(path))
 
 
 def _wrap(text: str, width: int = 110) -> str:

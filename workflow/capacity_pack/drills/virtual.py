@@ -1,26 +1,12 @@
 """Failure drills in virtual time: the same drill on the engine model's fleet, in seconds of CPU.
 
-For a plan larger than this host can run live (:func:`capacity_pack.drills.plan.plan_drill`
-decides), the drill's schedule (the same arrivals, classes and lengths as a live drill's) is
-replayed against :class:`capacity_pack.sim.fleet.Fleet`: the target's profile on every replica,
-the router's policy, admission limit, retries, health checks, supervisor restart and cold start
-on one simulated clock. It writes the files a live drill writes (``records.jsonl`` in the load
-generator's format, ``schedule.parquet``, ``samples.parquet``/``scrapes.parquet`` from the
-router's ``/metrics`` samples at every scrape, ``events.json``, ``drill.json``), so the same
-analysis (:mod:`capacity_pack.drills.analyze`), alert rules and pictures read it, and every file
-says it is virtual (``drill.json``: ``execution``, ``clock``).
+The drill's schedule is replayed against :class:`capacity_pack.sim.fleet.Fleet` (prompts:
+:func:`capacity_pack.twin.requests.fleet_requests`) and writes the files a live drill writes,
+each saying it is virtual; the realtime anchor is ``VIRTUAL_EPOCH_NS`` plus the offset. A real
+target runs its calibrated twin behind :data:`REAL_TARGET_POLICY`, labelled a prediction.
 
-Prompts: :func:`capacity_pack.twin.requests.fleet_requests` (shared prefixes, then ids of each
-request's own), so the prefix cache hits in virtual time where it hits live. The clock's
-origin is the fleet's start; the virtual realtime anchor is ``VIRTUAL_EPOCH_NS`` plus the same
-offset (no drift to check).
-
-The engine model: a simulated target's own profile, with its router's policy; for a real
-target, the pack's calibrated twin (``plan.twin``'s profile, fitted to the pack's closed loop,
-:mod:`capacity_pack.twin.calibrate`), behind the policy of the project's router, which a managed
-target's fleet runs with (:data:`REAL_TARGET_POLICY`). A real target's drill is a prediction:
-``drill.json`` says so (``prediction``: the twin's label, with its validation error and
-tolerance), in words that name the calibrated twin's engine model, not a simulator.
+Docs: docs/failure-drills.md, "How a drill runs"; docs/twin.md, "The plan drill of a real
+target".
 """
 
 from __future__ import annotations
@@ -32,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.drills.kinds import kind, kinds
 from capacity_pack.drills.plan import NS, DrillError, DrillInputs, DrillPlan, drill_schedule
 from capacity_pack.plan.manifest import SimTarget
 from capacity_pack.twin.requests import fleet_requests
@@ -77,63 +64,13 @@ def scrape_frames(scrapes: list[Any], rt0: int) -> tuple[pd.DataFrame, pd.DataFr
     return frame, index
 
 
-def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path) -> dict[str, Any]:
-    """Run the drill in virtual time; write the live drill's files; return its facts."""
-    from capacity_pack.drills.files import write_outputs
+def _records(schedule: pd.DataFrame, results: list[Any], t0: int, rt0: int) -> list[str]:
+    """The fleet's results as the load generator's ``records.jsonl`` lines, one per scheduled
+    request, stamped from the virtual origins ``t0`` (monotonic) and ``rt0`` (realtime)."""
     from capacity_pack.measure.records import Attempt
-    from capacity_pack.sim.fleet import Fleet, FleetSettings
-    from capacity_pack.sim.profile import load_profile
 
-    target = inputs.sweep.target
-    twin = plan.twin if not isinstance(target, SimTarget) else None
-    if not isinstance(target, SimTarget) and not (twin and twin.get("trusted")):
-        raise DrillError(
-            "a virtual drill needs the target's engine model: a simulated target's own, or a "
-            "real target's trusted calibrated twin"
-        )
-    if plan.drill.kind != "replica_kill":
-        raise DrillError(f"virtual time runs replica_kill drills only, not {plan.drill.kind}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cpu0 = time.process_time()
-    schedule, start_ns = drill_schedule(inputs, plan)
-    seed = inputs.sweep.schedule.client.request_schedule_seed
-    f = inputs.failure
-    client = inputs.sweep.client
-    model = inputs.sweep.model.served_name or inputs.sweep.model.id
-    inject_s = start_ns / NS + plan.inject_at_s
-    if twin is not None:
-        profile, policy = load_profile(twin["profile"]), REAL_TARGET_POLICY
-        started_by = (
-            f"virtual time: {plan.replicas} copies of the calibrated twin's engine model "
-            f"({twin['profile']}) behind the project's router policy ({policy}); "
-            f"{twin['label']}"
-        )
-    else:
-        assert isinstance(target, SimTarget)
-        profile, policy = load_profile(target.profile), target.router
-        started_by = (
-            f"virtual time: {plan.replicas} engine models of profile {target.profile!r} behind "
-            "the router's policy (capacity_pack.sim.fleet)"
-        )
-    settings = FleetSettings(
-        replicas=plan.replicas,
-        policy=policy,
-        admission_max_outstanding=plan.admission_max_outstanding or 0,
-        retries=1,
-        health_interval_s=f.health_interval_s,
-        restart_after_s=f.restart_after_s,
-        cold_start_s=f.cold_start_s,
-        request_timeout_s=client.request_timeout_seconds,
-        scrape_interval_s=f.scrape_interval_s,
-        model_name=model,
-        kills=((plan.drill.replica, inject_s),),
-    )
-    requests = fleet_requests(schedule, seed)
-    run = Fleet(profile, settings, seed=seed).run(requests)
-    t0, rt0 = VIRTUAL_T0_NS, VIRTUAL_EPOCH_NS
     lines = []
-    for row, res in zip(schedule.to_dict("records"), run.results, strict=True):
+    for row, res in zip(schedule.to_dict("records"), results, strict=True):
         offset = int(row["scheduled_offset_ns"])
         a = Attempt(
             request_id=str(row["request_id"]),
@@ -162,6 +99,83 @@ def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path)
             cached_tokens=res.cached_tokens if res.status == "ok" else None,
         )
         lines.append(a.to_json(t0, rt0))
+    return lines
+
+
+def _virtual_twin(inputs: DrillInputs, plan: DrillPlan) -> dict[str, Any] | None:
+    """The calibrated twin a real target's drill runs on (None: a simulated target's own
+    profile); a drill virtual time cannot run is refused, saying why."""
+    target = inputs.sweep.target
+    twin = plan.twin if not isinstance(target, SimTarget) else None
+    if not isinstance(target, SimTarget) and not (twin and twin.get("trusted")):
+        raise DrillError(
+            "a virtual drill needs the target's engine model: a simulated target's own, or a "
+            "real target's trusted calibrated twin"
+        )
+    if not kind(plan.drill.kind).kills_replica:
+        # The fleet model's only fault is a killed replica.
+        killers = ", ".join(k.name for k in kinds() if k.kills_replica)
+        raise DrillError(f"virtual time runs {killers} drills only, not {plan.drill.kind}")
+    return twin
+
+
+def _engine_model(
+    inputs: DrillInputs, plan: DrillPlan, twin: dict[str, Any] | None
+) -> tuple[Any, str, str]:
+    """(the engine profile every replica runs, the router's policy, who "started" them)."""
+    from capacity_pack.sim.profile import load_profile
+
+    if twin is not None:
+        policy = REAL_TARGET_POLICY
+        started_by = (
+            f"virtual time: {plan.replicas} copies of the calibrated twin's engine model "
+            f"({twin['profile']}) behind the project's router policy ({policy}); "
+            f"{twin['label']}"
+        )
+        return load_profile(twin["profile"]), policy, started_by
+    target = inputs.sweep.target
+    assert isinstance(target, SimTarget)
+    started_by = (
+        f"virtual time: {plan.replicas} engine models of profile {target.profile!r} behind "
+        "the router's policy (capacity_pack.sim.fleet)"
+    )
+    return load_profile(target.profile), target.router, started_by
+
+
+def run_virtual_drill(inputs: DrillInputs, plan: DrillPlan, out_dir: str | Path) -> dict[str, Any]:
+    """Run the drill in virtual time; write the live drill's files; return its facts."""
+    from capacity_pack.drills.files import write_outputs
+    from capacity_pack.sim.fleet import Fleet, FleetSettings
+
+    target = inputs.sweep.target
+    twin = _virtual_twin(inputs, plan)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cpu0 = time.process_time()
+    schedule, start_ns = drill_schedule(inputs, plan)
+    seed = inputs.sweep.schedule.client.request_schedule_seed
+    f = inputs.failure
+    client = inputs.sweep.client
+    model = inputs.sweep.model.served_name or inputs.sweep.model.id
+    inject_s = start_ns / NS + plan.inject_at_s
+    profile, policy, started_by = _engine_model(inputs, plan, twin)
+    settings = FleetSettings(
+        replicas=plan.replicas,
+        policy=policy,
+        admission_max_outstanding=plan.admission_max_outstanding or 0,
+        retries=1,
+        health_interval_s=f.health_interval_s,
+        restart_after_s=f.restart_after_s,
+        cold_start_s=f.cold_start_s,
+        request_timeout_s=client.request_timeout_seconds,
+        scrape_interval_s=f.scrape_interval_s,
+        model_name=model,
+        kills=((plan.drill.replica, inject_s),),
+    )
+    requests = fleet_requests(schedule, seed)
+    run = Fleet(profile, settings, seed=seed).run(requests)
+    t0, rt0 = VIRTUAL_T0_NS, VIRTUAL_EPOCH_NS
+    lines = _records(schedule, run.results, t0, rt0)
     (out / "records.jsonl").write_text("\n".join(lines) + "\n" if lines else "")
     samples, scrape_index = scrape_frames(run.scrapes, rt0)
     events = [

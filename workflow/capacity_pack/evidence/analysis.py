@@ -1,49 +1,16 @@
 """The per-point SLO analysis: the SLO report of a point's measured requests, and its verdict.
 
-The measured requests of a point are those of the ``measure`` and ``extension`` phases (warm-up
-and prewarm excluded); T runs from the first measured send to the last measured terminal event,
-so the drain is included. Over them, :func:`analyze_point` writes the report of
-:mod:`.slo_report` (per-class attainment, nearest-rank percentiles, goodput, error rate, the
-capacity gate) and adds, with the methods of :mod:`.statistics`:
+Over the ``measure`` and ``extension`` phases (T: first measured send to last measured terminal
+event), :func:`analyze_point` writes the report of :mod:`.slo_report` and adds, with the methods
+of :mod:`.statistics`, per-class confidence sequences at the effective sample k / deff of
+n / deff (:func:`capacity_pack.binomial.design_effect`, blocks kept in ``attainment_blocks``)
+intersected with the deciding look's (:func:`intersect_with_look`), early stopping for P99, the
+queue trend, Little's Law, ``offered_rate_rps`` = (n - 1) / (last - first measured scheduled
+arrival), the optional gates (:mod:`.gates`) and per-turn session figures (:mod:`.sessions`),
+then the verdict. A point decided in run under another gate whose verdict at the new gate is
+neither ``pass`` nor ``fail`` is ``superseded`` (``in_run_gate``): it is measured again.
 
-- per class: the confidence sequence of attainment at ``acceptance.attainment_confidence``
-  (:func:`capacity_pack.binomial.confidence_sequence`: valid however often the sweep looked at
-  it while deciding to stop or extend the point, unlike a fixed-sample interval), taken at the
-  effective sample k / deff of n / deff, deff the design effect of the class's outcomes over
-  blocks of send time (:func:`capacity_pack.binomial.design_effect`; the blocks' counts are
-  kept in ``attainment_blocks`` so that a rate's repeats pool), and intersected with
-  the interval of the in-run look that decided the point (the running intersection,
-  :func:`intersect_with_look`); attempts,
-  the class's error rate (attempted_c - successful_c) / attempted_c and its all-attempt
-  attainment passing_c / attempted_c; nearest-rank ITL (gaps between observed chunks), TTFT and
-  E2E from the scheduled arrival; and MLPerf LoadGen early stopping for P99 TTFT and TPOT (the
-  least n proving P99 under the cutoff with the observed count over it, at 99% confidence);
-- the queue trend: Mann-Kendall on the server's queue depth and on the client's due-but-unsent
-  backlog over the steady window, between the first and the last measured scheduled arrival;
-  ``growing`` if either grows, ``flat`` if every series with samples is flat, else
-  ``inconclusive``;
-- Little's Law over every terminal request of the steady window, flagged above a 10% gap;
-- the offered rate the schedule realised: (n - 1) / (last - first measured scheduled arrival),
-  n measured requests (``offered_rate_rps``; T includes the drain, this span does not);
-- the optional gates of :mod:`.gates` (per-class error rate, all-attempt attainment) when set;
-- for session classes, TTFT, attainment and the prefix-cache hit rate by turn index
-  (``sessions``: :mod:`.sessions`).
-
-Verdict: ``inconclusive`` when the point cannot be judged as a server result (the client was the
-bottleneck: dispatch lateness above its bound; the shard clocks disagree); else ``fail`` when a
-class's attainment is below its gate with certainty (its confidence sequence's upper end under
-it), whatever its sample size; else ``inconclusive`` when a class is under-sampled or the queue
-trend is undecided; else ``fail`` when a gate fails; else
-``marginal`` when a gate holds on the point estimate only (a class's attainment interval reaches
-under its threshold); else ``pass``. ``verdict_reasons`` says why, in the gates' own words.
-
-A point decided in run under another attainment gate or confidence than the one it is analyzed
-at (the pack's gate changed since it was measured: a new gate re-analyzes, it does not
-re-measure) keeps its data and its verdict at the new gate: the confidence sequence holds at
-any stopping time, whatever rule stopped the run. When that verdict is neither ``pass`` nor
-``fail`` the point was stopped too early (or extended too little) to decide at the new gate:
-it is ``superseded`` (``in_run_gate`` says which gate it ran under), and the capacity
-decision and the search set it aside and measure the rate again.
+Method: docs/metrics.md, "Point statistics" and "In-run decisions".
 """
 
 from __future__ import annotations
@@ -128,9 +95,8 @@ def analyze_point(
     m = requests[requests["phase"].isin(MEASURED_PHASES)].reset_index(drop=True)
     if m.empty:
         raise AnalysisError("the point has no measured requests")
-    start_ns, end_ns = measured_window(requests)
-    steady_start, steady_end = steady_window(m)
-    trend, trends = queue_trend(metrics, steady_start, steady_end)
+    window, steady = measured_window(requests), steady_window(m)
+    trend, trends = queue_trend(metrics, *steady)
     cols = {
         "class": m["class"].to_numpy(dtype=object),
         "status": m["status"].to_numpy(dtype=object),
@@ -141,31 +107,73 @@ def analyze_point(
     }
     # The report's gate takes flat/growing; an undecided trend cannot pass, so it reads as
     # growing there, and the verdict says inconclusive.
-    duration_s = (end_ns - start_ns) / 1e9
+    duration_s = (window[1] - window[0]) / 1e9
     report = class_report(
         cols, duration_s, "flat" if trend == "flat" else "growing", classes, gates
     )
     report["queue_trend"] = trend
     report["queue_trend_evidence"] = trends
     ck = chunks.merge(m[["request_id", "class"]], on="request_id")
-    looked = in_run_bounds(
-        sweep_summary.get("sequential") or {}, gates["class_slo_attainment_min"], confidence
-    )
+    in_run = sweep_summary.get("sequential") or {}
+    looked = in_run_bounds(in_run, gates["class_slo_attainment_min"], confidence)
     for c in classes:
         _extend_class(report["classes"][c.name], c, m, ck, gates, confidence)
         intersect_with_look(report["classes"][c.name], looked.get(c.name))
+    report.update(
+        _point_fields(m, requests, ck, window, steady, sweep_summary),
+        under_sampled_classes=[
+            c.name for c in classes if not report["classes"][c.name]["sample_adequate"]
+        ],
+        percentile_method="nearest_rank",
+    )
+    if sessions.has_sessions(m):
+        report["sessions"] = sessions.per_turn(m, classes, sweep_summary)
+    _judge(report, classes, gates, bool(sweep_summary.get("shards")))
+    report["trace_replay"] = sweep_summary.get("trace_replay")
+    report["verdict_reasons"] += under_sampled_reasons(
+        report, report["trace_replay"], gates["min_successful_samples_per_class"]
+    )
+    report["verdict_pass"] = report["verdict"] == "pass"
+    report["in_run_decision"] = in_run.get("decision")
+    report["in_run_gate"] = in_run_gate(in_run, gates["class_slo_attainment_min"], confidence)
+    if in_run.get("decision") == "futile":
+        # Not shown to pass, whatever the data's own verdict: say the sweep gave up on it.
+        report["verdict_reasons"].append(f"stopped in run: {in_run.get('reason')}")
+    report["superseded"] = bool(
+        report["in_run_gate"]
+        and not report["in_run_gate"]["current"]
+        and report["verdict"] not in ("pass", "fail")
+    )
+    if report["superseded"]:
+        g = report["in_run_gate"]
+        report["verdict_reasons"].append(
+            f"stopped in run under another gate ({g['attainment_min']:g} at "
+            f"{g['confidence']:.0%}): undecided at this one ({gates['class_slo_attainment_min']:g}"
+            f" at {confidence:.0%}), so its rate is measured again"
+        )
+    return report
+
+
+def _point_fields(
+    m: pd.DataFrame,
+    requests: pd.DataFrame,
+    ck: pd.DataFrame,
+    window: tuple[int, int],
+    steady: tuple[int, int],
+    sweep_summary: dict[str, Any],
+) -> dict[str, Any]:
+    """The report's fields of the point as a whole: its windows and offered rate, errors, client
+    delays, chunks, Little's Law, and what the sweep saw of its conditions."""
+    (start_ns, end_ns), (steady_start, steady_end) = window, steady
     multi_token = bool((ck["tokens"] > 1).any())
     status_counts = m["status"].value_counts().to_dict()
-    report.update(
-        measured_window_s=duration_s,
+    scheduled_s = (steady_end - steady_start) / 1e9
+    return dict(
+        measured_window_s=(end_ns - start_ns) / 1e9,
         # The schedule's own rate, as it arrived: (n - 1) gaps between the first and the last
         # measured scheduled arrival (no drain, unlike T).
-        scheduled_window_s=(steady_end - steady_start) / 1e9,
-        offered_rate_rps=(
-            (len(m) - 1) / ((steady_end - steady_start) / 1e9)
-            if steady_end > steady_start
-            else None
-        ),
+        scheduled_window_s=scheduled_s,
+        offered_rate_rps=(len(m) - 1) / scheduled_s if steady_end > steady_start else None,
         window_start_offset_ns=start_ns,
         window_end_offset_ns=end_ns,
         # The same window on the wall clock (first measured send, last measured end): where
@@ -202,38 +210,7 @@ def analyze_point(
         # None: one client process, or shards on hosts whose skew could not be measured.
         shard_clock_valid=sweep_summary.get("shard_clock_valid"),
         dispatch_lateness_ms=sweep_summary.get("dispatch_lateness_ms"),
-        under_sampled_classes=[
-            c.name for c in classes if not report["classes"][c.name]["sample_adequate"]
-        ],
-        percentile_method="nearest_rank",
     )
-    if sessions.has_sessions(m):
-        report["sessions"] = sessions.per_turn(m, classes, sweep_summary)
-    _judge(report, classes, gates, bool(sweep_summary.get("shards")))
-    report["trace_replay"] = sweep_summary.get("trace_replay")
-    report["verdict_reasons"] += under_sampled_reasons(
-        report, report["trace_replay"], gates["min_successful_samples_per_class"]
-    )
-    report["verdict_pass"] = report["verdict"] == "pass"
-    in_run = sweep_summary.get("sequential") or {}
-    report["in_run_decision"] = in_run.get("decision")
-    report["in_run_gate"] = in_run_gate(in_run, gates["class_slo_attainment_min"], confidence)
-    if in_run.get("decision") == "futile":
-        # Not shown to pass, whatever the data's own verdict: say the sweep gave up on it.
-        report["verdict_reasons"].append(f"stopped in run: {in_run.get('reason')}")
-    report["superseded"] = bool(
-        report["in_run_gate"]
-        and not report["in_run_gate"]["current"]
-        and report["verdict"] not in ("pass", "fail")
-    )
-    if report["superseded"]:
-        g = report["in_run_gate"]
-        report["verdict_reasons"].append(
-            f"stopped in run under another gate ({g['attainment_min']:g} at "
-            f"{g['confidence']:.0%}): undecided at this one ({gates['class_slo_attainment_min']:g}"
-            f" at {confidence:.0%}), so its rate is measured again"
-        )
-    return report
 
 
 def in_run_gate(

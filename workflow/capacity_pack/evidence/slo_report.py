@@ -1,24 +1,13 @@
 """The per-class SLO report of a set of requests and the capacity gate over it.
 
-For the successful (``ok``) requests of each class c, over a window of T seconds:
+Per class c over a window of T seconds: attainment_c = passing_c / successful_c (the joint
+TTFT-and-TPOT predicate of :mod:`capacity_pack.evidence.gates`), nearest-rank percentiles (P99
+withheld below ``p99_min_samples``), output tokens, ``sample_adequate`` and ``class_slo_pass``.
+Overall: error_rate = failed / attempted, attainment among successful and over all attempts,
+observed_goodput_rps = passing / T (DistServe's goodput over one window), throughputs per T,
+``all_class_slos_pass`` and ``capacity_gate_pass`` (every class, the error rate, a flat queue).
 
-- successful_c; passing_c = those meeting the class SLO (the predicate of
-  :mod:`capacity_pack.evidence.gates`: TTFT and TPOT within the class's cutoffs, jointly);
-- attainment_c = passing_c / successful_c (None without successes);
-- nearest-rank P50, P95 and P99 of TTFT and TPOT and P95 of E2E (:mod:`.statistics`); P99 is
-  withheld (None) below ``p99_min_samples`` successful requests of the class;
-- output_tokens_c = the sum of the successful requests' output tokens;
-- the class's gate booleans: ``sample_adequate`` (successful_c >= the sample gate) and
-  ``class_slo_pass`` (adequate and attainment_c >= the attainment gate).
-
-Over all classes: error_rate = failed / attempted (None without attempts), failed being every
-non-``ok`` status; overall_attainment = passing / successful (among successful requests);
-overall_all_attempt_attainment = passing / attempted (over all attempts: every failure a miss;
-per class, all_attempt_attainment is added by :mod:`.analysis`); observed_goodput_rps = passing / T,
-the rate of requests meeting their SLO (DistServe's goodput, Zhong et al., OSDI 2024, observed
-over one window); request_throughput_rps = successful / T; output_throughput_tps = output tokens
-of successful requests / T; ``all_class_slos_pass``; and ``capacity_gate_pass``: every class
-passes, the error-rate gate holds, and the queue trend is the required one (``flat``).
+Definitions: docs/metrics.md, "Point statistics".
 """
 
 from __future__ import annotations

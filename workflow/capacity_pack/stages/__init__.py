@@ -1,28 +1,17 @@
-"""The pipeline's stages in one table: each stage's entry point, inputs model, outputs and
-tracking record.
+"""The pipeline's stages in one table: what one Snakemake rule runs (``rules/<file>.smk``,
+``scripts/<stage>.py``) and the ``capacity-pack`` command runs for the same work. A row names:
+``entry``, the ``"module:function"`` both call (plain values, input and output paths, a logger);
+``inputs``, the pydantic model of the manifest content read (the rule's ``inputs``/``spec``/
+``pack`` param is its canonical JSON, so nothing else of the manifest reruns it); ``folder`` and
+``outputs``, relative to ``results/<pack name>`` with the rule's wildcards (``{point}/{cache}/
+rep{repeat}``, ``{cache}/round{round}``, ``{drill}``, ``{stage}``), the rules' only file names;
+``record`` and ``tracked_as``, for a stage with MLflow child runs, the function mapping one job's
+summary (output ``summary``) to ``track.tracking.log_child_run``'s arguments and its ``track``
+job's name (``tracking/<name>.json``).
 
-A stage is what one Snakemake rule runs (``rules/<file>.smk``, ``scripts/<stage>.py``) and what
-the ``capacity-pack`` command runs for the same work. Its row names:
-
-- ``entry``: the function that does the work, as ``"module:function"``; it takes plain values
-  (the inputs model as JSON, or the model itself), input and output paths and a logger, and is
-  what both the rule's script and the CLI command call;
-- ``inputs``: the pydantic model of the manifest content the stage reads (the rule's
-  ``inputs``/``spec``/``pack`` param is that model's canonical JSON, so a change to anything else
-  of the manifest does not rerun it);
-- ``folder`` and ``outputs``: where the stage writes, relative to the pack's results folder
-  (``results/<pack name>``), with the rule's wildcards (``{point}/{cache}/rep{repeat}`` for a
-  point, ``{cache}/round{round}`` for a search round, ``{drill}``, ``{stage}``); the rules read
-  every file name from here;
-- ``record`` and ``tracked_as``: for a stage whose jobs get MLflow child runs, the function that
-  maps one job's summary (its output named by ``summary``) to the keyword arguments of
-  ``track.tracking.log_child_run``, and the name of its ``track`` job (``tracking/<name>.json``).
-
-Entry points and records are named by dotted string and imported only when called: importing
-this module imports no stage module, so a rule's code hash (the import closure of what it runs,
-:mod:`capacity_pack.codehash`) is that of its own entry module, not of every stage. For the same
-reason the ``track`` layer never imports this one: the ``track`` stage is handed its record
-function by name.
+Entries and records are dotted strings imported only when called, so a rule's code hash
+(:mod:`capacity_pack.codehash`) is its own entry module's closure, not every stage's; for the
+same reason ``track`` never imports this module and gets its record function by name.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Stage ``analyze``: one point's per-class SLO report (gates, CIs, trend, Little's Law), with
-each class's SLO misses attributed to their causes (queueing, prefill, decode, preemption, the
-client) by the request autopsy's ``server_series`` method (:mod:`capacity_pack.autopsy.requests`:
-estimated from the scraped queue and preemption series, as the analysis has no ground truth), so
-a failing rate can say what made it fail; and the lengths each class sent and received, checked
-against the manifest's distributions (:mod:`capacity_pack.evidence.lengths`), and the system and
-per-user output throughput (:mod:`capacity_pack.evidence.throughput`)."""
+"""Stage ``analyze``: one point's per-class SLO report (gates, CIs, trend, Little's Law), each
+class's misses attributed to their causes by the request autopsy's ``server_series`` method
+(estimated from the scraped series: the analysis has no ground truth), its lengths checked
+against the manifest (:mod:`capacity_pack.evidence.lengths`) and the system and per-user
+throughput (:mod:`capacity_pack.evidence.throughput`)."""
 
 from __future__ import annotations
 
@@ -15,11 +13,11 @@ from typing import Any
 
 import pandas as pd
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.autopsy.requests import attribute_misses, miss_shares
 from capacity_pack.evidence.analysis import AnalysisSpec, analyze_point
 from capacity_pack.evidence.lengths import length_report
 from capacity_pack.evidence.throughput import throughput_report
-from capacity_pack.io import write_json_atomic
 from capacity_pack.plan.schedule import Point
 
 
@@ -46,12 +44,7 @@ def run(
     table, series = pd.read_parquet(requests), pd.read_parquet(metrics)
     summary = json.loads(Path(sweep).read_text())
     doc = analyze_point(
-        table,
-        pd.read_parquet(chunks),
-        series,
-        summary,
-        spec.classes(),
-        spec.gates(),
+        table, pd.read_parquet(chunks), series, summary, spec.classes(), spec.gates()
     )
     if control:
         from capacity_pack.twin.control import ControlInputs, annotate
@@ -70,7 +63,7 @@ def run(
         concurrency=pt.concurrency,
         pack_label=spec.pack_label,
     )
-    write_json_atomic(report, doc)
+    SloReport.parse(doc, report).write(report)
     log.info("%s: %s (%s)", pt.key, doc["verdict"], "; ".join(doc["verdict_reasons"]))
     return doc
 

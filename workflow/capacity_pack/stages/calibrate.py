@@ -39,18 +39,12 @@ def run(
     write_text_atomic(profile, text)
     write_text_atomic(calibration, doc_text)
     est, se = fitted.estimates, fitted.std_errors
+    keys = ("flops_per_s", "bytes_per_s", "step_overhead_ms", "per_sequence_overhead_us")
     log.info(
         "calibrate: F %.4g FLOP/s (se %.2g), B %.4g B/s (se %.2g), step overhead %.3f ms "
         "(se %.3f), per-sequence %.2f us (se %.2f), request latency %.3f ms; poorly identified: "
         "%s; %d replays",
-        est["flops_per_s"],
-        se["flops_per_s"],
-        est["bytes_per_s"],
-        se["bytes_per_s"],
-        est["step_overhead_ms"],
-        se["step_overhead_ms"],
-        est["per_sequence_overhead_us"],
-        se["per_sequence_overhead_us"],
+        *(v for k in keys for v in (est[k], se[k])),
         est["request_latency_ms"],
         ", ".join(fitted.poorly_identified) or "none",
         fitted.evaluations,

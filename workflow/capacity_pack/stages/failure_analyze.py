@@ -30,10 +30,13 @@ def run(
     write_json_atomic(report, doc)
     if timeline is not None:
         plot_drill_timeline(doc, spec.threshold(CLASS_ATTAINMENT), timeline)
-    log.info(
-        "drill %s: alerts fired %s; expected alert fired: %s",
-        doc["drill"],
-        doc.get("alerts_fired"),
-        doc.get("expected_alert_fired"),
-    )
+    if doc.get("alerts_evaluated", True):
+        log.info(
+            "drill %s: alerts fired %s; expected alert fired: %s",
+            doc["drill"],
+            doc.get("alerts_fired"),
+            doc.get("expected_alert_fired"),
+        )
+    else:
+        log.warning("drill %s: alerts not evaluated: %s", doc["drill"], doc["alert_evaluation"])
     return doc

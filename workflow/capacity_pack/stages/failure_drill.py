@@ -1,16 +1,12 @@
 """Stage ``failure_drill``: run one failure drill at the capacity point (inject, scrape, record
 every request).
 
-The decision's numbers arrive as params (:class:`capacity_pack.drills.plan.DrillNumbers`, read
-by the workflow once the capacity checkpoint has run), never as the decision's files: a drill
-measures again when its rate, admission basis or plan changes, not when the analysis code
-that decided them does.
-
-A runnable live drill holds its target's lock (:mod:`capacity_pack.measure.lock`) while it runs,
-as a sweep point does; a skipped one sends nothing and takes no lock, nor does a drill in virtual
-time (the engine model, no target). The plan drill of a real target also reads the pack's
-calibrated twin (``twin_profile``, ``twin_validation``) where it has one: with a trusted twin a
-plan too large to run live is predicted in virtual time on it.
+The decision's numbers arrive as params (:class:`capacity_pack.drills.plan.DrillNumbers`), never
+as the decision's files: a drill measures again when its rate, admission basis or plan changes,
+not when the analysis code that decided them does. A runnable live drill holds its target's lock
+(:mod:`capacity_pack.measure.lock`) as a sweep point does; a skipped or virtual-time one takes
+none. The plan drill of a real target reads the pack's calibrated twin where it has one: with a
+trusted twin a plan too large to run live is predicted in virtual time on it.
 """
 
 from __future__ import annotations

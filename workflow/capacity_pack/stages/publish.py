@@ -1,12 +1,8 @@
 """Stage ``publish``: the finished pack on its MLflow parent run, last of all.
 
-The parent gets the decision as its description (the Markdown the MLflow UI shows on the run's
-page: the same lines the console ends on, :mod:`capacity_pack.decide.console`, each cache
-state's the decision sentence of :func:`capacity_pack.vocab.words.decision_sentence`) and as
-metrics (:func:`capacity_pack.decide.capacity.decision_metrics`), the decision per cache state
-as a tag (``capacity.json``'s ``decision``: that sentence and why), and every file of the pack
-folder as an artifact under ``pack/`` with its relative path, the failure test, the autopsy and
-the HTML report included: the stage runs after all of them.
+The parent gets the console's closing lines as its description, the decision metrics
+(:func:`capacity_pack.decide.capacity.decision_metrics`), each cache state's ``decision`` as a
+tag, and every file of the pack folder as an artifact under ``pack/``: it runs after them all.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+from capacity_pack.artifacts import Capacity, Plan
 from capacity_pack.decide.capacity import decision_metrics
 from capacity_pack.decide.console import console_lines
 from capacity_pack.io import write_json_atomic
@@ -47,10 +44,9 @@ def run(
     """Log the pack beside ``readme`` onto the parent run of ``frozen``; ``published`` gets the
     run id and the pack's file count. Returns the parent run's id."""
     frozen_doc = json.loads(Path(frozen).read_text())
-    cap = json.loads(Path(capacity).read_text())
-    replicas = json.loads(Path(plan).read_text())
+    cap, replicas = Capacity.read(capacity), Plan.read(plan)
     pack_dir = Path(readme).parent
-    decision = " | ".join(s["decision"] for s in cap["open_loop"].values())
+    decision = " | ".join(s.decision or "" for s in cap.open_loop.values())
     run_id = tracking.log_parent_results(
         frozen_doc,
         metrics=decision_metrics(cap, replicas),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from capacity_pack.artifacts import Capacity, Plan
 from capacity_pack.decide.report import load_reports, selected_point, write_pack
 from capacity_pack.decide.shapes import readme_lines as shapes_readme
 from capacity_pack.twin.validate import readme_lines as twin_readme
@@ -35,8 +36,7 @@ def run(
     failure test's JSON (its plan drill answers the failure question at the README's top);
     ``twin`` the twin's validation (predicted vs measured capacity). Returns the files written."""
     frozen_doc = json.loads(Path(frozen).read_text())
-    cap = json.loads(Path(capacity).read_text())
-    replicas = json.loads(Path(plan).read_text())
+    cap, replicas = Capacity.read(capacity).dump(), Plan.read(plan).dump()
     docs = load_reports(list(reports))
     selected = selected_point(cap, docs)
     tables_dir = Path(tables[0]).parents[3]

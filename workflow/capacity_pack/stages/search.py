@@ -1,10 +1,6 @@
-"""Stages ``search_round`` and ``search``: the SLO-boundary search of one cache state.
-
-``search_round`` (:func:`run_round`) reads the SLO reports of every point of rounds 1..k (and
-the declared closed-loop points) and writes round k's file: the tested rates and levels, the
-bracket so far, and the search step and confirmation the next round may take. ``search``
-(:func:`run`) reads the round files of a finished search and writes its summary
-(:mod:`capacity_pack.decide.search`).
+"""Stages ``search_round`` (:func:`run_round`: round k's file from the SLO reports of rounds
+1..k) and ``search`` (:func:`run`: the finished search's summary) of one cache state
+(:mod:`capacity_pack.decide.search`; docs/search.md, "Rounds as checkpoints").
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.decide.search import (
     SearchInputs,
     decide_round,
@@ -39,7 +36,7 @@ def run_round(
     ``preflight``: the preflight file a search with ``initial: predicted`` starts from."""
     if isinstance(inputs, str):
         inputs = SearchInputs.model_validate_json(inputs)
-    docs = [json.loads(Path(p).read_text()) for p in reports]
+    docs = [SloReport.read(p) for p in reports]
     predicted = None
     if preflight is not None:
         doc = json.loads(Path(preflight).read_text())
@@ -51,16 +48,11 @@ def run_round(
     for loop, unit in (("open", "rates"), ("closed", "levels")):
         step = doc[loop].get("search")
         if step is not None:
+            o = doc[loop]
             log.info(
                 "%s round %s, %s loop: bracket %s; next %s %s (%s); confirm %s",
-                cache_state,
-                round_index,
-                loop,
-                doc[loop].get("bracket"),
-                unit,
-                step[unit],
-                step["why"],
-                doc[loop].get("confirm"),
+                *(cache_state, round_index, loop, o.get("bracket"), unit, step[unit], step["why"]),
+                o.get("confirm"),
             )
     return doc
 
@@ -82,13 +74,10 @@ def run(
     doc = summarize(docs, inputs, int(max_rounds), cache_state)
     write_json_atomic(summary, doc)
     for loop in ("open", "closed"):
-        if "stopped" in doc[loop]:
+        o = doc[loop]
+        if "stopped" in o:
             log.info(
                 "%s %s loop: %d rounds, bracket %s; stopped: %s",
-                cache_state,
-                loop,
-                doc[loop]["search_rounds"],
-                doc[loop]["bracket"],
-                doc[loop]["stopped"],
+                *(cache_state, loop, o["search_rounds"], o["bracket"], o["stopped"]),
             )
     return doc

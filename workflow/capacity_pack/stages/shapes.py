@@ -4,7 +4,6 @@ requests, server series and SLO reports."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.decide.shapes import PointData, ShapesInputs, answer_points, draw
 from capacity_pack.io import write_json_atomic
 
@@ -33,7 +33,7 @@ def run(
     """Write ``json_path`` (shapes.json) and the plots beside it; return the document."""
     if isinstance(inputs, str):
         inputs = ShapesInputs.model_validate_json(inputs)
-    docs = {point_key(p): json.loads(Path(p).read_text()) for p in reports}
+    docs = {point_key(p): SloReport.read(p).dump() for p in reports}
     series = {point_key(p): p for p in metrics}
     points = [
         PointData(

@@ -74,14 +74,9 @@ def run(
     try:
         with hold_target(inputs.target, pack=pack, stage="sweep", what=pt.key, settings=lock):
             doc = measure_point(
-                inputs,
-                pt,
-                frame,
-                Path(records).parent,
-                progress=progress,
-                report=_reporter(log),
+                inputs, pt, frame, Path(records).parent, progress=progress, report=_reporter(log),
                 prompts=prepared,
-            )
+            )  # fmt: skip
     except Interrupted as stop:
         # The partial measurement's summary says so (normalization refuses it); the job fails.
         if stop.summary:

@@ -1,10 +1,6 @@
-"""Stage ``twin_validate``: the twin's prediction against the pack's measured capacity.
-
-Reads the prediction (``twin_predict``, made before the open loop was read) and ``capacity.json``,
-runs the twin at every measured open-loop rate of every cache state (per-class attainment, the
-virtual point's point estimate) and writes :func:`capacity_pack.twin.validate.validate`'s
-document: capacity error per cache state against the measured bracket, attainment errors, and
-whether the twin is trusted within the pack's tolerance.
+"""Stage ``twin_validate``: the twin's prediction against the pack's measured capacity
+(:func:`capacity_pack.twin.validate.validate`), with the twin run at every measured open-loop
+rate for the per-class attainment errors. Method: docs/twin.md, "Prediction, then validation".
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from capacity_pack.artifacts import Capacity, TwinPrediction
 from capacity_pack.io import write_json_atomic
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.twin.validate import DEFAULT_TOLERANCE_REL, validate
@@ -36,15 +33,14 @@ def run(
     from capacity_pack.sim.profile import load_profile
 
     validated = validate_pack(json.loads(pack), "twin_validate params")
-    predicted = json.loads(Path(prediction).read_text(encoding="utf-8"))
-    measured = json.loads(Path(capacity).read_text(encoding="utf-8"))
+    predicted, measured = TwinPrediction.read(prediction), Capacity.read(capacity)
     attainment: dict[str, dict[float, dict[str, float]]] = {}
     skipped = None
-    if not predicted.get("unavailable"):
+    if not predicted.unavailable:
         model = load_profile(profile)
-        for state, entry in sorted(measured.get("open_loop", {}).items()):
-            for row in entry.get("rates", []):
-                rate = float(row["offered_rps"])
+        for state, entry in sorted(measured.open_loop.items()):
+            for row in entry.rates:
+                rate = float(row.offered_rps)
                 try:
                     point = predict_point(validated, rate, state, model)
                 except VirtualPointError as err:
@@ -56,11 +52,11 @@ def run(
     doc = {
         "format": FORMAT,
         "pack": validated.pack.name,
-        **validate(predicted, measured, tolerance_rel, attainment),
+        **validate(predicted.dump(), measured.dump(), tolerance_rel, attainment),
     }
-    if predicted.get("unavailable"):
+    if predicted.unavailable:
         doc["trusted"] = False
-        doc["why"] = f"no prediction: {predicted['unavailable']}"
+        doc["why"] = f"no prediction: {predicted.unavailable}"
     if skipped:
         doc["attainment_skipped"] = skipped
     write_json_atomic(validation, doc)

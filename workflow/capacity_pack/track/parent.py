@@ -1,23 +1,11 @@
 """The parent run of a frozen manifest: its provenance tags, its find-or-create (never two), and
 the pack's decision logged onto it.
 
-Experiment ``capacity-pack/<pack name>``; parent run ``<pack name> @ <sha[:12]>``, tagged
-``capacity_pack.run_kind=parent`` and ``capacity_pack.manifest_sha256=<sha>``; it carries the
-pack settings as params (dotted keys) and the frozen manifest as the artifact
-``frozen_manifest.json``. It is created in two steps, so that a process dying half-way leaves
-a run the next one finishes rather than a second parent: create the run with its tags, then
-log params and the manifest, mark it FINISHED and tag ``capacity_pack.parent_state=complete``.
-Finding-or-creating happens inside one locked section (:func:`~.store.writing`), so two
-processes never create two parents.
+Parent ``<pack name> @ <sha[:12]>`` in experiment ``capacity-pack/<pack name>``, created in two
+steps and tagged ``capacity_pack.parent_state=complete`` when finished; find-or-create runs in
+one locked section (:func:`~.store.writing`); :func:`log_parent_results` puts the decision on it.
 
-Provenance tags (parents and children): ``capacity_pack.`` + ``pack``, ``pack_size``,
-``pack_label``, ``model.id``, ``model.revision``, ``model.tokenizer_revision``,
-``model.precision``, ``engine.name``, ``engine.version``, ``section_sha256`` (every section's
-hash in one JSON object, not one tag each: the UI's tag panel stays readable),
-``tool_version``, and ``git_commit`` and ``git_dirty`` of the checkout that holds this package.
-
-The parent's description (MLflow's ``mlflow.note.content`` tag, shown on the run's page) is the
-pack's decision once the pack is written (:func:`log_parent_results`).
+Tags and steps: docs/tracking-server.md, "How the pack writes to a store".
 """
 
 from __future__ import annotations
@@ -79,9 +67,7 @@ PACK_ARTIFACTS = "pack"
 DESCRIPTION = "mlflow.note.content"
 
 
-# ---------------------------------------------------------------------------------------------
-# Provenance
-# ---------------------------------------------------------------------------------------------
+# --- Provenance ---
 
 
 @lru_cache(maxsize=1)
@@ -154,9 +140,7 @@ def provenance_tags(frozen: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in tags.items() if v != ""}
 
 
-# ---------------------------------------------------------------------------------------------
-# Find or create (callers hold the lock)
-# ---------------------------------------------------------------------------------------------
+# --- Find or create (callers hold the lock) ---
 
 
 def _experiment_id(client: MlflowClient, name: str, location: str | None) -> str:
@@ -242,9 +226,7 @@ def _complete_parent(client: MlflowClient, run_id: str, frozen: Mapping[str, Any
     retry(client.set_tag, run_id, PARENT_STATE, "complete")
 
 
-# ---------------------------------------------------------------------------------------------
-# Public API
-# ---------------------------------------------------------------------------------------------
+# --- Public API ---
 
 
 def ensure_parent_run(frozen: Mapping[str, Any], *, results_dir: str | os.PathLike[str]) -> str:

@@ -1,27 +1,24 @@
 """What each tracked job puts on its MLflow run: the records the ``track`` stage logs.
 
-One run per measured point, named ``open-r30 · cold · rep0``: the point's schedule, measurement
-and analysis each give a share (:func:`schedule`, :func:`sweep`, :func:`analysis`) under the same
-job key, which :func:`capacity_pack.track.tracking.log_stage` merges into one run. Its params
-define the point (mode, offered rate or concurrency, experiment, cache state, repeat; the
-target's engine and model are added for every run by the tracker), so the MLflow UI's scatter
-and parallel-coordinates views plot goodput, attainment per class, P95 TTFT/TPOT and achieved
-rate against the offered load; its start and end times are the analysis's measurement window
-(first measured send to last measured end, wall clock). Each share's summary is an artifact in
-a folder of its own name. One run per failure drill (:func:`drill`), named ``drill · <name>``.
+A point's schedule, measurement and analysis each give a share (:func:`schedule`, :func:`sweep`,
+:func:`analysis`) under one job key, which :func:`capacity_pack.track.tracking.log_stage`
+merges into one run; a drill gives one (:func:`drill`). Kept apart from the code that writes
+the summaries so that a change to what MLflow shows does not change a measurement's code hash.
 
-These functions live here, not beside the code that writes the summaries: what MLflow shows is
-presentation, and a change to it must not change the code hash of a measurement (the hash is
-the import closure of the code a rule runs, :mod:`capacity_pack.codehash`).
-
-Params are settings, metrics numbers (units in their names), tags verdicts and provenance.
+Docs: docs/reading.md, "MLflow"; docs/tracking-server.md, "How the pack writes to a store".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from capacity_pack.artifacts import SloReport
 from capacity_pack.plan.schedule import Point
+
+LATENCY_METRICS = (
+    "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p95_tpot_ms", "p99_tpot_ms",
+    "p95_e2e_ms",
+)  # fmt: skip
 
 
 def _share(
@@ -155,61 +152,52 @@ def sweep(summary: dict[str, Any]) -> dict[str, Any]:
 def analysis(summary: dict[str, Any]) -> dict[str, Any]:
     """An analysis's share of its point's run: goodput, attainment and latency per class, the
     verdict; its measurement window is the run's start and end time."""
+    r = SloReport.parse(summary, f"slo-report.json of {summary.get('key')}")
     metrics: dict[str, Any] = {
-        "attempted_requests": summary["attempted"],
-        "successful_requests": summary["successful"],
-        "error_rate": summary["error_rate"],
-        "observed_goodput_rps": summary["observed_goodput_rps"],
-        "request_throughput_rps": summary["request_throughput_rps"],
-        "output_throughput_tps": summary["output_throughput_tps"],
-        "measured_window_s": summary["measured_window_s"],
-        "offered_rate_achieved_rps": summary.get("offered_rate_rps"),
-        "verdict_pass": float(summary["verdict_pass"]),
-        "point_estimate_gates_pass": float(summary["point_estimate_gates_pass"]),
-        "queue_trend_flat": float(summary["queue_trend"] == "flat"),
-        "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
-        "little_relative_gap": summary["littles_law"].get("relative_gap"),
-        "client_scheduling_delay_p99_ms": summary["client_scheduling_delay_ms"]["p99"],
+        "attempted_requests": r.attempted,
+        "successful_requests": r.successful,
+        "error_rate": r.error_rate,
+        "observed_goodput_rps": r.observed_goodput_rps,
+        "request_throughput_rps": r.request_throughput_rps,
+        "output_throughput_tps": r.output_throughput_tps,
+        "measured_window_s": r.measured_window_s,
+        "offered_rate_achieved_rps": r.offered_rate_rps,
+        "verdict_pass": float(bool(r.verdict_pass)),
+        "point_estimate_gates_pass": float(bool(r.point_estimate_gates_pass)),
+        "queue_trend_flat": float(r.queue_trend == "flat"),
+        "prefix_cache_hit_rate": r.prefix_cache_hit_rate,
+        "little_relative_gap": (r.littles_law or {}).get("relative_gap"),
+        "client_scheduling_delay_p99_ms": (r.client_scheduling_delay_ms or {}).get("p99"),
     }
     # System against per-user throughput, and whether the lengths sent match the manifest:
     # the columns a compare view sets side by side for a tailed workload.
-    throughput = summary.get("throughput") or {}
+    throughput = r.throughput or {}
     metrics["system_output_tps"] = throughput.get("system_output_tps")
     for q in ("p5", "p50", "p95"):
         metrics[f"per_user_output_tps_{q}"] = (throughput.get("per_user_output_tps") or {}).get(q)
-    if summary.get("lengths_match_manifest") is not None:
-        metrics["lengths_match_manifest"] = float(summary["lengths_match_manifest"])
-    for name, c in summary["classes"].items():
-        metrics[f"{name}.attainment"] = c["attainment"]
-        metrics[f"{name}.all_attempt_attainment"] = c["all_attempt_attainment"]
-        if c["attainment_ci"]:
-            metrics[f"{name}.attainment_ci_low"] = c["attainment_ci"][0]
-            metrics[f"{name}.attainment_ci_high"] = c["attainment_ci"][1]
-        metrics[f"{name}.successful_requests"] = c["successful_count"]
-        for key in (
-            "p50_ttft_ms",
-            "p95_ttft_ms",
-            "p99_ttft_ms",
-            "p50_tpot_ms",
-            "p95_tpot_ms",
-            "p99_tpot_ms",
-            "p95_e2e_ms",
-        ):
-            metrics[f"{name}.{key}"] = c[key]
-        metrics[f"{name}.itl_p99_ms"] = c["itl_ms"]["p99"]
+    if r.lengths_match_manifest is not None:
+        metrics["lengths_match_manifest"] = float(r.lengths_match_manifest)
+    for name, c in r.classes.items():
+        metrics[f"{name}.attainment"] = c.attainment
+        metrics[f"{name}.all_attempt_attainment"] = c.all_attempt_attainment
+        if c.attainment_ci:
+            metrics[f"{name}.attainment_ci_low"], metrics[f"{name}.attainment_ci_high"] = (
+                c.attainment_ci
+            )
+        metrics[f"{name}.successful_requests"] = c.successful_count
+        for key in LATENCY_METRICS:
+            metrics[f"{name}.{key}"] = getattr(c, key)
+        metrics[f"{name}.itl_p99_ms"] = (c.itl_ms or {}).get("p99")
     record = _share(
         summary,
         "analysis",
-        params={"percentile_method": summary["percentile_method"]},
+        params={"percentile_method": r.percentile_method},
         metrics=metrics,
-        tags={
-            "capacity_pack.verdict": summary["verdict"],
-            "capacity_pack.queue_trend": summary["queue_trend"],
-        },
+        tags={"capacity_pack.verdict": r.verdict, "capacity_pack.queue_trend": r.queue_trend},
     )
-    if summary.get("window_start_unix_ns") and summary.get("window_end_unix_ns"):
-        record["start_time_ms"] = int(summary["window_start_unix_ns"]) // 1_000_000
-        record["end_time_ms"] = -(-int(summary["window_end_unix_ns"]) // 1_000_000)
+    if r.window_start_unix_ns and r.window_end_unix_ns:
+        record["start_time_ms"] = r.window_start_unix_ns // 1_000_000
+        record["end_time_ms"] = -(-r.window_end_unix_ns // 1_000_000)
     return record
 
 
@@ -245,10 +233,16 @@ def drill(report: dict[str, Any]) -> dict[str, Any]:
             "all_attempt_attainment_during": during.get("all_attempt_attainment"),
             "error_rate_during": during["error_rate"],
             "queue_peak_waiting": report["queue"].get("peak_server_waiting"),
-            "alerts_fired": len(report["alerts_fired"]),
-            "expected_alert_fired": float(report["expected_alert_fired"]),
         }
-        tags["capacity_pack.alerts_fired"] = ",".join(report["alerts_fired"]) or "none"
+        # Alerts not evaluated (no promtool) are withheld, not logged as none fired.
+        evaluated = report.get("alerts_evaluated", True)
+        metrics["alerts_fired"] = len(report["alerts_fired"]) if evaluated else None
+        metrics["expected_alert_fired"] = (
+            float(report["expected_alert_fired"]) if evaluated else None
+        )
+        tags["capacity_pack.alerts_fired"] = (
+            (",".join(report["alerts_fired"]) or "none") if evaluated else "not evaluated"
+        )
         tags["capacity_pack.drill_scope"] = report.get("scope", "capacity_point")
         tags["capacity_pack.execution"] = report.get("execution", "live")
         if report.get("n_plus_one"):

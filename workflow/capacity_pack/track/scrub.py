@@ -1,25 +1,11 @@
 """What may reach MLflow, and in what form: keys and values cleaned to MLflow's limits, nested
 settings flattened to dotted keys, metrics checked, secrets dropped or redacted.
 
-Metric policy: ``None`` values are skipped and their names listed in the tag
-``capacity_pack.metrics_withheld`` (a percentile withheld for lack of samples is worth seeing);
-NaN or infinite values raise :class:`ValueError` before anything is written, because a
-non-finite capacity number is a bug upstream, not a measurement.
+``None`` metrics are withheld (``capacity_pack.metrics_withheld``), non-finite ones raise
+:class:`ValueError`; secret keys and values are dropped (``capacity_pack.redacted``) and
+artifacts redacted (:func:`~capacity_pack.redact.redact_text` for any text).
 
-Secrets never reach MLflow: a param or tag is dropped when its key looks like a secret
-(api_key, token, secret, password, authorization, credentials, ...) or its value equals (or, for
-secrets of 8+ characters, contains) a secret: the value of an environment variable whose name
-ends in ``_KEY``, ``_TOKEN``, ``_SECRET`` or ``_PASSWORD`` (``MLFLOW_TRACKING_PASSWORD``) or is
-``PGPASSWORD``, of the one the manifest's ``target.api_key_env`` names (whatever its name), or
-the password written into ``MLFLOW_TRACKING_URI``. The dropped keys are listed in the tag
-``capacity_pack.redacted``. An artifact file holding a secret is logged as a copy with each
-occurrence replaced by ``[redacted]`` (text), or not at all (binary), and listed there as
-``artifact:<name>``. :func:`~capacity_pack.redact.redact_text` does the same replacement for
-any text (error messages that quote a server's answer).
-
-Over-long values are cut to MLflow's limit with a marker that keeps their length and the first
-16 hex digits of their sha256; an over-long key keeps a hash suffix so that two long keys that
-share a prefix stay apart.
+Policy: docs/tracking-server.md, "How the pack writes to a store" (Scrubbing).
 """
 
 from __future__ import annotations
@@ -44,9 +30,7 @@ MAX_PARAM_VALUE_LENGTH = 6000
 MAX_TAG_VALUE_LENGTH = 8000
 
 
-# ---------------------------------------------------------------------------------------------
-# Keys and values
-# ---------------------------------------------------------------------------------------------
+# --- Keys and values ---
 
 
 def truncate(text: str, limit: int) -> str:
@@ -116,9 +100,7 @@ def flatten(obj: object, prefix: str = "") -> dict[str, object]:
     return {prefix: obj}
 
 
-# ---------------------------------------------------------------------------------------------
-# Secrets and metrics
-# ---------------------------------------------------------------------------------------------
+# --- Secrets and metrics ---
 
 
 def _artifact_holds(path: Path, secrets: list[str]) -> bool:

@@ -1,29 +1,13 @@
 """The MLflow store of a results directory: where it is, the names of its runs and tags, the
 lock that serializes writes to it, and retries of "database is locked".
 
-Layout of a results directory's store (the default; ``MLFLOW_TRACKING_URI`` overrides the URI):
+Default ``<results>/mlflow.db`` under ``<results>/mlflow.db.lock``; ``MLFLOW_TRACKING_URI``
+overrides it, and then only ``<results>/mlflow.lock`` is local. Retries back off as
+min(2 s, 0.05 s x 2^attempt) x U(0.5, 1) for up to ``RETRY_DEADLINE_S``. MLflow is imported
+inside the functions.
 
-- ``<results>/mlflow.db``: the SQLite tracking store, ``sqlite:///<absolute path>``;
-- ``<results>/mlflow.db.lock``: the inter-process lock that serializes every write to it;
-- ``<results>/mlartifacts/<pack name>/``: run artifacts (the experiment's ``artifact_location``).
-
-With ``MLFLOW_TRACKING_URI`` naming a tracking server (``http://...``; a team's shared one is
-described in docs/tracking-server.md) nothing of the store is local: a new experiment takes the
-server's artifact root, and only ``<results>/mlflow.lock`` is written here. Naming a database
-directly (``postgresql://...``) keeps the artifacts in ``<results>/mlartifacts``.
-
-Concurrency. SQLite lets one writer in at a time and MLflow migrates a new database when the
-first client opens it, so parallel jobs fail with "database is locked" or half-applied
-migrations. Every write, and every client opening (which may create or migrate the file), runs
-under an exclusive ``flock`` on the lock file, in short sections; "database is locked" errors
-(from processes that do not take the lock, e.g. ``mlflow ui``) are retried with jittered
-exponential backoff (delay min(2 s, 0.05 s x 2^attempt) x U(0.5, 1), for up to
-``RETRY_DEADLINE_S``). Other stores (an HTTP server, PostgreSQL) handle concurrent writes
-themselves; there only the parent's find-or-create, and for a database the client opening
-(which creates MLflow's tables in an empty one), are serialized, by ``<results>/mlflow.lock``,
-which covers the processes that share the results directory.
-
-MLflow is imported inside the functions, so importing this module stays cheap.
+Layout and concurrency: docs/tracking-server.md, "How the pack writes to a store" and
+"Concurrency: what holds".
 """
 
 from __future__ import annotations
@@ -72,9 +56,7 @@ RETRY_DEADLINE_S = 120.0
 _LOCKED_ERROR = re.compile(r"database (table |schema )?is locked", re.IGNORECASE)
 
 
-# ---------------------------------------------------------------------------------------------
-# Names and locations
-# ---------------------------------------------------------------------------------------------
+# --- Names and locations ---
 
 
 def tracking_uri(results_dir: str | os.PathLike[str]) -> str:
@@ -126,18 +108,15 @@ def lock_path(uri: str, results_dir: str | os.PathLike[str]) -> Path:
     return Path(results_dir).resolve() / "mlflow.lock"
 
 
-# ---------------------------------------------------------------------------------------------
-# Locking and retries
-# ---------------------------------------------------------------------------------------------
+# --- Locking and retries ---
 
 
 @contextlib.contextmanager
 def file_lock(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing).
 
-    The kernel releases a flock when its process dies, so a crashed job never leaves the store
-    locked. It polls rather than blocks so that a stuck holder ends in a clear error. Not
-    reentrant: each open() is a new owner, so nesting it on one path waits for the timeout.
+    Released by the kernel when its process dies; polls (a stuck holder ends in a clear error);
+    not reentrant (nesting it on one path waits for the timeout).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as fh:
@@ -187,8 +166,8 @@ def _is_transient(exc: BaseException) -> bool:
 def retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``fn``, retrying "database is locked" with jittered exponential backoff.
 
-    Safe for every call made here: SQLite rolls a locked transaction back, and MLflow accepts
-    the same params and metrics logged twice.
+    Safe here: SQLite rolls a locked transaction back; MLflow takes the same params and metrics
+    logged twice.
     """
     deadline = time.monotonic() + RETRY_DEADLINE_S
     attempt = 0
@@ -207,10 +186,8 @@ def retry(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def open_client(uri: str, results_dir: str | os.PathLike[str]) -> MlflowClient:
     """An MlflowClient on ``uri``, opened under the store lock unless ``uri`` is a server.
 
-    Opening a database store creates MLflow's tables when they are missing and migrates old
-    ones, with no lock of its own: jobs that open a fresh PostgreSQL database at once fail with
-    duplicate-key errors, as SQLite ones do with "database is locked". A server opens its store
-    itself (docs/tracking-server.md creates the tables first, with ``mlflow db upgrade``).
+    Opening a database store creates or migrates MLflow's tables with no lock of its own
+    (concurrent openings fail: docs/tracking-server.md); a server opens its store itself.
     """
     from mlflow import MlflowClient
 
@@ -218,9 +195,7 @@ def open_client(uri: str, results_dir: str | os.PathLike[str]) -> MlflowClient:
         return retry(MlflowClient, tracking_uri=uri)
 
 
-# ---------------------------------------------------------------------------------------------
-# Store operations (callers hold the lock where one is needed)
-# ---------------------------------------------------------------------------------------------
+# --- Store operations (callers hold the lock where one is needed) ---
 
 
 def log_batches(

@@ -2,33 +2,14 @@
 one child run per measured point and per failure drill.
 
 This module holds the child runs and is the package's entry point: it re-exports what scripts,
-rules and the CLI use of the others (the store's location and names from :mod:`.store`, the
-parent run from :mod:`.parent`; :mod:`.scrub` decides what may reach MLflow; what each job puts
-on its run is in :mod:`.records`).
+rules and the CLI use of :mod:`.store` and :mod:`.parent` (:mod:`.scrub` decides what may reach
+MLflow, :mod:`.records` what each job puts on its run). Child runs are named for people
+(``open-r30 · cold · rep0``, ``drill · replica_kill``), their start and end the measurement
+window where the record gives one. MLflow is imported inside the functions, so importing this
+module stays cheap.
 
-Runs:
-
-- experiment ``capacity-pack/<pack name>``: every pack of that name in one store lands in it,
-  so two engine versions or two configurations of one service compare side by side;
-- parent run ``<pack name> @ <sha[:12]>``, tagged ``capacity_pack.run_kind=parent`` and
-  ``capacity_pack.manifest_sha256=<sha>``; it carries the pack settings as params (dotted keys)
-  and the frozen manifest as the artifact ``frozen_manifest.json`` (:mod:`.parent`), and once
-  the pack is written its decision (description and metrics) and every pack file;
-- child runs, tagged ``mlflow.parentRunId`` (what ``start_run(parent_run_id=...)`` sets),
-  ``capacity_pack.run_kind=child`` and the job's stage, job, point, cache state and repeat; named
-  for people (``open-r30 · cold · rep0``, ``drill · replica_kill``); the engine and model that
-  define every run are params as well as tags (:func:`identity_params`), so the UI plots by
-  them. A run's start and end times are its measurement window where the record gives one.
-  Params are settings, metrics numbers (units in their names), tags provenance, files artifacts.
-
-Both kinds carry the provenance tags listed in :mod:`.parent`. A child is logged in steps so a
-bad call leaves nothing behind and a failure leaves a FAILED run, not a RUNNING one: every
-input is checked (and scrubbed, :mod:`.scrub`) first; then, under the store lock
-(:mod:`.store`), the parent is found or created, a finished twin (same job and fingerprint) is
-returned as is, or the run is created with its params and metrics; artifacts are logged outside
-the lock; the run is then marked FINISHED.
-
-MLflow is imported inside the functions, so importing this module stays cheap.
+Runs, tags and the logging steps: docs/tracking-server.md, "How the pack writes to a store";
+docs/reading.md, "MLflow".
 """
 
 from __future__ import annotations
@@ -197,8 +178,12 @@ def _child_tags(
 Artifact = Path | tuple[Path, str]
 
 
-def _checked_artifacts(artifacts: list[Artifact] | None) -> list[tuple[Path, str | None]]:
-    """(file, artifact folder or None) pairs; a file may be named with the folder it goes to."""
+def _artifact_files(
+    artifacts: list[Artifact] | None, secrets: list[str], redacted: list[str]
+) -> tuple[list[tuple[Path, str | None]], list[Any]]:
+    """(file, artifact folder or None) pairs (a file may be named with the folder it goes to),
+    a secret-free copy in place of any that holds a secret; and the copies' scratch folders,
+    which live as long as the caller holds them."""
     pairs = [
         (Path(a[0]), a[1]) if isinstance(a, tuple) else (Path(a), None) for a in artifacts or []
     ]
@@ -208,7 +193,13 @@ def _checked_artifacts(artifacts: list[Artifact] | None) -> list[tuple[Path, str
     names = [f"{folder}/{p.name}" if folder else p.name for p, folder in pairs]
     if len(set(names)) != len(names):
         raise ValueError(f"artifacts would overwrite each other (same names): {names}")
-    return pairs
+    files: list[tuple[Path, str | None]] = []
+    scratch = []
+    for path, folder in pairs:
+        copies, holder = redacted_artifacts([path], secrets, redacted)
+        files += [(copy, folder) for copy in copies]
+        scratch.append(holder)
+    return files, scratch
 
 
 def _run_name(run_tags: Mapping[str, str]) -> str:
@@ -234,13 +225,25 @@ def _finished_twin(
     return same[0].info.run_id if same else None
 
 
-def _log_files(client: MlflowClient, run_id: str, files: list[tuple[Path, str | None]]) -> None:
-    for path, folder in files:
-        if path.is_dir():
-            where = f"{folder}/{path.name}" if folder else path.name
-            retry(client.log_artifacts, run_id, str(path), artifact_path=where)
-        else:
-            retry(client.log_artifact, run_id, str(path), artifact_path=folder)
+def _finish(
+    client: MlflowClient, uri: str, results: Path, run_id: str, files: list, end_time_ms: int | None
+) -> None:
+    """The run's artifacts logged, then the run marked FINISHED (FAILED if they fail). The store
+    is locked only to mark the run: artifacts are file copies for a local store, no need to hold
+    the lock meanwhile."""
+    try:
+        for path, folder in files:
+            if path.is_dir():
+                name = f"{folder}/{path.name}" if folder else path.name
+                retry(client.log_artifacts, run_id, str(path), artifact_path=name)
+            else:
+                retry(client.log_artifact, run_id, str(path), artifact_path=folder)
+    except BaseException:
+        with writing(uri, results):
+            _mark_failed(client, run_id)
+        raise
+    with writing(uri, results):
+        retry(client.set_terminated, run_id, "FINISHED", end_time=end_time_ms)
 
 
 def identity_params(frozen: Mapping[str, Any]) -> dict[str, str]:
@@ -284,12 +287,9 @@ def log_child_run(
     ``params`` may nest (flattened to dotted keys); the manifest's :func:`identity_params` are
     added. ``metrics`` values must be finite numbers or ``None`` (withheld). ``artifacts`` are
     files or directories, logged under their own names, or ``(path, folder)`` pairs logged in
-    ``folder``. ``start_time_ms`` and ``end_time_ms`` (epoch milliseconds) are the run's start
-    and end as MLflow shows them: the measurement's window, not the moment it was logged.
-    Everything is checked before the store is touched, so a bad call leaves no run behind.
-    With a ``fingerprint`` (e.g. the sha256 of the job's output), logging is idempotent: when
-    the parent already has a finished child for the same job and fingerprint, its id is returned
-    and nothing new is logged.
+    ``folder``. ``start_time_ms`` and ``end_time_ms`` (epoch ms): the measurement's window.
+    With a ``fingerprint`` (e.g. the sha256 of the job's output) a finished child of the same job
+    and fingerprint is returned as is. Steps: docs/tracking-server.md, "How the pack writes...".
     """
     sha = check_frozen(frozen)
     if fingerprint is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", fingerprint):
@@ -307,26 +307,14 @@ def log_child_run(
     param_values = scrub(
         clean_items(flat_params, "params", MAX_PARAM_VALUE_LENGTH), secrets, redacted
     )
-    own: dict[str, object] = {
-        RUN_KIND: "child",
-        MANIFEST_SHA: sha,
-        STAGE: stage,
-        TAG + "job": job,
-        TAG + "point": point,
-        TAG + "cache_state": cache_state,
-        TAG + "repeat": repeat,
-        FINGERPRINT: fingerprint,
-    }
+    ids = {"job": job, "point": point, "cache_state": cache_state, "repeat": repeat}
+    own: dict[str, object] = {RUN_KIND: "child", MANIFEST_SHA: sha, STAGE: stage}
+    own |= {TAG + k: v for k, v in ids.items()} | {FINGERPRINT: fingerprint}
     run_tags = _child_tags(frozen, own, tags, secrets, redacted)
     if withheld:
         run_tags[METRICS_WITHHELD] = truncate(",".join(withheld), MAX_TAG_VALUE_LENGTH)
     # The copies live as long as ``scratch`` does: until this function returns or raises.
-    files: list[tuple[Path, str | None]] = []
-    scratch = []
-    for path, folder in _checked_artifacts(artifacts):
-        copies, holder = redacted_artifacts([path], secrets, redacted)
-        files += [(copy, folder) for copy in copies]
-        scratch.append(holder)
+    files, scratch = _artifact_files(artifacts, secrets, redacted)
     if redacted:
         run_tags[REDACTED] = truncate(",".join(redacted), MAX_TAG_VALUE_LENGTH)
     run_name = scrub({"name": run_name or _run_name(run_tags)}, secrets, redacted)["name"]
@@ -349,15 +337,7 @@ def log_child_run(
         except BaseException:
             _mark_failed(client, run_id)
             raise
-    try:
-        # Artifacts are file copies for a local store: no need to hold the lock meanwhile.
-        _log_files(client, run_id, files)
-    except BaseException:
-        with writing(uri, results):
-            _mark_failed(client, run_id)
-        raise
-    with writing(uri, results):
-        retry(client.set_terminated, run_id, "FINISHED", end_time=end_time_ms)
+    _finish(client, uri, results, run_id, files, end_time_ms)
     return run_id
 
 
@@ -405,11 +385,9 @@ def log_stage(
 ) -> dict[str, str]:
     """One child run per tracked job, from the jobs' JSON summaries; idempotent.
 
-    ``record_of(path, summary)`` is the tracked stages' record function (the stage table,
-    :mod:`capacity_pack.stages`, names each; :mod:`.records` holds them): it maps a summary to
-    its run's keyword arguments. Summaries whose records name the same job are shares of one
-    run (a point's schedule, measurement and analysis), merged by :func:`merge_records`; each
-    summary is an artifact of its run, in its share's folder.
+    ``record_of(path, summary)`` (:mod:`.records`, named by the stage table) maps a summary to
+    its run's keyword arguments; records naming the same job are merged
+    (:func:`merge_records`).
     """
     import json
 

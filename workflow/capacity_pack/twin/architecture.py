@@ -1,26 +1,9 @@
 """The base profile a calibration starts from: the target's model shape, hardware and limits.
 
-A simulated target (``target.kind: sim``) has its own profile: that is the base, peaks known.
-A real target declares its model's shape in ``model.architecture`` (a Hugging Face
-``config.json``-style file plus bytes per parameter and per KV element) and, where known, its
-hardware peaks in ``engine.hardware``. The mapping to :class:`capacity_pack.sim.profile.Profile`:
-
-- ``num_layers`` = ``num_hidden_layers``; ``hidden_size``; ``num_attention_heads``;
-  ``num_kv_heads`` = ``num_key_value_heads`` (default: the attention heads); ``head_dim`` =
-  ``head_dim`` or ``hidden_size / num_attention_heads``; ``intermediate_size``; ``vocab_size``;
-  ``tie_word_embeddings`` (default false); ``max_model_len`` = the per-sequence context (below);
-- engine limits as declared in ``engine.config``: ``max_num_seqs`` (or llama.cpp's
-  ``parallel_slots``), ``max_num_batched_tokens`` (or llama.cpp's ``batch_size``, default 2048),
-  ``block_size`` (default 16), ``gpu_memory_utilization`` (default 0.9); the context
-  ``max_model_len`` (or ``ctx_size / parallel_slots``, llama.cpp's per-slot context, or the
-  file's ``max_position_embeddings``);
-- memory: ``engine.hardware.memory_gib`` when declared; otherwise (a CPU host) sized so that the
-  KV cache holds exactly ``ctx_size`` tokens (llama.cpp allocates its whole context up front):
-  ``memory = (W + ctx_size x kv_bytes_per_token) / gpu_memory_utilization`` with no non-KV
-  reserve;
-- peaks: ``engine.hardware.bandwidth_tb_s`` and ``dense_tflops`` when both are declared (then the
-  fit reports mfu and mbu); otherwise placeholders of 1 TB/s and 1 TFLOP/s, which the calibrated
-  profile replaces by the fitted achieved rates at efficiency 1.0 (and says so).
+A simulated target's own profile, or, for a real target, ``model.architecture`` (a Hugging Face
+``config.json``-style file) and ``engine.hardware`` mapped onto
+:class:`capacity_pack.sim.profile.Profile`. Mapping: docs/twin.md, "The base profile of a real
+target".
 """
 
 from __future__ import annotations

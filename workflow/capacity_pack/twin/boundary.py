@@ -1,28 +1,9 @@
 """The engine model's own long-run SLO boundary for a pack: the reference a measured capacity
-is checked against, computed without the search, the client or any server.
+is checked against, without the search, the client or any server.
 
-**What is computed.** For a simulated target (``target.kind: sim``), per cache state, the rate
-at which the engine model's worst class attainment crosses ``acceptance.class_slo_attainment_min``
-on long runs in virtual time (:func:`capacity_pack.sim.virtual.attainment_at`: Poisson arrivals
-at the rate, the pack's class mix, each class's lengths as a seeded pool of
-:data:`POOL` draws of its manifest distribution, its TTFT and TPOT cutoffs; a cold cache with
-unique prompts, a warm one with the pack's shared prefixes), one replica of the profile. A rate
-*meets* the gate when the worst class's mean attainment over the seeds' runs, each run's first
-2 s left out, is at least the gate: point estimates of long runs, no confidence bound (the
-model's truth, not a measurement's evidence).
-
-**How it is found.** Doubling from ``start_rps`` until a rate misses (or halving until one
-meets), then bisection of [meets, misses) down to ``resolution_rps``
-(as :func:`capacity_pack.sim.virtual.slo_boundary` does). The estimate's own noise is that of
-len(seeds) x ``duration_s`` seconds of arrivals per rate, and long runs are themselves
-correlated (a design effect near 10 at the default pack's boundary): 8 x 300 s with seeds
-0-7 give the default pack's cold interactive attainment at 35 RPS as 0.9603 and a boundary of
-[35.75, 36) RPS, 8 x 300 s with seeds 1000-1007 0.9495 at 35 RPS, so the model's own boundary
-is known to about half an RPS (the attainment falls about 0.01 per RPS there). The default
-is 8 x 300 s (about 4 minutes of CPU per cache state).
-
-Used by the seed-robustness benchmark (``tests/bench/bench_seed_robustness.py``), which also
-checks the measured intervals at each bracket end against the model's attainment there.
+Per cache state, the rate where the worst class's mean long-run attainment
+(:func:`capacity_pack.sim.virtual.attainment_at`, one replica) crosses the gate, by doubling
+then bisection. Method and its noise: docs/twin.md, "The engine model's own boundary".
 """
 
 from __future__ import annotations

@@ -1,88 +1,15 @@
 """Calibration: a profile's free parameters fitted to the pack's measured closed-loop points.
 
-The engine model (:mod:`capacity_pack.sim.perf`) prices a step as
-``max(FLOPs / F, bytes / B) + o + n_seqs p``: achieved FLOP/s ``F`` (``tp x peak x mfu``),
-achieved bandwidth ``B`` (``tp x peak x mbu``), a fixed step overhead ``o`` and a per-sequence
-overhead ``p``. The model shape (parameters, bytes per parameter, KV bytes per token) and the
-engine's batching limits (``max_num_seqs``, token budget, KV blocks) are taken as declared, never
-fitted. A client-observed TTFT also holds the request's way to the engine and back (HTTP,
-tokenization, the client): a fixed per-request latency ``d`` is fitted beside the four, as a
-nuisance parameter reported but not part of the profile (the engine model starts a request's
-clock at its arrival).
+Free: achieved FLOP/s ``F``, bandwidth ``B``, step overhead ``o`` and per-sequence overhead
+``p`` of the step time ``max(FLOPs / F, bytes / B) + o + n_seqs p`` (:mod:`capacity_pack.sim.perf`),
+plus a nuisance per-request latency ``d``; the model shape and batching limits are declared.
+Each cold closed-loop point is replayed in virtual time; the fit is least squares, then Huber
+(``HUBER_K``) on log TTFT (concurrency 1) and TPOT residuals standardized per kind, with
+HC1-sandwich intervals, a systematic allowance ``SYSTEMATIC_PREFILL_REL`` on ``ln F`` carried
+along the covariance, and poorly identified / confounded parameters listed. A fit that cannot
+run names the missing measurement (:func:`missing_measurements`).
 
-Data. Each measured closed-loop point (the requests table of ``normalize``, cold cache state:
-unique prompts, which the replay reproduces with random token IDs) is replayed request for request
-in virtual time (:func:`capacity_pack.sim.virtual.simulate_closed_loop`): the point's workers are
-rebuilt from the client's stamps (in send order, each request goes to the worker that ended its
-previous request last before it was sent: the closed loop's shared queue), each worker sends its
-own requests (their prompt and output lengths) back to back, ``client gap`` apart (the median
-measured gap between a worker's end and its next send). Warm-up rows are replayed (they load the
-engine) but not fitted.
-
-Method: a robust nonlinear regression (``scipy.optimize.least_squares``, trust-region reflective,
-bounds ``o, p, d >= 0``) on log residuals
-
-- ``log(TTFT_measured / (TTFT_replayed + d))`` of every measured ``ok`` request at concurrency 1
-  (TTFT against prompt length: prefill FLOP/s against the fixed costs), and
-- ``log(TPOT_measured / TPOT_replayed)`` of every measured ``ok`` request with two or more output
-  tokens at every concurrency (decode against batch size and context: bandwidth, KV reads and
-  the per-step and per-sequence costs),
-
-over ``x = (ln F/F0, ln B/B0, o [ms], p [10 us], d [ms])`` (``F0``, ``B0``: starting values from
-the data, so every coordinate is of order one and one finite-difference step, ``DIFF_STEP``,
-moves each by about 1 %: the replay is piecewise constant at the scale of a nanosecond rounding
-and a batch boundary, so a smaller step would differentiate noise), in two stages: ordinary
-least squares, then Huber's M-estimate (``loss="huber"``, ``K = HUBER_K``) from there on the
-residuals standardized per kind, ``z = r / s_kind`` with ``s_kind = 1.4826 x MAD`` of the first
-stage's TTFT (or TPOT) residuals. A live measurement's outliers are one-sided: a host that
-preempts the engine or the client for 10-30 ms (steal time on a shared VM) makes a TTFT late,
-never early, and in squares a few such requests pulled the prefill rate below its truth by more
-than its interval (mfu 0.468 [0.442, 0.496] against 0.5 on 2026-12-03); beyond ``K`` robust
-standard deviations a residual counts linearly, and the count of such residuals is reported.
-
-Uncertainty: from the Jacobian ``J`` of the standardized residuals at the optimum (Bates &
-Watts; forward differences), as Huber's sandwich with White's HC1 scaling:
-``cov = n / (n - k) A^-1 B A^-1``, ``A = J^T diag(psi'(z)) J``, ``B = J^T diag(psi(z)^2) J``,
-``psi(z) = clip(z, -K, K)`` (Huber 1967; with every residual inside ``K`` this is
-``(J^T J)^-1 J^T diag(z^2) J (J^T J)^-1``, the HC1 sandwich); standard errors are the square roots
-of its diagonal, 95 % intervals ``estimate +- t(0.975, n - k) se`` (for ``F`` and ``B`` on the
-log scale: ``exp(ln F +- t se)``). Not the textbook ``s^2 (J^T J)^-1``: TTFT and TPOT residuals
-differ in spread by an order of magnitude (a TTFT holds one step and the request's way in, a TPOT
-averages dozens of steps), and one pooled ``s^2`` would understate the uncertainty of the
-TTFT-borne parameters (``F``, ``d``). Not a bootstrap over requests: each resample is a full fit
-(hundreds of replays); the sandwich costs one Jacobian (five replays). Both assume
-independent residuals: neighbours in a batch share their steps, and a systematic miss of the
-model (a cost it does not have) is bias, not variance; the per-point residual summaries show
-when the replay misses the measurement.
-
-Systematic allowance: the intervals above hold the scatter of independent residuals, not a
-cost the live server has and the engine model lacks. The known one is per prompt token outside
-the model's clock (reading, parsing, tokenizing), which reads as a slower prefill; its stated
-allowance ``s = SYSTEMATIC_PREFILL_REL`` on ``ln F`` is carried into every coordinate ``x_i``
-along the fitted ridge by its regression on ``ln F``: ``delta_i = s |cov[i, F] / cov[F, F]|``
-(for ``F`` itself ``s``). Where TPOT replays within 0.03 % (a quiet host), TPOT at concurrency
-8 and 32 ties ``B``, ``o`` and ``p`` to ``F`` through the prefills interleaved with decode, and
-a 1 % bias of ``F`` moves ``o`` some 30 %: that is what this allowance says. Each parameter is
-reported with ``ci95`` (statistical) and ``ci95_with_systematic`` (``ci95`` widened by
-``delta_i`` on each side).
-
-Identifiability (reported, never hidden): a parameter whose relative standard error or
-systematic allowance exceeds ``POOR_REL_SE`` (or, for ``o``, ``p`` and ``d``, whose interval
-with the systematic allowance reaches 0), or that is the
-less precisely known member (larger relative standard error) of a pair correlated beyond
-``COLLINEAR_CORRELATION``, is listed as poorly identified; each pair correlated beyond
-``POOR_CORRELATION`` is listed as confounded. In a nearly collinear pair the data fix the
-combination and the weaker member follows the better one, so a small bias in the better one
-moves it by about the ratio of their relative errors, beyond its linearized interval; the
-better one keeps its own (small) interval. What the data do fix of the
-usual collinear pair is reported as a derived quantity with its own interval: the batch-1
-decode step ``(W + k c) / B + o + p`` at the median context ``c`` of the concurrency-1 requests
-(delta method). Typical
-cases: the step overhead against weight-read time (at batch 1 both are a constant per step: ``o``
-is told from ``W / B`` only through the KV-read slope of TPOT against context), the per-sequence
-overhead against KV reads (both grow with the batch), and ``d`` against ``o`` at concurrency 1.
-
-A fit that cannot run says which measurement is missing (:func:`missing_measurements`).
+Method: docs/twin.md, "Calibration from the closed loop".
 """
 
 from __future__ import annotations
@@ -113,11 +40,8 @@ LOG_RANGE = 12.0
 MAD_TO_SD = 1.4826
 #: Smallest robust scale of a residual kind (log units): a replay can match a measurement exactly.
 MIN_SCALE = 1e-4
-#: A live server's own work per prompt token outside the engine model's clock (reading, parsing
-#: and tokenizing the prompt) reads as a slower prefill: a systematic error of the prefill rate
-#: that no interval of independent residuals holds. Its stated allowance, from the simulator's
-#: live runs (mfu 0.468-0.511 against 0.5; docs/twin.md), is carried along the fit's covariance
-#: into every parameter (see the module docstring).
+#: Stated systematic allowance on ln F (work per prompt token outside the model's clock;
+#: docs/twin.md, "Systematic allowance, stated").
 SYSTEMATIC_PREFILL_REL = 0.03
 #: A relative standard error (or systematic allowance) above this marks a parameter poorly
 #: identified.
@@ -317,13 +241,7 @@ class Fit:
 def _replay(
     base: Profile, points: list[MeasuredPoint], params: dict[str, float], seed: int
 ) -> list[dict[tuple[int, int], tuple[float, float]]]:
-    prof = profile_at(
-        base,
-        params["flops_per_s"],
-        params["bytes_per_s"],
-        params["step_overhead_ms"],
-        params["per_sequence_overhead_us"],
-    )
+    prof = profile_at(base, *(params[name] for name in PARAMETERS[:4]))
     out = []
     for p in points:
         run = simulate_closed_loop(prof, p.workers, client_gap_s=p.client_gap_s, seed=seed)
@@ -350,43 +268,69 @@ def _residuals(
     return np.asarray(res), tags
 
 
-def _residual_kinds(points: list[MeasuredPoint]) -> list[str]:
-    """Each residual's kind, "ttft" or "tpot", in :func:`_residuals`' order (which does not
-    depend on the parameters)."""
-    kinds = []
-    for p in points:
-        for _, (_, _, _, n_out) in sorted(p.measured.items()):
-            if p.concurrency == 1:
-                kinds.append("ttft")
-            if n_out > 1:
-                kinds.append("tpot")
-    return kinds
-
-
 def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     """Fit ``F``, ``B``, ``o``, ``p`` and ``d`` to ``points`` (see the module docstring);
     raises :class:`CalibrationError` naming what is missing."""
-    from scipy.optimize import least_squares
     from scipy.stats import t as student_t
 
     if problems := missing_measurements(points):
         raise CalibrationError("calibration cannot run: " + "; ".join(problems))
     f0, b0 = _starting_values(base, points)
+    x, standardized, sigma, nfev = _optimize(base, points, seed, f0, b0)
+    z = standardized(x)
+    jac = _forward_jacobian(standardized, x, z)
+    n, k = jac.shape
+    dof = max(1, n - k)
+    cov, downweighted = _huber_sandwich(jac, z)
+    tq = float(student_t.ppf(0.975, dof))
+    est = _natural(x, f0, b0)
+    # At its bound, or moving no replayed time at all (a memory term that never binds): its
+    # near-zero variance says nothing, and rounding in that variance would make its
+    # correlations meaningless (even beyond +-1), so they are not reported.
+    idle = [(i < 2 and abs(x[i]) >= LOG_RANGE - 1e-6) or not np.any(jac[:, i]) for i in range(k)]
+    se, intervals, systematic, widened = _intervals(x, est, cov, idle, tq, (f0, b0))
+    corr, poor, confounded = _identifiability(cov, idle, est, se, systematic, widened)
+    return Fit(
+        est,
+        se,
+        intervals,
+        [[None if idle[i] or idle[j] else float(corr[i, j]) for j in range(k)] for i in range(k)],
+        math.sqrt(float(np.sum((z * sigma) ** 2)) / dof),
+        n,
+        poor,
+        confounded,
+        _point_summaries(base, points, est, seed),
+        nfev + k,
+        profile_at(base, *(est[name] for name in PARAMETERS[:4])),
+        {"decode_step_ms_at_batch_1": _decode_step_at_batch_1(base, points, est, cov, tq)},
+        downweighted,
+        systematic,
+        widened,
+    )
 
-    def natural(x: np.ndarray) -> dict[str, float]:
-        return {
-            "flops_per_s": f0 * math.exp(x[0]),
-            "bytes_per_s": b0 * math.exp(x[1]),
-            "step_overhead_ms": float(x[2]),
-            "per_sequence_overhead_us": float(x[3]) * _SCALE_P_US,
-            "request_latency_ms": float(x[4]),
-        }
+
+def _natural(x: np.ndarray, f0: float, b0: float) -> dict[str, float]:
+    """The parameters in natural units from the scaled coordinates ``x``."""
+    return {
+        "flops_per_s": f0 * math.exp(x[0]),
+        "bytes_per_s": b0 * math.exp(x[1]),
+        "step_overhead_ms": float(x[2]),
+        "per_sequence_overhead_us": float(x[3]) * _SCALE_P_US,
+        "request_latency_ms": float(x[4]),
+    }
+
+
+def _optimize(
+    base: Profile, points: list[MeasuredPoint], seed: int, f0: float, b0: float
+) -> tuple[np.ndarray, Any, np.ndarray, int]:
+    """The two stages (module docstring): the Huber optimum ``x``, its standardized residuals'
+    function, the robust scale of each residual and the replays both stages cost."""
+    from scipy.optimize import least_squares
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        params = natural(x)
-        return _residuals(
-            points, _replay(base, points, params, seed), params["request_latency_ms"]
-        )[0]
+        params = _natural(x, f0, b0)
+        replayed = _replay(base, points, params, seed)
+        return _residuals(points, replayed, params["request_latency_ms"])[0]
 
     x0 = np.array([0.0, 0.0, 0.5, 0.1, 0.5])
     # F and B within a factor e^12 (about 160,000) of their starting values: where the memory
@@ -397,7 +341,8 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     common = {"method": "trf", "diff_step": DIFF_STEP, "x_scale": 1.0, "max_nfev": 200}
     # Stage 1: ordinary least squares, for a start and the residuals' robust scale.
     sol0 = least_squares(residuals, x0, bounds=(lower, upper), **common)
-    kinds = np.array([kind == "ttft" for kind in _residual_kinds(points)])
+    # Each residual's kind, in order: it depends on neither the parameters nor the replay.
+    kinds = np.array([kind == "ttft" for _, kind in _residuals(points, [{}] * len(points), 0)[1]])
     sigma = np.empty(len(kinds))
     for mask in (kinds, ~kinds):
         if mask.any():
@@ -412,12 +357,13 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     sol = least_squares(
         standardized, sol0.x, bounds=(lower, upper), loss="huber", f_scale=HUBER_K, **common
     )
-    x = sol.x
-    z = standardized(x)
-    jac = _forward_jacobian(standardized, x, z)
+    return sol.x, standardized, sigma, int(sol0.nfev + sol.nfev)
+
+
+def _huber_sandwich(jac: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, int]:
+    """The covariance of the scaled coordinates from the standardized residuals ``z`` and
+    their Jacobian ``jac`` at the optimum, and the count of residuals it weights down."""
     n, k = jac.shape
-    dof = max(1, n - k)
-    s2 = float(np.sum((z * sigma) ** 2)) / dof
     # Huber's sandwich (Huber 1967; HC1 scaling): psi(z) = clip(z, -K, K), psi'(z) = [|z| <= K];
     # cov = n / (n - k) A^-1 B A^-1 with A = J^T diag(psi') J, B = J^T diag(psi^2) J. With every
     # residual inside K it is White's HC1 sandwich of the weighted least squares.
@@ -425,48 +371,52 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     inside = (np.abs(z) <= HUBER_K).astype(float)
     bread = np.linalg.pinv((jac * inside[:, None]).T @ jac)
     meat = (jac * (psi**2)[:, None]).T @ jac
-    cov = n / dof * bread @ meat @ bread
-    downweighted = int(np.sum(inside == 0))
+    return n / max(1, n - k) * bread @ meat @ bread, int(np.sum(inside == 0))
+
+
+def _intervals(
+    x: np.ndarray, est: dict, cov: np.ndarray, idle: list[bool], tq: float, rates0: tuple
+) -> tuple[dict, dict, dict, dict]:
+    """Standard errors, 95 % intervals, systematic allowances and the intervals they widen,
+    each in natural units by parameter."""
     se_x = np.sqrt(np.clip(np.diag(cov), 0, None))
-    tq = float(student_t.ppf(0.975, dof))
-    est = natural(x)
     # Standard errors in natural units (delta method: F and B are exp of their coordinate).
     scale = [est["flops_per_s"], est["bytes_per_s"], 1.0, _SCALE_P_US, 1.0]
     se = {name: float(se_x[i] * scale[i]) for i, name in enumerate(PARAMETERS)}
-    intervals = {
-        "flops_per_s": (f0 * math.exp(x[0] - tq * se_x[0]), f0 * math.exp(x[0] + tq * se_x[0])),
-        "bytes_per_s": (b0 * math.exp(x[1] - tq * se_x[1]), b0 * math.exp(x[1] + tq * se_x[1])),
-    }
-    for name in PARAMETERS[2:]:
-        intervals[name] = (est[name] - tq * se[name], est[name] + tq * se[name])
-    # At its bound, or moving no replayed time at all (a memory term that never binds): its
-    # near-zero variance says nothing, and rounding in that variance would make its
-    # correlations meaningless (even beyond +-1), so they are not reported.
-    idle = [(i < 2 and abs(x[i]) >= LOG_RANGE - 1e-6) or not np.any(jac[:, i]) for i in range(k)]
-    d = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
-    corr = np.clip(cov / np.outer(d, d), -1.0, 1.0)
     # The prefill rate's systematic allowance along the fitted ridge: a shift of ln F by
     # SYSTEMATIC_PREFILL_REL moves each coordinate by its regression on ln F,
-    # cov[i, 0] / cov[0, 0] (the conditional mean given ln F; the coordinate itself for F).
-    slope = cov[:, 0] / cov[0, 0] if cov[0, 0] > 0 and not idle[0] else np.eye(k)[0]
-    shift_x = np.abs(slope) * SYSTEMATIC_PREFILL_REL
+    # cov[i, 0] / cov[0, 0] (the conditional mean given ln F; the coordinate itself for F);
+    # none for an idle parameter.
+    slope = cov[:, 0] / cov[0, 0] if cov[0, 0] > 0 and not idle[0] else np.eye(len(x))[0]
+    shift_x = np.where(idle, 0.0, np.abs(slope) * SYSTEMATIC_PREFILL_REL)
+    intervals: dict[str, tuple[float, float]] = {}
     systematic: dict[str, float] = {}
     widened: dict[str, tuple[float, float]] = {}
     for i, name in enumerate(PARAMETERS):
-        if idle[i]:
-            systematic[name] = 0.0
-            widened[name] = intervals[name]
-        elif i < 2:
-            base_rate = f0 if i == 0 else b0
-            systematic[name] = float(est[name] * (math.exp(shift_x[i]) - 1))
+        half, shift = tq * se_x[i], shift_x[i]
+        if i < 2:  # F and B on the log scale
+            rate0 = rates0[i]
+            intervals[name] = (rate0 * math.exp(x[i] - half), rate0 * math.exp(x[i] + half))
+            systematic[name] = float(est[name] * (math.exp(shift) - 1))
             widened[name] = (
-                base_rate * math.exp(x[i] - tq * se_x[i] - shift_x[i]),
-                base_rate * math.exp(x[i] + tq * se_x[i] + shift_x[i]),
+                rate0 * math.exp(x[i] - half - shift),
+                rate0 * math.exp(x[i] + half + shift),
             )
         else:
-            systematic[name] = float(shift_x[i] * scale[i])
+            intervals[name] = (est[name] - tq * se[name], est[name] + tq * se[name])
+            systematic[name] = float(shift * scale[i])
             lo, hi = intervals[name]
             widened[name] = (lo - systematic[name], hi + systematic[name])
+    return se, intervals, systematic, widened
+
+
+def _identifiability(
+    cov: np.ndarray, idle: list[bool], est: dict, se: dict, systematic: dict, widened: dict
+) -> tuple[np.ndarray, list[str], list[tuple[str, str, float]]]:
+    """The correlation matrix, the poorly identified parameters and the confounded pairs."""
+    k = len(idle)
+    d = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
+    corr = np.clip(cov / np.outer(d, d), -1.0, 1.0)
     rel = {
         name: max(se[name], systematic[name]) / abs(est[name]) if est[name] else math.inf
         for name in PARAMETERS
@@ -481,22 +431,22 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
         for j in range(i + 1, k)
         if not (idle[i] or idle[j]) and abs(corr[i, j]) > POOR_CORRELATION
     ]
-    # Nearly collinear: the data fix the pair's combination (see ``derived``), and the member
-    # known less precisely follows the other along that ridge: a small bias in the better one
-    # moves it by about the ratio of their relative errors (on the simulator the step overhead
-    # moves some 30 % for 1 % of the prefill rate), beyond its linearized interval. That member
-    # is listed; the better-determined one is not for this reason alone (on a quiet host every
-    # TPOT replays within 0.03 %, which ties F, B, o and p into one ridge that TTFT pins
-    # through F, F within 0.3 %).
+    # Nearly collinear: the less precisely known member follows the other along the ridge and
+    # is listed; the better one is not (docs/twin.md, "Identifiability, reported").
     for a, b, c in confounded:
         if abs(c) > COLLINEAR_CORRELATION:
             weaker = a if rel[a] >= rel[b] else b
             if weaker not in poor:
                 poor.append(weaker)
-    poor = [name for name in PARAMETERS if name in poor]
-    # The batch-1 decode step at the median context c of the concurrency-1 requests,
-    # (W + k c) / B + o + p: what TPOT at concurrency 1 measures, identified even where B and o
-    # are not apart (delta method on the scaled coordinates).
+    return corr, [name for name in PARAMETERS if name in poor], confounded
+
+
+def _decode_step_at_batch_1(
+    base: Profile, points: list[MeasuredPoint], est: dict[str, float], cov: np.ndarray, tq: float
+) -> dict[str, Any]:
+    """The batch-1 decode step at the median context c of the concurrency-1 requests,
+    (W + k c) / B + o + p: what TPOT at concurrency 1 measures, identified even where B and o
+    are not apart (delta method on the scaled coordinates)."""
     ones = [m for p in points if p.concurrency == 1 for m in p.measured.values()]
     ctx = float(np.median([m[2] + m[3] / 2 for m in ones]))
     read_ms = (base.model.weight_bytes + base.model.kv_bytes_per_token * ctx) / est["bytes_per_s"]
@@ -504,20 +454,23 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
     grad = np.array([0.0, -read_ms, 1.0, _SCALE_P_US / 1e3, 0.0])
     step1 = read_ms + est["step_overhead_ms"] + est["per_sequence_overhead_us"] / 1e3
     step1_se = float(math.sqrt(max(0.0, grad @ cov @ grad)))
-    derived = {
-        "decode_step_ms_at_batch_1": {
-            "estimate": step1,
-            "std_error": step1_se,
-            "ci95": [step1 - tq * step1_se, step1 + tq * step1_se],
-            "unit": "ms",
-            "context_tokens": ctx,
-            "meaning": "one decode step alone at the median context of the concurrency-1 "
-            "requests: weights and KV read once ((W + k c) / B) + step overhead + one "
-            "sequence's overhead",
-        }
+    return {
+        "estimate": step1,
+        "std_error": step1_se,
+        "ci95": [step1 - tq * step1_se, step1 + tq * step1_se],
+        "unit": "ms",
+        "context_tokens": ctx,
+        "meaning": "one decode step alone at the median context of the concurrency-1 requests: "
+        "weights and KV read once ((W + k c) / B) + step overhead + one sequence's overhead",
     }
-    replayed = _replay(base, points, est, seed)
-    res, tags = _residuals(points, replayed, est["request_latency_ms"])
+
+
+def _point_summaries(
+    base: Profile, points: list[MeasuredPoint], est: dict[str, float], seed: int
+) -> list[dict[str, Any]]:
+    """Per point, how closely the replay at the estimates ``est`` matches the measured TTFT and
+    TPOT."""
+    res, tags = _residuals(points, _replay(base, points, est, seed), est["request_latency_ms"])
     summaries = []
     for i, p in enumerate(points):
         row: dict[str, Any] = {
@@ -536,30 +489,7 @@ def fit(base: Profile, points: list[MeasuredPoint], *, seed: int = 0) -> Fit:
                 row[f"{metric}_median_rel_error"] = float(np.median(errs))
                 row[f"{metric}_p90_rel_error"] = float(np.quantile(errs, 0.9))
         summaries.append(row)
-    prof = profile_at(
-        base,
-        est["flops_per_s"],
-        est["bytes_per_s"],
-        est["step_overhead_ms"],
-        est["per_sequence_overhead_us"],
-    )
-    return Fit(
-        est,
-        se,
-        intervals,
-        [[None if idle[i] or idle[j] else float(corr[i, j]) for j in range(k)] for i in range(k)],
-        math.sqrt(s2),
-        n,
-        poor,
-        confounded,
-        summaries,
-        int(sol0.nfev + sol.nfev + k),
-        prof,
-        derived,
-        downweighted,
-        systematic,
-        widened,
-    )
+    return summaries
 
 
 def _forward_jacobian(fun: Any, x: np.ndarray, f0: np.ndarray) -> np.ndarray:

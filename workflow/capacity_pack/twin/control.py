@@ -1,57 +1,26 @@
 """The engine model as a control variate: a point's attainment corrected for its schedule's luck.
 
-**Why.** A point measures a few hundred requests over tens of seconds, and the SLO outcomes of
-requests sharing a queue are correlated (a burst fills the queue and the next requests miss
-together), so the attainment of one seeded schedule lies well away from the target's long-run
-attainment at that rate: on the default pack two schedule seeds put the cold capacity 3 RPS
-apart, on either side of the engine model's own long-run boundary. Where the target's engine
-model is known (a simulated target: the model is its profile), the same schedule run through the
-model in virtual time tells how lucky the schedule was, and the model's long run at the rate
-tells what luck averages to.
+Per class, over the point's measured successful requests: y_i = 1 when request i met its SLO
+live, x_i = 1 when it met it in the model run of the very same schedule (:func:`model_outcomes`),
+mu the model's long-run attainment at the rate (:func:`long_run`), and
 
-**The estimator** (a control variate with coefficient 1; e.g. Law, *Simulation Modeling and
-Analysis*, 5th ed., section 11.3; Glasserman, *Monte Carlo Methods in Financial Engineering*,
-section 4.1). Per class, over the point's measured successful requests i = 1..n: y_i = 1 when
-request i met its SLO live (the analysis's predicate), x_i = 1 when it met it in the model run
-of the very same schedule (same arrivals, lengths and shared prefixes, sent on time, one engine
-of the profile: :func:`model_outcomes`), and mu = the model's long-run attainment at the rate
-(:func:`long_run`: :data:`LONG_RUN_SEEDS` runs of :data:`LONG_RUN_S` seconds of Poisson
-arrivals, :func:`capacity_pack.sim.virtual.attainment_at`'s runs, the same reference the
-seed-robustness benchmark computes). Then
+    attainment_cv = mu + (sum y_i - sum x_i) / n
 
-    attainment_cv = mu + (sum y_i - sum x_i) / n.
+(coefficient 1; Law, *Simulation Modeling and Analysis*, 5th ed., 11.3), its variance that of
+the mean difference by batch means (:func:`capacity_pack.binomial.control_variate_interval`)
+plus mu's. Why: one seeded schedule's short window lies well away from the long run; where the
+target behaves as its model on the same requests, the schedule's luck cancels. Applies to a
+simulated target of one replica with independent requests (:func:`applies`); the predictions
+(preflight, twin) do not use it (it cost them ten times the CPU for the same first rounds).
 
-E[attainment_cv] = mu + E[y] - E[x]: the target's attainment on the point's kind of window,
-moved by what the model says separates such a window from the long run; when the target departs
-from the model by the same amount in a window as in the long run (it does where the target *is*
-the model, up to the host's lateness), it is the target's long-run attainment. Its variance is
-that of the mean difference d_i = y_i - x_i, estimated by batch means over the attainment's own
-time blocks (:func:`capacity_pack.binomial.control_variate_interval`), plus mu's: where the
-target behaves as its model on the same requests, d is 0 almost everywhere and the schedule's
-luck cancels. A rate's repeats pool their differences' blocks.
-
-**Where it applies.** A simulated target of one replica (the model's long run is computed for
-one engine), open-loop points of independent requests (no trace replay, no sessions:
-:func:`capacity_pack.plan.manifest.judged_by_engine_model`). Such points measure to their
-maximum duration (no in-run stop: the in-run looks judge the live attainment, not this
-estimate; :func:`capacity_pack.measure.inputs.sequential_settings`), and the search's first
-rates are centred on mu's boundary (:func:`long_run_bracket`). A real target has no model of
-its own and keeps the plain pooled attainment; a calibrated twin could play the model's part
-there (not yet done).
-
-**Cost.** The point's own schedule in virtual time (0.2 s of CPU for 500 requests) and the
-long run at the rate (:data:`LONG_RUN_SEEDS` x :data:`LONG_RUN_S` s: 3.9 s of CPU at 36 RPS on
-the default pack, more above the boundary, where the model's queue grows), in each point's
-analysis; the long run is a fixed function of the rate and the pack, so two repeats of a rate
-see the same mu. The predictions (preflight, twin) do not apply it: they probe ten or more
-rates per cache state, and with it the default pack's preflight took 89 s of CPU and its
-twin prediction 87 s, against about 9 s each without (2026-12-06), for first rounds that
-landed where they had without it.
+Method: docs/metrics.md, "The engine model as control variate"; cost: docs/performance.md,
+"The engine model as control variate (2026-12-06)".
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -197,31 +166,15 @@ def long_run_bracket(
     *,
     max_evaluations: int = 6,
 ) -> LongRunBracket | None:
-    """The search's first bracket for a pack whose points get a control variate (:func:`applies`).
+    """The search's first bracket for a pack whose points get a control variate (:func:`applies`):
+    mu's worst-class crossing of the gate, stepped out from [``low``, ``high``) by its width and
+    narrowed by regula falsi, interpolated, put on a quarter-resolution grid, and that rate -+
+    half the resolution (:func:`capacity_pack.decide.bracket.centred_resolution` with
+    ``resolution_rel``), its ends rounded inwards to 4 significant digits. None when
+    ``max_evaluations`` rates do not bracket the gate or the bracket would reach 0 RPS.
 
-    **Why.** Such a point's attainment is mu + mean(live - model), and live and model disagree
-    on a few requests in hundreds on a simulated target, so each measured rate lands on the
-    side of the gate that mu (the model's long run, :func:`long_run`) puts it. A first round
-    at the short-window prediction's ends [``low``, ``high``) can land both ends on one side of
-    the long-run boundary (one schedule seed's windows are luckier than the long run) and cost
-    a round per cache state. Rates half a resolution either side of mu's boundary are clear of
-    the gate by about 0.012 of attainment each on the default pack (mu falls about 0.012 per
-    RPS there, and its resolution is 2 RPS), where live and model disagree by 0.002-0.006.
-
-    **How.** mu's worst class at ``low`` and ``high``; while both meet the gate (miss it) the
-    bracket steps up (down) by its width; while it is wider than a resolution, mu at the
-    interpolated crossing narrows it (regula falsi); then the crossing is the linear
-    interpolation of mu between the ends (mu is smooth in the rate), put on
-    a grid of a quarter resolution, and the bracket is that rate -+ half the resolution
-    (``resolution_rps``, or with ``resolution_rel`` the width w = rel x pass_rps, so
-    w = rel x centre / (1 + rel / 2): :func:`capacity_pack.decide.bracket.centred_resolution`;
-    a centred bracket, not the search's, whose ends are its statuses' walk), its ends rounded
-    inwards to 4 significant digits. None
-    when ``max_evaluations`` rates do not bracket the gate or the bracket would reach 0 RPS.
-    Each evaluation costs 2-5 s of CPU on the default pack."""
-    if not applies(pack) or not 0 < low < high:
-        return None
-    if resolution_rps is None and not resolution_rel:
+    Why and how: docs/search.md (the control-variate paragraph), docs/metrics.md."""
+    if not applies(pack) or not 0 < low < high or (resolution_rps is None and not resolution_rel):
         return None
     point = Point(mode="open", rate_rps=low, cache_state=cache_state, repeat=0)
     inputs = ControlInputs(
@@ -259,12 +212,21 @@ def long_run_bracket(
         assert width is not None
         return width
 
+    return _centred_bracket(mu, seen, gate, low, high, width_at, max_evaluations)
+
+
+def _centred_bracket(
+    mu: Callable, seen: dict, gate: float, low: float, high: float, width_at: Callable, most: int
+) -> LongRunBracket | None:
+    """From ends that straddle the gate, the bracket centred on mu's crossing (the steps of
+    :func:`long_run_bracket` after its first), narrowed while under ``most`` rates are ``seen``."""
+
     def interpolated() -> float:
         return low + (mu(low) - gate) / (mu(low) - mu(high)) * (high - low)
 
     # Regula falsi while the ends are further apart than a resolution (mu bends over wider
     # brackets: from [34, 38) the line crosses at 36.0, from [35, 36.5) at 36.5).
-    while high - low > width_at(interpolated()) + 1e-9 and len(seen) < max_evaluations:
+    while high - low > width_at(interpolated()) + 1e-9 and len(seen) < most:
         grid = width_at(interpolated()) / 4
         probe = round(interpolated() / grid) * grid
         if not low < probe < high:

@@ -1,35 +1,15 @@
 """Preflight prediction: a pack's planned open-loop points, and its capacity bracket, in virtual
 time before anything is measured.
 
-**Which engine model.** A simulated target (``target.kind: sim``) is predicted on its own
-profile (:func:`capacity_pack.sim.profile.load_profile` of ``target.profile``): exactly the
-engine model the live points run, less the client and the network. A real target is predicted
-only on a profile given to :func:`preflight` (a calibrated twin); without one there is no
-prediction before the closed loop is measured, and the result says so (``unavailable``).
+A simulated target is predicted on its own profile, a real one only on a profile given to
+:func:`preflight` (else ``unavailable``). Every planned rate and cache state is judged by
+:func:`capacity_pack.twin.virtual_point.predict_point`; the bracket is the open-loop search
+(:func:`capacity_pack.decide.search.rate_step`) on predicted statuses down to the resolution
+(:func:`capacity_pack.decide.bracket.resolution_of`, :data:`DEFAULT_RESOLUTION_REL` without a
+search), reaching from :data:`capacity_pack.plan.limits.MIN_OPEN_LOOP_RPS` to :data:`UP_FACTOR`
+x the highest planned rate. Findings: no planned rate predicted to pass, or every one.
 
-**The planned points.** Every planned open-loop rate (``sweep.open_loop_rps``, or the rates of
-``sweep.search.initial``) crossed with every cache state is run and judged by
-:func:`capacity_pack.twin.virtual_point.predict_point` (the pack's schedule, fleet, classes and
-gates; at most ``max_requests`` measured requests each).
-
-**The predicted bracket**, per cache state: the open-loop search of
-:mod:`capacity_pack.decide.search` run on predicted statuses instead of measured ones. Starting
-from the planned points' statuses, :func:`capacity_pack.decide.search.rate_step` gives the next
-rate (half the lowest rate while it does not pass, twice the highest while every rate passes,
-else the tidy rate near the midpoint of [pass_rps, fail_rps)), which is predicted and added,
-until the bracket is within the resolution: ``sweep.search``'s (``resolution_rps``, or
-``resolution_rel`` x pass_rps) or, for a pack without a search, :data:`DEFAULT_RESOLUTION_REL`
-x pass_rps (:func:`capacity_pack.decide.bracket.resolution_of`). The bracket is the search's
-(:func:`capacity_pack.decide.bracket.bracket`): pass_rps the highest rate predicted to pass
-with every lower predicted rate passing, fail_rps the lowest predicted rate above it. The prediction
-searches further than the pack's own search would (down to
-:data:`capacity_pack.plan.limits.MIN_OPEN_LOOP_RPS`, up to :data:`UP_FACTOR` x the highest
-planned rate) so that the bracket is found where the planned rates miss it.
-
-**Findings** (per cache state, each naming the predicted bracket): no planned rate is predicted
-to pass (the sweep would measure only failures), or every planned rate is predicted to pass
-(the sweep cannot bracket the boundary). Where the planned rates straddle the bracket there is
-no finding.
+Method: docs/twin.md, "Preflight prediction".
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """A schedule's requests as the engine model's fleet takes them: token ids with shared prefixes.
 
-Each request's token ids are its shared prefix (the schedule's ``prefix_id``: the same ids for
-every request that shares it, as the live prompt builder shares text) followed by ids of its
-own, seeded by its ``prompt_seed`` and ``seq``; so the prefix cache hits in virtual time where
-it hits live, and a cold point (``prefix_id`` -1 on every row) shares nothing across requests.
-A request is due at its ``scheduled_offset_ns`` plus ``shift_s`` (the client sends on time:
-no lateness, no network).
-
-Used by the virtual failure drill (:mod:`capacity_pack.drills.virtual`) and the virtual points
-of the preflight prediction (:mod:`capacity_pack.twin.virtual_point`).
+Each request's ids are its shared prefix's (``prefix_id``; -1 on a cold point: nothing shared)
+followed by its own, seeded by ``prompt_seed`` and ``seq``, so the prefix cache hits in virtual
+time where it hits live; it is due at ``scheduled_offset_ns`` plus ``shift_s``.
 """
 
 from __future__ import annotations

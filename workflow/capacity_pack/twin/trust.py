@@ -1,14 +1,10 @@
 """The validated twin as a consumer reads it: whether it is trusted, and the words every answer it
 gives is labelled with.
 
-A pack has a validated twin when it plans both the ``calibrate`` job and the ``twin_validate``
-job (:func:`capacity_pack.twin.calibrate.twin_absent_reason` says why not; kept there, out of
-this module, so that a drill job's code, which reads this one, does not hold the fit's). The
-twin is trusted when
-``validation.json`` says so (:func:`capacity_pack.twin.validate.validate`: every compared
-cache state's capacity error within the tolerance). Its error, as quoted beside a prediction,
-is the largest capacity error over the compared cache states (the one that decides the trust),
-named with its cache state.
+A pack has a validated twin when it plans ``calibrate`` and ``twin_validate``
+(:func:`capacity_pack.twin.calibrate.twin_absent_reason`, kept there so a drill job's code does
+not hold the fit's); its quoted error is the largest capacity error over the compared cache
+states, with its cache state. Docs: docs/twin.md, "The plan drill of a real target".
 """
 
 from __future__ import annotations

@@ -1,34 +1,15 @@
 """The twin's prediction against the measurement: capacity and per-class attainment errors.
 
-The twin (a profile calibrated from the pack's closed-loop points, :mod:`capacity_pack.twin.
-calibrate`) predicts the open-loop capacity of each cache state *before* the open-loop points
-are read: its prediction file is made from the calibration and the manifest alone. This module
-compares that prediction with the pack's measured ``capacity.json``.
+The twin's prediction file is made from the calibration and the manifest alone, before the
+open-loop points are read; this module compares it with the pack's measured ``capacity.json``.
+Per cache state, measured bracket [p_m, f_m), predicted [p_t, f_t): predicted capacity
+c_t = (p_t + f_t) / 2 (one end when the other is missing), capacity error
+e = d(c_t, [p_m, f_m]) / p_m (else f_m), signed error (c_t - mid_m) / mid_m, per-class
+attainment errors, trusted when e <= ``twin.tolerance_rel`` in every state both sides have, and
+where untrusted the calibration's largest misfit. A state without a measured bracket is listed,
+never counted as agreement.
 
-Per cache state, with the measured bracket ``[p_m, f_m)`` (:mod:`capacity_pack.decide.bracket`:
-the highest tested rate meeting every gate with every lower tested rate meeting them, and the
-lowest tested rate above it; either may be missing) and the predicted bracket ``[p_t, f_t)``
-found by the same rule on virtual-time runs, each written as
-:func:`capacity_pack.vocab.words.bracket_text` writes a bracket:
-
-- predicted capacity   ``c_t = (p_t + f_t) / 2`` when both ends exist, else the one that does
-  (``p_t``: at least; ``f_t``: below);
-- capacity error       ``e = d(c_t, [p_m, f_m]) / r``: the distance from the predicted
-  capacity to the measured bracket (0 inside it; an open end extends the bracket to 0 or to
-  infinity), relative to ``r = p_m`` (else ``f_m``), the pack's own capacity claim;
-- signed error         ``(c_t - mid_m) / mid_m`` with ``mid_m`` the measured bracket's midpoint
-  (when both ends exist): which way the twin leans;
-- attainment error     per class and measured rate, predicted attainment (the virtual point's
-  point estimate) minus the measured one (pooled over the rate's deciding repeats);
-- trusted              ``e <= tolerance`` in every cache state both sides have (the pack's
-  ``twin.tolerance_rel``, 0.15 by default). An untrusted twin is reported with its error and
-  is not used for further predictions (the ``whatif`` command and drills say so);
-- largest misfit       where the twin is untrusted, the calibration's own clue to why: the
-  closed-loop point and metric (TTFT or TPOT) the calibrated model replays worst, by the
-  median of ``|replayed / measured - 1|`` over the point's fitted requests.
-
-A measured state whose bracket has no end (no open-loop point) cannot validate anything and is
-listed as such, never counted as agreement.
+Method: docs/twin.md, "Prediction, then validation".
 """
 
 from __future__ import annotations

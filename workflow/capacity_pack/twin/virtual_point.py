@@ -1,50 +1,17 @@
 """One open-loop point of a pack run in virtual time and judged as a measured point is judged.
 
-**What is simulated.** The point's own seeded schedule
-(:func:`capacity_pack.plan.schedule.build_schedule`: the same arrivals, classes, lengths and
-shared-prefix ids as the live point, warm-up rows included) is sent on time to
-:class:`capacity_pack.sim.fleet.Fleet`: ``replicas`` engine models of the profile behind the
-router's policy, no failure injected, the client's ``request_timeout_seconds`` as its timeout.
-Prompts are :func:`capacity_pack.twin.requests.fleet_requests`: a cold point's rows carry no
-shared prefix, so nothing hits the prefix cache across requests (the live cold point resets
-it); a warm point first sends its prewarm rows (one per shared prefix,
-:func:`capacity_pack.plan.schedule.prewarm_rows`) at t = 0 and starts its clock when the last
-of them has ended, as the live sweep does.
+The point's own seeded schedule (warm-up rows, and a warm point's prewarm rows, included) is
+sent on time to :class:`capacity_pack.sim.fleet.Fleet` (the pack's replicas and router policy,
+no failure); an undecided point is run again with the extension blocks that fit
+``client.maximum_duration_seconds``. The requests become the requests table the analyzer reads
+(TTFT = first token - send, E2E = last token - send, TPOT = (E2E - TTFT) / (O - 1)), the queue
+series the count sent and not yet streaming, and
+:func:`capacity_pack.evidence.analysis.analyze_point` and
+:func:`capacity_pack.decide.capacity.rate_status` judge them. ``max_requests`` caps the measured
+rows simulated; the sample gate is then ``ceil(min_successful_samples_per_class x s)``, s the
+least class share the cap holds.
 
-**Extension.** A point whose measured block leaves it undecided (``marginal`` or
-``inconclusive``) is extended live until its verdict is certain or
-``client.maximum_duration_seconds`` is reached; in virtual time it is run again with every
-extension block that fits that duration (the schedule's own, from the same seeded stream) and
-judged over them all, as the analysis judges measured and extension rows together.
-
-**What is left out.** The client's dispatch lateness and the network (about 1 ms a request
-on loopback), the in-run early stop (a live point may stop at an earlier look than the last
-block), and the host's competition for CPUs (a live step can run late, a virtual one never
-does).
-
-**The cap.** A point of 22,000 requests at a low rate lasts hours of virtual time and minutes
-of CPU. ``max_requests`` simulates only the first N measured rows of the schedule (with every
-warm-up row before them); the result says so (``simulated_requests`` of
-``scheduled_requests``). The sample-size gate is then taken at the cap's share of it:
-``ceil(min_successful_samples_per_class x s)``, s the least share of a class's measured
-block that the first N hold, so a capped point is judged on
-what the cap holds rather than read as under-sampled; its confidence bounds stay those of the
-N simulated requests (wider than the full point's: a capped prediction reads ``marginal``
-where the full point may pass).
-
-**The judgement.** The simulated requests become the requests table the analyzer reads (one
-row per request: TTFT = first token - send, E2E = last token - send, TPOT = (E2E - TTFT) /
-(O - 1), status ``ok``/``timeout``/``error``/``rejected``; the send is the due time) and are
-judged by :func:`capacity_pack.evidence.analysis.analyze_point` with the pack's classes and
-gates: minimum samples, each class's attainment confidence sequence against
-``class_slo_attainment_min``, the error rate and the queue trend. The server queue-depth
-series the trend test reads is the count of requests sent and not yet streaming (sent <= t <
-first token, or < end for a request that never streamed) every
-``client.metrics_interval_seconds`` (widened to at most :data:`MAX_QUEUE_SAMPLES` samples over
-a long point): the engines' waiting queue plus the prompts in prefill (the fleet's
-``/metrics`` scrapes, most of a virtual drill's CPU, are not taken). The status is
-:func:`capacity_pack.decide.capacity.rate_status` of that one report: ``pass``, ``fail``,
-``marginal`` or ``inconclusive``.
+Method, what is left out and the cap's cost: docs/twin.md, "Preflight prediction".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """What-if questions for the twin: the pack and engine model with one thing changed.
 
-``capacity-pack whatif PACK --mix long_context=0.4 --replicas 8 --max-num-seqs 128`` asks the
-twin what the pack would show with the changes below; every answer is a prediction in virtual
-time and is printed beside the twin's validation error (how far its capacity prediction was from
-the pack's own measurement), so a reader can weigh it.
+``capacity-pack whatif PACK --mix long_context=0.4 --replicas 8 --max-num-seqs 128``: each
+answer is a prediction in virtual time, printed beside the twin's validation error. A given mix
+rescales the other classes: ``m_j' = m_j (1 - S) / sum_{k not given} m_k``.
 
-Changes, each applied to a copy of the validated pack (the result is validated again, so a
-change the pack cannot hold is refused with the manifest's own message):
-
-- ``mix``: ``{class: share}`` for some classes; the other classes keep their relative shares and
-  are scaled to fill ``1 - sum(given)``: new share ``m_j' = m_j (1 - S) / sum_{k not given} m_k``
-  with ``S`` the sum of the given shares (which must lie in (0, 1], or be exactly 1 when every
-  class is given); a pack with stratified ``client.class_schedule_counts`` gets them recounted
-  for the new mix;
-- ``replicas``: the fleet the model runs (``target.replicas``, the placement's replicas and
-  GPUs at the same GPUs per replica, and the plan's replicas under test);
-- ``max_num_seqs`` and ``max_num_batched_tokens``: the engine model's batching limits (the
-  profile's ``engine`` section: running sequences per step and the token budget per step).
+Changes: docs/twin.md, "What-if changes".
 """
 
 from __future__ import annotations
