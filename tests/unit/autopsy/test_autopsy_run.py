@@ -586,3 +586,36 @@ def test_real_run_autopsy_buckets_add_up(request, full):
         assert "MLflow cross-check" not in missing
     else:
         assert doc["mlflow"]["runs"] is None and "MLflow cross-check" in missing
+
+
+def test_a_quiet_invocation_still_gets_its_request_autopsy(real_run, tmp_path):
+    """`snakemake -q` writes a log without job records: the run has no timeline to autopsy, so
+    autopsy.md says why and still holds the requests' autopsy (the pack does not fail)."""
+    import logging
+
+    from capacity_pack.plan.manifest import load_pack
+    from capacity_pack.stages import entry
+
+    quiet = tmp_path / "quiet-log"
+    quiet.mkdir()
+    header = real_run.log_text().split("Building DAG of jobs...")[0]
+    (quiet / "2026-12-02T000000.000000.snakemake.log").write_text(
+        header + "Building DAG of jobs...\n"
+    )
+    with pytest.raises(run.NoRunLog, match="-q"):
+        run.run_autopsy(real_run.results, quiet, real_run.root, real_run.pack, None)
+    out = tmp_path / "out"
+    doc = entry("autopsy")(
+        pack=load_pack(real_run.fixture / "pack.yaml"),
+        results_dir=real_run.results,
+        log_dir=quiet,
+        repo_dir=real_run.root,
+        markdown=out / "autopsy.md",
+        json_path=out / "autopsy.json",
+        log=logging.getLogger("test"),
+    )
+    assert "-q" in doc["run"]["unavailable"]
+    md = (out / "autopsy.md").read_text()
+    assert "## The run\n\nNot autopsied: " in md
+    assert "# Request autopsy" in md
+    assert json.loads((out / "autopsy.json").read_text())["requests"] == doc["requests"]

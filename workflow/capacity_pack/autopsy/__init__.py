@@ -32,7 +32,10 @@ def autopsy_markdown(doc: dict[str, Any], pack: Any) -> str:
         "results, not reconciled silently.",
         "",
     ]
-    body = run_autopsy_markdown(doc["run"]).rstrip()
+    if "unavailable" in doc["run"]:
+        body = f"## The run\n\nNot autopsied: {doc['run']['unavailable']}."
+    else:
+        body = run_autopsy_markdown(doc["run"]).rstrip()
     if body.startswith("# "):
         body = body.split("\n", 1)[1].lstrip("\n")  # one title for the whole file
     requests = request_autopsy_markdown(doc["requests"]).rstrip()

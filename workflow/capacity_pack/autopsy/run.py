@@ -240,6 +240,10 @@ def _git_section(
     }
 
 
+class NoRunLog(FileNotFoundError):
+    """No Snakemake log of the pack's jobs to autopsy (the requests' autopsy still stands)."""
+
+
 def run_autopsy(
     results_dir: Path,
     log_dir: Path,
@@ -263,7 +267,10 @@ def run_autopsy(
     results_dir, repo_dir = Path(results_dir), Path(repo_dir)
     inv = parse_snakemake_log(log_path) if log_path else latest_invocation(log_dir, pack_name)
     if inv is None:
-        raise FileNotFoundError(f"{log_dir}: no Snakemake invocation of pack {pack_name!r}")
+        raise NoRunLog(
+            f"{log_dir} holds no job records of pack {pack_name!r} (`snakemake --quiet`/`-q` "
+            "leaves them out of its log): run without -q for the run's timeline"
+        )
     tl = job_timeline(inv, repo_dir)
     deps = job_dependencies(tl)
     win = measurement_windows(tl, repo_dir)

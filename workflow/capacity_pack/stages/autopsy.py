@@ -11,7 +11,7 @@ from typing import Any
 
 from capacity_pack.autopsy import autopsy_markdown
 from capacity_pack.autopsy.requests import request_autopsy
-from capacity_pack.autopsy.run import run_autopsy
+from capacity_pack.autopsy.run import NoRunLog, run_autopsy
 from capacity_pack.io import write_json_atomic, write_text_atomic
 from capacity_pack.plan.manifest import Pack, validate_pack
 from capacity_pack.plan.words import target_words
@@ -34,14 +34,18 @@ def run(
     if isinstance(pack, str):
         pack = validate_pack(json.loads(pack), "autopsy params")
     results = Path(results_dir)
-    run_doc = run_autopsy(
-        results,
-        Path(log_dir),
-        Path(repo_dir),
-        pack.pack.name,
-        mlflow_db=results.parent / "mlflow.db",
-        words=target_words(pack),
-    )
+    try:
+        run_doc = run_autopsy(
+            results,
+            Path(log_dir),
+            Path(repo_dir),
+            pack.pack.name,
+            mlflow_db=results.parent / "mlflow.db",
+            words=target_words(pack),
+        )
+    except NoRunLog as why:
+        log.warning("autopsy: no run autopsy: %s", why)
+        run_doc = {"unavailable": str(why)}
     tables = results / "tables"
     keys = None
     if requests is not None:
