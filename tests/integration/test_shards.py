@@ -20,13 +20,13 @@ from capacity_pack.evidence.analysis import analyze_point
 from capacity_pack.evidence.gates import pack_gates
 from capacity_pack.evidence.normalize import NormalizeError, normalize_point
 from capacity_pack.evidence.slo_report import pack_classes
+from capacity_pack.measure.clock import clock_sample
 from capacity_pack.measure.shards import (
     Rendezvous,
     ShardError,
     assign_shards,
     assignment_seed,
     clock_check,
-    clock_sample,
     merge_series,
 )
 from capacity_pack.measure.sweep import measure_point

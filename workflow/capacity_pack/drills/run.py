@@ -31,6 +31,7 @@ from capacity_pack.drills.plan import (
     drill_schedule,
 )
 from capacity_pack.engines import exposition
+from capacity_pack.measure.clock import realtime_at
 from capacity_pack.measure.commands import run_command
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget
 
@@ -72,7 +73,7 @@ class _Recorder:
             nxt = time.perf_counter()
             while True:
                 t = time.perf_counter_ns()
-                rt = time.time_ns()
+                rt = realtime_at(t)
                 text = None
                 with contextlib.suppress(httpx.HTTPError):
                     resp = await client.get(f"{self.base_url}/metrics")

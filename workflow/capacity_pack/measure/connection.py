@@ -32,6 +32,8 @@ from typing import Protocol
 
 import httpx
 
+from capacity_pack.measure.clock import offset_ns
+
 NS = 1_000_000_000
 
 # Connection states: between requests, reading a response head, then its body framing.
@@ -279,7 +281,7 @@ class Connection:
         now = time.perf_counter_ns()
         if ancillary and len(ancillary[-1][2]) >= 16:
             sec, nsec = _TIMESPEC.unpack_from(ancillary[-1][2])
-            offset = time.time_ns() - time.perf_counter_ns()
+            offset = offset_ns()
             now = receive_stamp(sec * NS + nsec, offset, now, self.last_read_ns)
         self.last_read_ns = now
         state = self.state

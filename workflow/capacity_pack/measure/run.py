@@ -29,6 +29,7 @@ import pandas as pd
 from capacity_pack.engines import verify_setting
 from capacity_pack.io import atomic_path, finite_or_none, write_json_atomic
 from capacity_pack.measure.arrivals import Arrivals, BlocksAhead
+from capacity_pack.measure.clock import offset_ns, realtime_at
 from capacity_pack.measure.collector import QuietCollector
 from capacity_pack.measure.dispatcher import (
     LEAD_NS,
@@ -288,13 +289,12 @@ class Run(RequestSending, LoadModes):
         if self.s.start_at is not None and self.interrupted is None:
             # A shared start (realtime) mapped onto this process's monotonic clock.
             start_rt = int(self.s.start_at())
-            mono, rt = time.perf_counter_ns(), time.time_ns()
-            self.t0_ns = mono + (start_rt - rt)
+            self.t0_ns = start_rt - offset_ns()
             self.t0_realtime_ns = start_rt
         else:
             # The clock starts one lead ahead, so even the first arrivals are prepared early.
             self.t0_ns = time.perf_counter_ns() + self._lead_ns
-            self.t0_realtime_ns = time.time_ns() + self._lead_ns
+            self.t0_realtime_ns = realtime_at(self.t0_ns)
 
     def _watchers(self, client, stop: asyncio.Event) -> list[asyncio.Task]:
         """The tasks beside the load: lag ticker, scraper, progress line, side tasks."""

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from capacity_pack.measure.arrivals import Arrivals
+from capacity_pack.measure.clock import realtime_at
 from capacity_pack.measure.collector import unbind
 from capacity_pack.measure.connection import DRAIN_GRACE_S, RequestWithdrawn
 from capacity_pack.measure.records import Attempt
@@ -70,7 +71,7 @@ class SendGate:
     def __call__(self, now_ns: int) -> bool:
         a, st = self.a, self.st
         a.sent_ns = now_ns
-        a.sent_realtime_ns = time.time_ns()
+        a.sent_realtime_ns = realtime_at(now_ns)
         self.gated = True
         with self.lock:
             if self.block is not None:
@@ -134,9 +135,8 @@ class RequestSending:
         cancel_after = int(row.get("cancel_after_ns", -1))
         # Until the request is written (it may be prepared ahead of its due time): a request
         # that never is (no connection) keeps the later of now and its due time.
-        now = time.perf_counter_ns()
-        a.sent_ns = max(now, due_ns)
-        a.sent_realtime_ns = time.time_ns() + a.sent_ns - now
+        a.sent_ns = max(time.perf_counter_ns(), due_ns)
+        a.sent_realtime_ns = realtime_at(a.sent_ns)
         gate = SendGate(a, block, self.state, self._lock, self.s.max_in_flight)
         if self._own_transport:
             request.extensions[SENT_HOOK] = gate
@@ -262,7 +262,7 @@ class RequestSending:
         """The request ended (any way but the ceiling's refusal): stamp, count, record it."""
         st = self.state
         a.end_ns = time.perf_counter_ns()
-        a.end_realtime_ns = time.time_ns()
+        a.end_realtime_ns = realtime_at(a.end_ns)
         with self._lock:
             if gate.sent:
                 st.in_flight -= 1

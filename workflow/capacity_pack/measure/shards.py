@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity_pack.io import finite_or_none, write_json_atomic
+from capacity_pack.measure.clock import clock_sample
 from capacity_pack.measure.collector import merge_summaries as merge_gc
 from capacity_pack.measure.commands import copy_redacted
 from capacity_pack.measure.inputs import SweepInputs, load_settings, token_counter
@@ -97,26 +98,6 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return f"unknown:{socket.gethostname()}"
-
-
-def clock_sample() -> dict[str, int]:
-    """realtime - monotonic, from the tightest of a few bracketed reads."""
-    best: tuple[int, int, int] | None = None
-    for _ in range(CLOCK_READS):
-        m1 = time.perf_counter_ns()
-        rt = time.time_ns()
-        m2 = time.perf_counter_ns()
-        if best is None or m2 - m1 < best[2] - best[1]:
-            best = (rt, m1, m2)
-    assert best is not None
-    rt, m1, m2 = best
-    mid = (m1 + m2) // 2
-    return {
-        "realtime_ns": rt,
-        "monotonic_ns": mid,
-        "offset_ns": rt - mid,
-        "uncertainty_ns": (m2 - m1 + 1) // 2,
-    }
 
 
 def ntp_state() -> dict[str, Any] | None:
@@ -266,7 +247,7 @@ class Rendezvous:
     def __call__(self) -> int:
         """Report ready, wait for the others; the shared start (realtime ns)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        stamp = clock_sample()
+        stamp = clock_sample(CLOCK_READS)
         write_json_atomic(
             self.dir / f"ready-{self.index}.json",
             {
@@ -375,7 +356,7 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
 
     def start() -> int:
         start_rt = rendezvous()
-        clock["start"] = clock_sample()
+        clock["start"] = clock_sample(CLOCK_READS)
         return start_rt
 
     settings.start_at = start
@@ -391,7 +372,7 @@ def run_shard(spec: ShardSpec) -> dict[str, Any]:
         )
     except Interrupted as exc:  # its records are written: complete the summary, then exit
         stop, summary = exc, exc.summary
-    clock["end"] = clock_sample()
+    clock["end"] = clock_sample(CLOCK_READS)
     clock["ntp"] = ntp_state()
     summary.update(
         shard=spec.index,

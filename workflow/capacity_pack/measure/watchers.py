@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from capacity_pack.engines.signals import parse_metrics
+from capacity_pack.measure.clock import realtime_at
 from capacity_pack.measure.collector import unbind
 
 NS = 1_000_000_000
@@ -54,7 +55,7 @@ async def scraper(run: Any, client, stop: asyncio.Event) -> None:
     next_t = time.perf_counter()
     while True:
         t_ns = time.perf_counter_ns()
-        rt_ns = time.time_ns()
+        rt_ns = realtime_at(t_ns)
         st = run.state
         rel = t_ns - run.t0_ns
         run.series += [
