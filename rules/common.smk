@@ -24,7 +24,7 @@ from capacity_pack.twin import calibrate as twin_calibrate_lib
 from capacity_pack.plan import schedule as schedule_lib
 from capacity_pack.plan import prepared as prepared_lib
 from capacity_pack.measure import inputs as sweep_inputs_lib
-from capacity_pack.io import canonical_json, sha256_hex
+from capacity_pack.io import canonical_json, sha256_hex, user_cache_dir
 from capacity_pack import stages as stages_lib
 
 RESULTS_ROOT = "results"
@@ -85,8 +85,9 @@ wildcard_constraints:
     drill=r"[a-z][a-z0-9_]*",
 
 
-# Parsed files' hashes, kept beside Snakemake's own metadata: a parse re-reads only changed files.
-codehash.use_cache_file(".snakemake/codehash.json")
+# Parsed files' hashes, kept on disk under their content and shared by every work directory: a
+# parse re-reads every file and parses only changed ones, in a new work directory too.
+codehash.use_cache_file(user_cache_dir() / "codehash.json")
 # A measurement against the simulated target also runs it, as `python -m capacity_pack.sim`.
 SIM_ENGINE = ["capacity_pack.sim.__main__"] if PACK.target.kind == "sim" else []
 

@@ -7,6 +7,7 @@ copy's library and ask ``snakemake -n`` what it would rerun.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,6 +21,8 @@ import yaml
 
 from capacity_pack import codehash
 from capacity_pack.stages import STAGES
+from tests.conftest import run_snakemake as snakemake
+from tests.conftest import write_pack
 from tests.integration.test_pipeline import small_pack
 from tests.paths import ROOT
 
@@ -139,6 +142,19 @@ def test_the_disk_cache_gives_the_same_hashes(tmp_path):
     finally:
         codehash.use_cache_file(tmp_path / "none.json")
         codehash.forget()
+
+
+def test_every_work_directory_shares_the_accounts_cache(tmp_path, default_pack):
+    # Keyed by content: a pack's first parse in a new work directory hits what another parsed.
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        write_pack(tmp_path / name, default_pack)
+        snakemake(tmp_path / name, "--dry-run", env=env)
+    cache = json.loads((tmp_path / "xdg" / "capacity-pack" / "codehash.json").read_text())
+    assert len(cache["entries"]) > 100  # every module the rules run
+    assert not (tmp_path / "two" / ".snakemake" / "codehash.json").exists()
 
 
 # --- the real pipeline, on a copy of the repository --------------------------------------------

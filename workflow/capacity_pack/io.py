@@ -118,3 +118,9 @@ def finite_or_none(obj: Any) -> Any:
     if isinstance(obj, list):
         return [finite_or_none(v) for v in obj]
     return obj
+
+
+def user_cache_dir() -> Path:
+    """This account's cache folder for the project: ``$XDG_CACHE_HOME/capacity-pack``
+    (``~/.cache/capacity-pack`` without the variable), for caches keyed by content."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "capacity-pack"

@@ -67,6 +67,23 @@ def test_the_long_run_is_a_fixed_function_of_the_rate(inputs):
     assert long_run(inputs, 30.0, "cold") == first  # the same mu wherever it is computed
 
 
+def test_a_long_run_is_kept_on_disk_and_read_back(inputs, tmp_path, monkeypatch):
+    from capacity_pack.twin import control
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    control._long_run.cache_clear()
+    first = long_run(inputs, 30.0, "cold")
+    (kept,) = (tmp_path / "capacity-pack" / "long-run").glob("*.json")
+    control._long_run.cache_clear()
+    assert long_run(inputs, 30.0, "cold") == first  # read back, bit for bit
+    # A damaged file is computed again, and written again.
+    kept.write_text("{not json")
+    control._long_run.cache_clear()
+    assert long_run(inputs, 30.0, "cold") == first
+    assert len(list(kept.parent.glob("*.json"))) == 1
+    control._long_run.cache_clear()
+
+
 def _report_of(model: pd.DataFrame, inputs: ControlInputs) -> tuple[dict, pd.DataFrame]:
     """A point whose live outcomes are the model's own (the target is its model)."""
     schedule = build_schedule(inputs.schedule, POINT).set_index("request_id")

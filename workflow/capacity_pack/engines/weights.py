@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 
 from capacity_pack.io import file_sha256 as sha256_of_file
-from capacity_pack.io import write_json_atomic
+from capacity_pack.io import user_cache_dir, write_json_atomic
 
 
 def cache_path() -> Path:
-    """The digest cache file (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "capacity-pack" / "weights-sha256.json"
+    """The digest cache file, in :func:`capacity_pack.io.user_cache_dir`."""
+    return user_cache_dir() / "weights-sha256.json"
 
 
 def file_sha256(path: str | Path) -> str | None:

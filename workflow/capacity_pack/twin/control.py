@@ -13,16 +13,24 @@ target behaves as its model on the same requests, the schedule's luck cancels. A
 simulated target of one replica with independent requests (:func:`applies`); the predictions
 (preflight, twin) do not use it (it cost them ten times the CPU for the same first rounds).
 
+mu depends only on the engine model, the classes, the warm prefixes and the rate, so each long
+run is kept on disk (``long-run/<sha256 of those and of the model's code>.json`` in
+:func:`capacity_pack.io.user_cache_dir`): a re-analysis, the preflight and another pack of the
+same workload read it back instead of simulating 600 s of arrivals again.
+
 Method: docs/metrics.md, "The engine model as control variate"; cost: docs/performance.md,
 "The engine model as control variate (2026-12-06)".
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import asdict, dataclass
+from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,10 +40,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from capacity_pack.binomial import block_counts
 from capacity_pack.decide.bracket import centred_resolution
 from capacity_pack.evidence.analysis import MEASURED_PHASES
+from capacity_pack.io import canonical_json, sha256_hex, user_cache_dir, write_json_atomic
 from capacity_pack.plan.manifest import Pack, SimTarget, judged_by_engine_model
 from capacity_pack.plan.schedule import Point, ScheduleInputs, build_schedule, prewarm_rows
 from capacity_pack.sim.profile import Profile, load_profile
-from capacity_pack.sim.virtual import VirtualRequest, meets_slo, poisson_runs, simulate
+from capacity_pack.sim.virtual import (
+    SharedPrefixes,
+    VirtualClass,
+    VirtualRequest,
+    meets_slo,
+    poisson_runs,
+    simulate,
+)
 from capacity_pack.twin.boundary import shared_prefixes, virtual_classes
 from capacity_pack.twin.requests import fleet_requests
 from capacity_pack.vocab.slo import cutoff_checks
@@ -107,13 +123,46 @@ def _long_run(profile_json: str, schedule_json: str, rate_rps: float, cache_stat
     schedule = ScheduleInputs.model_validate_json(schedule_json)
     classes = virtual_classes(schedule)
     prefixes = shared_prefixes(schedule, cache_state)
+    key = {
+        "profile": json.loads(profile_json),
+        "classes": [asdict(c) for c in classes],
+        "prefixes": asdict(prefixes) if prefixes is not None else None,
+        "rate_rps": rate_rps,
+        "run": [LONG_RUN_S, list(LONG_RUN_SEEDS), LONG_RUN_WARMUP_S, BLOCK_S],
+        "code": _model_code(),
+    }
+    path = user_cache_dir() / "long-run" / f"{sha256_hex(canonical_json(key))}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return tuple((label, dict(v)) for label, v in json.loads(path.read_text()))
+    out = _long_run_of(profile, classes, prefixes, rate_rps, BLOCK_S)
+    with contextlib.suppress(OSError, ValueError):  # a cache not written only costs time
+        write_json_atomic(path, [list(pair) for pair in out])
+    return out
+
+
+@cache
+def _model_code() -> str:
+    """sha256 of the code a long run runs: the engine model (``sim/``) and this module, by
+    their bytes (an edit there, a comment included, computes every long run again)."""
+    here = Path(__file__).resolve()
+    files = sorted((here.parent.parent / "sim").glob("*.py")) + [here]
+    return sha256_hex(b"".join(f.read_bytes() for f in files))
+
+
+def _long_run_of(
+    profile: Profile,
+    classes: list[VirtualClass],
+    prefixes: SharedPrefixes | None,
+    rate_rps: float,
+    block_s: float,
+) -> tuple[tuple[str, dict], ...]:
     n_j: dict[str, list[int]] = {c.label: [] for c in classes}
     k_j: dict[str, list[int]] = {c.label: [] for c in classes}
     runs = poisson_runs(profile, classes, rate_rps, LONG_RUN_S, LONG_RUN_SEEDS, prefixes)
     for run in runs:
         for c in classes:
             rs = [r for r in run.results if r.label == c.label and r.arrival_s >= LONG_RUN_WARMUP_S]
-            block = np.asarray([int(r.arrival_s // BLOCK_S) for r in rs], dtype=np.int64)
+            block = np.asarray([int(r.arrival_s // block_s) for r in rs], dtype=np.int64)
             met = np.asarray([meets_slo(r, c) for r in rs], dtype=float)
             if block.size == 0:
                 continue
