@@ -16,7 +16,10 @@ from capacity_pack.twin.preflight import write
 def run(*, pack: str, preflight: str | Path, log: logging.Logger) -> dict[str, Any]:
     """Write ``preflight.json`` (the prediction, its profile and sha256, its cap); return it."""
     validated = validate_pack(json.loads(pack), "preflight params")
-    doc = predict(validated, long_run=True)
+    # The long-run centring places the search's first rates; a pack whose search does not start
+    # from the prediction (a fixed sweep, or rates of its own) keeps the short-window bracket.
+    search = validated.sweep.search
+    doc = predict(validated, long_run=search is not None and search.initial == "predicted")
     write(doc, preflight)
     if doc.unavailable:
         log.info("preflight: %s", doc.unavailable)
