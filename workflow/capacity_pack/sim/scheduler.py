@@ -183,7 +183,12 @@ class SimRequest:
             if start + block_size <= self.num_prompt:
                 toks = self.prompt_ids[start : start + block_size]
             else:
-                toks = [self.token_at(p) for p in range(start, start + block_size)]
+                # token_at inlined: the blocks past the prompt are most of a long run's calls.
+                n_prompt, seed, ids = self.num_prompt, self.out_seed, self.prompt_ids
+                toks = [
+                    ids[p] if p < n_prompt else OUTPUT_IDS[output_index(seed, p - n_prompt)]
+                    for p in range(start, start + block_size)
+                ]
             hashes.append(hash((parent, *toks)))
         return hashes
 
