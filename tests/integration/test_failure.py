@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from capacity_pack.artifacts import FailureTest
 from capacity_pack.drills import analyze
 from capacity_pack.drills.alerts import write_alert_rules
 from capacity_pack.drills.analyze import (
@@ -364,12 +365,15 @@ def test_failure_test_markdown_names_every_seed_field(drills, tmp_path):
         .split("Alerts (evaluated")[0]
     )
     json.dumps(doc, allow_nan=False)  # the JSON twin is strict JSON
+    # ...and what its model reads back, field for field.
+    assert FailureTest.parse(doc, "failure-test.json").dump() == json.loads(json.dumps(doc))
     assert doc["clock"] and f"Every time below is in seconds on one clock: {doc['clock']}" in md
     # Drills on different clocks (a live one and one in virtual time) name no common clock:
     # each section names its own.
     live = drills["replica_kill"]
     virtual = {**live, "drill": "replica_kill_virtual", "clock": "virtual: the engine model's"}
     mixed = failure_test([live, virtual], {"name": "t"})
+    assert FailureTest.parse(mixed, "failure-test.json").clock is None
     assert mixed["clock"] is None
     assert mixed["clocks"] == {
         "replica_kill": live["clock"],

@@ -96,10 +96,15 @@ def write_pack(root: Path, name="p", *, rates=None, capacity=20.0, profile="smal
         "capacity_cache_state": "cold", "throughput": {"capacity_per_replica_rps": capacity},
     }))  # fmt: skip
     (pack / "failure-test.json").write_text(json.dumps({
+        "pack": {"name": name}, "clock": "CLOCK_MONOTONIC",
+        "clocks": {"replica_kill": "CLOCK_MONOTONIC"},
         "plan_drill": {"verdict": drill_verdict, "sentence": f"Losing 1: {drill_verdict}"},
         "drills": [{"drill": "replica_kill", "expected_alert_fired": True,
                     "injection_time_s": 4.0, "detection_time_s": 5.0, "recovery_time_s": 9.0,
                     "requests_rejected": 3, "requests_lost": 1}],
+        "summary": {"drills_run": ["replica_kill"], "drills_skipped": {}, "any_alert_fired": True,
+                    "expected_alerts_fired": {"replica_kill": True}, "alerts_not_evaluated": {},
+                    "unexpected_mechanisms": {"replica_kill": []}, "mechanism_lines": []},
     }))  # fmt: skip
     manifest = {
         "pack": {"name": name},

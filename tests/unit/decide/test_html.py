@@ -104,9 +104,14 @@ def folder(tmp_path_factory) -> Path:
     (out / "plan.json").write_text(json.dumps(build_plan(capacity, reports, pack)))
     (out / "slo-report.json").write_text(json.dumps(selected_point(capacity, reports)))
     failure = {
-        "plan_drill": {"sentence": PLAN_SENTENCE, "execution": "virtual",
+        "pack": {"name": "p"}, "clock": "CLOCK_MONOTONIC",
+        "clocks": {"plan_replica_kill": "CLOCK_MONOTONIC"},
+        "plan_drill": {"verdict": "PASS", "sentence": PLAN_SENTENCE, "execution": "virtual",
                        "execution_reason": "auto"},
-        "summary": {"mechanism_lines": ["`replica_kill`: detected in 0.7 s"]},
+        "summary": {"drills_run": ["plan_replica_kill"], "drills_skipped": {},
+                    "any_alert_fired": False, "expected_alerts_fired": {},
+                    "alerts_not_evaluated": {}, "unexpected_mechanisms": {},
+                    "mechanism_lines": ["`replica_kill`: detected in 0.7 s"]},
         "drills": [{"drill": "plan_replica_kill"}],
     }  # fmt: skip
     (out / "failure-test.json").write_text(json.dumps(failure))

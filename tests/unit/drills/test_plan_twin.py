@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from capacity_pack.artifacts import TwinValidation
 from capacity_pack.drills.plan import DrillInputs
 from capacity_pack.drills.virtual import REAL_TARGET_POLICY, run_virtual_drill
 from capacity_pack.plan.manifest import PLAN_DRILL, validate_pack
@@ -52,7 +53,9 @@ def capacity(pass_rps: float, fail_rps: float) -> dict:
 def twin(profile: Path, predicted: tuple[float, float], measured: tuple[float, float]):
     pass_rps, fail_rps = predicted
     prediction = {"cache_states": {"cold": {"pass_rps": pass_rps, "fail_rps": fail_rps}}}
-    return ValidatedTwin(str(profile), validate(prediction, capacity(*measured)))
+    return ValidatedTwin(
+        str(profile), TwinValidation.parse(validate(prediction, capacity(*measured)), "test")
+    )
 
 
 @pytest.fixture
@@ -194,8 +197,10 @@ def test_a_virtual_plan_drill_of_a_real_target_runs_on_the_calibrated_profile(pr
 def test_a_twin_compared_with_nothing_is_untrusted_and_says_so(profile):
     # No measured bracket in the cache state the twin predicted: nothing was compared.
     prediction = {"cache_states": {"warm": {"pass_rps": 38, "fail_rps": 40}}}
-    blind = ValidatedTwin(str(profile), validate(prediction, capacity(36, 38)))
-    assert not blind.trusted and blind.worst is None
+    blind = ValidatedTwin(
+        str(profile), TwinValidation.parse(validate(prediction, capacity(36, 38)), "test")
+    )
+    assert not blind.trusted and blind.validation.worst is None
     inputs = DrillInputs.for_drill(real_pack(), PLAN_DRILL)
     plan = plan_at(inputs, capacity(36, 38), {}, BIG_PLAN, blind)
     assert not plan.runnable

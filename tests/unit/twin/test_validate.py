@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from capacity_pack.artifacts import TwinValidation
 from capacity_pack.twin.validate import (
     capacity_error,
     predicted_capacity,
@@ -73,6 +74,8 @@ def test_validate_trusts_a_twin_inside_the_tolerance_and_compares_attainment():
     assert s["sentence"] == "cold: the twin predicts 39 RPS ([38, 40) RPS), measured [36, 38) RPS"
     table = "\n".join(readme_lines(v))
     assert "| cold | 39 RPS ([38, 40) RPS) | [36, 38) RPS | 2.8% | 0.030 |" in table
+    # The document is what its model (twin/validation.json's) reads back.
+    assert TwinValidation.parse(v, "validation.json").dump() == v
 
 
 def test_validate_labels_a_twin_outside_the_tolerance_untrusted_with_why():
@@ -109,6 +112,7 @@ def test_an_untrusted_twin_names_the_calibrations_largest_misfit():
         "the closed loop is TPOT at concurrency 4 (median error 32%)"
     )
     assert v["largest_misfit"]["point"] == "closed-c4/cold/rep0"
+    assert TwinValidation.parse(v, "validation.json").dump() == v
     # A trusted twin's why is its error alone.
     inside = {"cold": {"pass_rps": 1.1, "fail_rps": 1.5}}
     trusted = validate({**prediction, "cache_states": inside}, capacity)

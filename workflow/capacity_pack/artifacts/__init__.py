@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from capacity_pack.artifacts.base import Artifact, ArtifactError
 from capacity_pack.artifacts.capacity import Capacity
+from capacity_pack.artifacts.failure_test import FailureTest
 from capacity_pack.artifacts.plan import Plan
 from capacity_pack.artifacts.prediction import TwinPrediction
 from capacity_pack.artifacts.slo_report import SloReport
+from capacity_pack.artifacts.twin_validation import TwinValidation
 
 ARTIFACTS: dict[str, type[Artifact]] = {
     "slo-report": SloReport,
     "capacity": Capacity,
     "plan": Plan,
+    "failure-test": FailureTest,
     "twin-prediction": TwinPrediction,
+    "twin-validation": TwinValidation,
 }
 
 __all__ = [
@@ -23,7 +27,9 @@ __all__ = [
     "Artifact",
     "ArtifactError",
     "Capacity",
+    "FailureTest",
     "Plan",
     "SloReport",
     "TwinPrediction",
+    "TwinValidation",
 ]

@@ -19,8 +19,7 @@ from capacity_pack.cli.common import (
 
 def _check_twin(profile: Path, validation: Path) -> None:
     """Refuse, in one line, a --twin pair that is not a calibrated profile and its validation."""
-    import json
-
+    from capacity_pack.artifacts import ArtifactError, TwinValidation
     from capacity_pack.sim.profile import ProfileError, load_profile
 
     try:
@@ -30,14 +29,11 @@ def _check_twin(profile: Path, validation: Path) -> None:
         listed = "; ".join(p.strip().removeprefix("- ") for p in problems)
         raise Fail(f"--twin PROFILE: {first} {listed}".strip()) from None
     try:
-        doc = json.loads(validation.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise Fail(f"--twin VALIDATION {validation}: not JSON ({err})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("trusted"), bool):
+        TwinValidation.read(validation)
+    except ArtifactError as err:
         raise Fail(
-            f"--twin VALIDATION {validation}: not a twin validation (expected the JSON object "
-            "of results/<pack>/twin/validation.json, with `trusted` true or false)"
-        )
+            f"--twin VALIDATION {err} (expected results/<pack>/twin/validation.json)"
+        ) from None
 
 
 # Over 80 lines only with its options: a click command's options are its signature.

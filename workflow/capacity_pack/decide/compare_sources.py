@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capacity_pack.artifacts import Artifact, ArtifactError, FailureTest, Plan
 from capacity_pack.errors import StatedError
 
 #: The prefix of an MLflow parent run as a compare source.
@@ -60,8 +61,14 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
-def _optional_json(path: Path, what: str) -> dict[str, Any] | None:
-    return _read_json(path, what) if path.is_file() else None
+def _optional_artifact(model: type[Artifact], path: Path) -> dict[str, Any] | None:
+    """The artifact's dump, validated by its model; None where the pack has no such file."""
+    if not path.is_file():
+        return None
+    try:
+        return model.read(path).dump()
+    except ArtifactError as err:
+        raise CompareError(str(err)) from None
 
 
 def _pack_folders(path: Path) -> list[Path]:
@@ -123,8 +130,8 @@ def _read_pack_dir(pack_dir: Path, label: str, origin: str) -> Source:
         origin=origin,
         pack_dir=pack_dir,
         capacity=capacity,
-        plan=_optional_json(pack_dir / "plan.json", "plan.json"),
-        failure=_optional_json(pack_dir / "failure-test.json", "failure-test.json"),
+        plan=_optional_artifact(Plan, pack_dir / "plan.json"),
+        failure=_optional_artifact(FailureTest, pack_dir / "failure-test.json"),
     )
     manifest = pack_dir / "workload-manifest.yaml"
     if manifest.is_file():

@@ -7,11 +7,10 @@ where the pack is, read from the pack's own files (``capacity.json``, ``plan.jso
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.artifacts import ArtifactError, Capacity, Plan
+from capacity_pack.artifacts import ArtifactError, Capacity, FailureTest, Plan
 from capacity_pack.artifacts.capacity import OpenLoopState
 from capacity_pack.plan.words import target_words
 from capacity_pack.vocab.words import decision_sentence
@@ -67,10 +66,7 @@ def console_lines(pack_dir: str | Path) -> list[str]:
             + (f", {gpus} {unit}(s)" if gpus is not None else "")
             + f", bound by {plan.bound_by or 'n/a'} ({plan.capacity_cache_state} cache)"
         )
-    try:
-        answer = json.loads((pack_dir / "failure-test.json").read_text()).get("plan_drill") or {}
-    except (OSError, ValueError):
-        answer = {}
-    if answer.get("sentence"):
-        lines.append(f"  when a replica fails: {answer['sentence']}")
+    failure = _read(FailureTest, pack_dir / "failure-test.json")
+    if failure is not None and failure.plan_drill is not None:
+        lines.append(f"  when a replica fails: {failure.plan_drill.sentence}")
     return lines

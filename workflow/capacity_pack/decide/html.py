@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.artifacts import Capacity, Plan, SloReport
+from capacity_pack.artifacts import Artifact, Capacity, FailureTest, Plan, SloReport
 from capacity_pack.decide import sessions
 from capacity_pack.decide import shapes as load_shapes
 from capacity_pack.decide.glossary import METRICS
@@ -99,6 +99,10 @@ def _json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _artifact(model: type[Artifact], path: Path) -> dict[str, Any] | None:
+    return model.read(path).dump() if path.is_file() else None
+
+
 def _text(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
 
@@ -111,7 +115,7 @@ def load_pack(folder: str | Path, reports: Iterable[str | Path] = ()) -> PackFil
     folder = Path(folder)
     manifest = yaml.safe_load((folder / "workload-manifest.yaml").read_text())
     sha = manifest.pop("frozen_sha256", None)
-    selected = _json(folder / "slo-report.json")
+    selected = _artifact(SloReport, folder / "slo-report.json")
     docs = [SloReport.read(p).dump() for p in reports]
     return PackFiles(
         folder=folder,
@@ -120,7 +124,7 @@ def load_pack(folder: str | Path, reports: Iterable[str | Path] = ()) -> PackFil
         plan=Plan.read(folder / "plan.json").dump(),
         reports=docs or ([selected] if selected else []),
         selected=selected,
-        failure=_json(folder / "failure-test.json"),
+        failure=_artifact(FailureTest, folder / "failure-test.json"),
         failure_md=_text(folder / "failure-test.md"),
         autopsy=_json(folder / "autopsy.json"),
         autopsy_md=_text(folder / "autopsy.md"),

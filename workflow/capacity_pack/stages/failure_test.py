@@ -7,10 +7,10 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from capacity_pack.artifacts import FailureTest
 from capacity_pack.drills.render import failure_test, failure_test_markdown
-from capacity_pack.io import atomic_path, write_json_atomic, write_text_atomic
+from capacity_pack.io import atomic_path, write_text_atomic
 
 
 def run(
@@ -21,15 +21,15 @@ def run(
     json_path: str | Path,
     log: logging.Logger,
     timelines: Sequence[tuple[str | Path, str | Path]] = (),
-) -> dict[str, Any]:
+) -> FailureTest:
     """``pack`` is the pack section (with its label) as JSON; ``reports`` the drill reports;
     ``timelines`` (drill picture, its copy in the pack) pairs."""
     docs = [json.loads(Path(p).read_text()) for p in reports]
-    doc = failure_test(docs, json.loads(pack))
-    write_json_atomic(json_path, doc)
-    write_text_atomic(markdown, failure_test_markdown(doc))
+    doc = FailureTest.parse(failure_test(docs, json.loads(pack)), json_path)
+    doc.write(json_path)
+    write_text_atomic(markdown, failure_test_markdown(doc.dump()))
     for src, dst in timelines:
         with atomic_path(Path(dst)) as tmp:
             shutil.copyfile(src, tmp)
-    log.info("failure test: %s", doc["summary"])
+    log.info("failure test: %s", doc.summary.model_dump())
     return doc

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from capacity_pack.artifacts import Capacity, Plan
+from capacity_pack.artifacts import Capacity, FailureTest, Plan, TwinValidation
 from capacity_pack.decide.report import load_reports, selected_point, write_pack
 from capacity_pack.decide.shapes import readme_lines as shapes_readme
 from capacity_pack.twin.validate import readme_lines as twin_readme
@@ -56,9 +56,9 @@ def run(
         selected_report=selected,
         series=series,
         extra_files=[Path(fit)],
-        failure=json.loads(Path(failure).read_text()) if failure else None,
+        failure=FailureTest.read(failure).dump() if failure else None,
         shapes=_shapes(shapes),
-        twin=(twin_readme(json.loads(Path(twin).read_text())), Path(twin)) if twin else None,
+        twin=(twin_readme(TwinValidation.read(twin).dump()), Path(twin)) if twin else None,
     )
     log.info("pack written to %s (%d files)", out_dir, len(files))
     return files

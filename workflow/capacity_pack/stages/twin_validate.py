@@ -8,15 +8,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
-from capacity_pack.artifacts import Capacity, TwinPrediction
-from capacity_pack.io import write_json_atomic
+from capacity_pack.artifacts import Capacity, TwinPrediction, TwinValidation
+from capacity_pack.artifacts.twin_validation import FORMAT
 from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.twin.validate import DEFAULT_TOLERANCE_REL, validate
 from capacity_pack.twin.virtual_point import VirtualPointError, predict_point
-
-FORMAT = "capacity-pack/twin-validation/v1"
 
 
 def run(
@@ -28,7 +25,7 @@ def run(
     validation: str | Path,
     log: logging.Logger,
     tolerance_rel: float = DEFAULT_TOLERANCE_REL,
-) -> dict[str, Any]:
+) -> TwinValidation:
     """Write ``validation.json``; return it."""
     from capacity_pack.sim.profile import load_profile
 
@@ -59,8 +56,9 @@ def run(
         doc["why"] = f"no prediction: {predicted.unavailable}"
     if skipped:
         doc["attainment_skipped"] = skipped
-    write_json_atomic(validation, doc)
-    for s in doc["states"]:
-        log.info("twin_validate: %s (%s)", s["sentence"], s["why"])
-    log.info("twin_validate: trusted %s: %s", doc["trusted"], doc["why"])
-    return doc
+    written = TwinValidation.parse(doc, validation)
+    written.write(validation)
+    for s in written.states:
+        log.info("twin_validate: %s (%s)", s.sentence, s.why)
+    log.info("twin_validate: trusted %s: %s", written.trusted, written.why)
+    return written

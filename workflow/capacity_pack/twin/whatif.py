@@ -9,12 +9,12 @@ Changes: docs/twin.md, "What-if changes".
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capacity_pack.artifacts import ArtifactError, TwinValidation
 from capacity_pack.errors import StatedError
 
 
@@ -137,25 +137,25 @@ class Twin:
 
     profile: Any
     source: str
-    validation: dict[str, Any] | None = None
+    validation: TwinValidation | None = None
 
     @property
     def trusted(self) -> bool | None:
-        return None if self.validation is None else bool(self.validation.get("trusted"))
+        return None if self.validation is None else self.validation.trusted
 
     def words(self) -> str:
         v = self.validation
         if v is None:
             return f"twin: {self.source}; no validation against a measurement"
         errors = [
-            f"{s['cache_state']} {s['capacity_error_rel']:.1%}"
-            for s in v.get("states", [])
-            if s.get("capacity_error_rel") is not None
+            f"{s.cache_state} {s.capacity_error_rel:.1%}"
+            for s in v.states
+            if s.capacity_error_rel is not None
         ]
-        label = "trusted" if v.get("trusted") else "UNTRUSTED"
+        label = "trusted" if v.trusted else "UNTRUSTED"
         return (
-            f"twin: {self.source}; {label} (tolerance {v.get('tolerance_rel', 0):.0%}): "
-            f"{v.get('why')}; capacity error " + (", ".join(errors) if errors else "n/a")
+            f"twin: {self.source}; {label} (tolerance {v.tolerance_rel:.0%}): "
+            f"{v.why}; capacity error " + (", ".join(errors) if errors else "n/a")
         )
 
 
@@ -168,11 +168,10 @@ def find_twin(pack: Any, results: Path, profile: str | None = None) -> Twin:
     from capacity_pack.sim.profile import ProfileError, load_profile
 
     validation_path = results / "twin" / "validation.json"
-    validation = (
-        json.loads(validation_path.read_text(encoding="utf-8"))
-        if validation_path.is_file()
-        else None
-    )
+    try:
+        validation = TwinValidation.read(validation_path) if validation_path.is_file() else None
+    except ArtifactError as err:
+        raise WhatIfError(str(err)) from None
     try:
         if profile is not None:
             return Twin(load_profile(profile), f"profile {profile} (given)", None)
