@@ -34,6 +34,13 @@ CLASSES = ("interactive", "batch")
 # ---------------------------------------------------------------------------------------------
 
 
+def spread(vals, **extra):
+    """A quantity over the repeats, as capacity.json holds it (no interval: two repeats)."""
+    return {"n": len(vals), "mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
+            "interval": None, "interval_method": None, "interval_note": None,
+            "confidence": 0.95, **extra}  # fmt: skip
+
+
 def rate_row(rate, status, *, met=(200, 200), ok=(200, 200), p95=(100.0, 104.0)):
     """One open-loop rate with two repeats: per class `met` of `ok` requests met the SLO in
     each repeat, P95 TTFT `p95` ms in each repeat (TPOT a tenth, E2E ten times)."""
@@ -41,17 +48,24 @@ def rate_row(rate, status, *, met=(200, 200), ok=(200, 200), p95=(100.0, 104.0))
     for c in CLASSES:
         lat = {}
         for key, scale in (("p95_ttft_ms", 1.0), ("p95_tpot_ms", 0.1), ("p95_e2e_ms", 10.0)):
-            vals = [v * scale for v in p95]
-            lat[key] = {"n": len(vals), "mean": sum(vals) / len(vals), "min": min(vals),
-                        "max": max(vals)}  # fmt: skip
+            lat[key] = spread([v * scale for v in p95])
         k, n = sum(met), sum(ok)
-        classes[c] = {"attainment": {"pooled": {"count": k, "trials": n, "value": k / n}}, **lat}
+        attainment = spread([m / o for m, o in zip(met, ok, strict=True)],
+                            pooled={"count": k, "trials": n, "value": k / n})  # fmt: skip
+        classes[c] = {"attainment": attainment, **lat}
+    rates = [float(rate)] * 2
     return {
         "offered_rps": float(rate),
         "status": status,
         "repeats": 2,
         "per_repeat": [{"repeat": 0}, {"repeat": 1}],
-        "variation": {"classes": classes},
+        "variation": {
+            "observed_goodput_rps": spread(rates),
+            "request_throughput_rps": spread(rates),
+            "output_throughput_tps": spread([r * 50 for r in rates]),
+            "error_rate": spread([0.0, 0.0]),
+            "classes": classes,
+        },  # fmt: skip
     }
 
 
@@ -320,10 +334,10 @@ def test_bad_sources_are_one_line_errors(tmp_path, make, message):
 def test_a_capacity_json_without_open_loop_names_the_field(tmp_path):
     results = write_pack(tmp_path / "w")
     (results / "pack" / "capacity.json").write_text('{"pack": "p"}')
-    with pytest.raises(CompareError, match=r"capacity.json: field open_loop missing"):
+    with pytest.raises(CompareError, match=r"capacity.json: not a Capacity file: open_loop: Field"):
         load_folder(str(results), "A")
     (results / "pack" / "capacity.json").write_text("{not json")
-    with pytest.raises(CompareError, match=r"capacity.json: not readable as JSON"):
+    with pytest.raises(CompareError, match=r"capacity.json: cannot read Capacity: Expecting"):
         load_folder(str(results), "A")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.artifacts import Artifact, ArtifactError, FailureTest, Plan
+from capacity_pack.artifacts import Artifact, ArtifactError, Capacity, FailureTest, Plan
 from capacity_pack.errors import StatedError
 
 #: The prefix of an MLflow parent run as a compare source.
@@ -119,12 +119,9 @@ def load_folder(text: str, label: str) -> Source:
 
 
 def _read_pack_dir(pack_dir: Path, label: str, origin: str) -> Source:
-    capacity = _read_json(pack_dir / "capacity.json", "capacity.json (the capacity stage's)")
-    if not isinstance(capacity.get("open_loop"), dict):
-        raise CompareError(
-            f"{pack_dir / 'capacity.json'}: field open_loop missing or not an object; expected "
-            "a capacity.json written by the capacity stage"
-        )
+    capacity = _optional_artifact(Capacity, pack_dir / "capacity.json")
+    if capacity is None:
+        raise CompareError(f"{pack_dir / 'capacity.json'}: no such file; expected the pack's")
     src = Source(
         label=label,
         origin=origin,
