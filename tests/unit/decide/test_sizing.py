@@ -15,10 +15,10 @@ from capacity_pack.decide.sizing import (
     fit_probe,
     gpus_from_gpu_seconds,
     kv_bytes_per_token,
-    little_in_flight,
     plan_memory,
     plan_replicas,
 )
+from capacity_pack.evidence.statistics import little_in_flight
 
 
 def test_seed_worked_capacity_plan():

@@ -16,7 +16,7 @@ from capacity_pack.evidence.requests_csv import analyze_csv
 from capacity_pack.evidence.slo_report import AnalysisError
 from capacity_pack.evidence.statistics import (
     early_stopping_min_samples,
-    little_estimate,
+    little_in_flight,
     littles_law,
     mann_kendall,
     trend_of,
@@ -279,7 +279,7 @@ def test_mann_kendall_and_trend():
 
 
 def test_littles_law():
-    assert little_estimate(23.9, 1.8) == pytest.approx(43.02)
+    assert little_in_flight(23.9, 1.8) == pytest.approx(43.02)
     # A steady stream: one request a second, each lasting 2.5 s -> 2.5 in flight on average.
     sent = np.arange(0, 100) * 10**9
     end = sent + int(2.5e9)

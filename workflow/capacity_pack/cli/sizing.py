@@ -104,7 +104,7 @@ def bandwidth(
 @click.option("--mean-seconds", type=float, required=True, help="Mean time in system (s).")
 def little(rate: float, mean_seconds: float) -> None:
     """Little's Law: average in flight = rate x mean time (prints JSON)."""
-    from capacity_pack.decide.sizing import little_in_flight
+    from capacity_pack.evidence.statistics import little_in_flight
 
     echo_json(
         {

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack.evidence.statistics import little_in_flight
 from capacity_pack.vocab.percentile import rank_index
 
 
@@ -82,12 +83,6 @@ def gpus_from_gpu_seconds(
     if not 0 < utilization <= 1:
         raise ValueError("utilization must be in (0, 1]")
     return _ceil(peak_rps * gpu_seconds_per_request / utilization)
-
-
-def little_in_flight(rate_rps: float, mean_seconds: float) -> float:
-    if rate_rps < 0 or mean_seconds < 0:
-        raise ValueError("rate and time must be non-negative")
-    return rate_rps * mean_seconds
 
 
 class FitResult(_Model):

@@ -111,7 +111,7 @@ def littles_law(
     done = (end_ns >= t_start_ns) & (end_ns <= t_end_ns)
     lam = float(done.sum() / (span / 1e9))
     w = float(((end_ns - sent_ns)[done]).mean() / 1e9) if done.any() else 0.0
-    l_est = lam * w
+    l_est = little_in_flight(lam, w)
     gap = abs(l_obs - l_est) / l_obs if l_obs > 0 else None
     return {
         "checked": True,
@@ -124,8 +124,9 @@ def littles_law(
     }
 
 
-def little_estimate(rate: float, mean_seconds: float) -> float:
-    """L = lambda W (e.g. 23.9 requests/s x 1.8 s = 43.02 in flight)."""
-    if rate < 0 or mean_seconds < 0:
-        raise ValueError("rate and mean time must be non-negative")
-    return rate * mean_seconds
+def little_in_flight(rate_rps: float, mean_seconds: float) -> float:
+    """Little's law, L = lambda W: the average number in flight at ``rate_rps`` arrivals a
+    second each staying ``mean_seconds`` (23.9 requests/s x 1.8 s = 43.02 in flight)."""
+    if rate_rps < 0 or mean_seconds < 0:
+        raise ValueError("rate and time must be non-negative")
+    return rate_rps * mean_seconds
