@@ -13,12 +13,12 @@ import pytest
 
 from capacity_pack.drills import kinds as registry
 from capacity_pack.drills.alerts import alert_rules
-from capacity_pack.drills.analyze import _detection, _fault_cleared, _injection_time
+from capacity_pack.drills.analyze import fault_cleared, first_detection, injection_time
 from capacity_pack.drills.kinds import NS, DrillKind, RouterEvent
 from capacity_pack.drills.kinds.cancellation import KIND as CANCELLATION
 from capacity_pack.drills.kinds.replica_kill import KIND as REPLICA_KILL
 from capacity_pack.drills.plan import DrillInputs, drill_schedule
-from capacity_pack.drills.run import _Recorder
+from capacity_pack.drills.run import DrillRecorder
 from capacity_pack.plan.failure import DRILL_KINDS, default_drills
 from capacity_pack.plan.failure import DrillKind as ManifestKind
 from capacity_pack.plan.manifest import validate_pack
@@ -128,7 +128,7 @@ def test_a_toy_kind_is_injected_through_its_router_call(pack, toy, monkeypatch):
 
     monkeypatch.setattr(httpx, "AsyncClient", Client)
     plan = plan_at(toy_inputs(pack, toy.name), CAPACITY)
-    recorder = _Recorder("http://127.0.0.1:9", plan, 0, 0.5, routed=True)
+    recorder = DrillRecorder("http://127.0.0.1:9", plan, 0, 0.5, routed=True)
     done = asyncio.run(recorder._router_action("inject"))
     assert sent == [("POST", "/cluster/replicas/1/kill")]
     assert done["request"] == "POST /cluster/replicas/1/kill" and done["status"] == 200
@@ -141,14 +141,14 @@ def test_the_analysis_reads_a_toy_kinds_events(pack, toy):
         {"event": "killed", "replica": 1, "t_s": 10.5},
         {"event": "ready", "replica": 0, "t_s": 14.0},
     ]
-    injection = _injection_time(toy, plan, events, None, 10 * NS)
+    injection = injection_time(toy, plan, events, None, 10 * NS)
     assert injection == {"t_s": 10.5, "source": "router event 'killed' (toy kill)"}
-    cleared = _fault_cleared(toy, plan, events, None, int(10.5 * NS))
+    cleared = fault_cleared(toy, plan, events, None, int(10.5 * NS))
     assert cleared == (14 * NS, "router event 'ready': the toy replica is in rotation")
     firing = [
         {"mechanism": "replica_failure", "firing_t_s": 11.0},
         {"mechanism": "queue_saturation", "firing_t_s": 11.5},
         {"mechanism": "cold_start", "firing_t_s": 12.0},
     ]
-    detection, own, others = _detection(firing, toy, 10.5)
+    detection, own, others = first_detection(firing, toy, 10.5)
     assert (detection, len(own), others) == (11.0, 1, ["cold_start"])

@@ -202,7 +202,7 @@ def test_a_drill_without_promtool_says_not_evaluated_in_every_reader(tmp_path, m
     """A real (virtual) plan drill of the default pack analysed with no promtool on PATH: the
     report, failure-test.md, the MLflow run's fields, the comparison and the CLI line all say
     "not evaluated", and none says NO."""
-    from capacity_pack.decide.compare import _drill_facts
+    from capacity_pack.decide.compare import drill_facts
     from capacity_pack.drills.alerts import write_alert_rules
     from capacity_pack.drills.analyze import DrillAnalysisSpec, analyze_drill
     from capacity_pack.drills.plan import DrillInputs
@@ -250,4 +250,4 @@ def test_a_drill_without_promtool_says_not_evaluated_in_every_reader(tmp_path, m
     assert run["metrics"]["alerts_fired"] is None
     assert run["tags"]["capacity_pack.alerts_fired"] == "not evaluated"
     # The comparison's outcome of a mechanism drill (a plan drill's is its N+1 verdict).
-    assert _drill_facts({**report, "n_plus_one": None})["outcome"] == "alerts not evaluated"
+    assert drill_facts({**report, "n_plus_one": None})["outcome"] == "alerts not evaluated"

@@ -397,7 +397,7 @@ def test_numbers_parse_exactly_as_python_float_and_int():
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from capacity_pack.evidence.requests_csv import _numeric
+    from capacity_pack.evidence.requests_csv import numeric_column
 
     rng = np.random.default_rng(7)
     alphabet = list("0123456789_.eE+- ") + ["inf", "nan", "Infinity", "\t", "x", "١", "\xa0"]
@@ -416,7 +416,9 @@ def test_numbers_parse_exactly_as_python_float_and_int():
     easy = [t for t in texts if arrow_reads(t)]
     cases = [(False, float, texts), (True, int, texts), (False, float, easy)]
     for integer, convert, batch in cases:
-        values, bad = _numeric(pd.Series(batch, dtype="str"), np.ones(len(batch), bool), integer)
+        values, bad = numeric_column(
+            pd.Series(batch, dtype="str"), np.ones(len(batch), bool), integer
+        )
         for text, value, failed in zip(batch, values, bad, strict=True):
             try:
                 want = float(convert(text))
@@ -433,7 +435,7 @@ def test_numbers_parse_exactly_as_python_float_and_int():
 def test_id_hash_check_never_misses_a_duplicate(seed):
     import pyarrow as pa
 
-    from capacity_pack.evidence.requests_csv import _ids_valid
+    from capacity_pack.evidence.requests_csv import ids_valid
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
@@ -448,7 +450,7 @@ def test_id_hash_check_never_misses_a_duplicate(seed):
     whole = pa.array(ids, pa.binary())
     # Sliced chunks: offsets into a shared buffer, as pyarrow may hand them over.
     chunks = pa.chunked_array([whole.slice(a, b - a) for a, b in zip(cuts, cuts[1:], strict=False)])
-    assert _ids_valid(chunks) == (len(set(ids)) == n)
+    assert ids_valid(chunks) == (len(set(ids)) == n)
 
 
 def test_seed_report_takes_text_columns(tmp_path):

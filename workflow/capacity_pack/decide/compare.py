@@ -305,7 +305,7 @@ def compare_plan(a: Source, b: Source, capacity: list[dict[str, Any]]) -> dict[s
     return {"rows": rows, "differs": differs, "note": note}
 
 
-def _drill_facts(r: dict[str, Any]) -> dict[str, Any]:
+def drill_facts(r: dict[str, Any]) -> dict[str, Any]:
     if r.get("skipped"):
         return {"outcome": f"skipped: {r['skipped']}"}
     inj, det, rec = r.get("injection_time_s"), r.get("detection_time_s"), r.get("recovery_time_s")
@@ -337,7 +337,7 @@ def compare_drills(a: Source, b: Source) -> dict[str, Any]:
     names = list(dict.fromkeys([*by_name[0], *by_name[1]]))
     rows = []
     for name in names:
-        facts = [_drill_facts(d[name]) if name in d else None for d in by_name]
+        facts = [drill_facts(d[name]) if name in d else None for d in by_name]
         verdict = [(f or {}).get("outcome") for f in facts], [(f or {}).get("recovered")
                                                               for f in facts]  # fmt: skip
         differs = verdict[0][0] != verdict[0][1] or verdict[1][0] != verdict[1][1]

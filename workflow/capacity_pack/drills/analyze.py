@@ -114,7 +114,7 @@ def _incident(
     actions = facts.get("actions") or []
     inject_act = next((a for a in actions if a["action"] == "inject"), None)
     restore_act = next((a for a in actions if a["action"] == "restore"), None)
-    injection = _injection_time(drill_kind, plan, events, inject_act, inject_planned)
+    injection = injection_time(drill_kind, plan, events, inject_act, inject_planned)
     completeness = _completeness(d, req)
     last_due = int(req["end_offset_ns"].max()) if len(req) else start
     base_lo = start + int(spec.warmup_s * NS)
@@ -122,7 +122,7 @@ def _incident(
     # round, not int: t_s came from integer ns, and a truncated ns would move a request that
     # ended at the injection into the healthy window before it.
     inj_ns = round(injection["t_s"] * NS)
-    cleared_ns, cleared_how = _fault_cleared(drill_kind, plan, events, restore_act, inj_ns)
+    cleared_ns, cleared_how = fault_cleared(drill_kind, plan, events, restore_act, inj_ns)
     recovered_ns, recovery_how = _recovery(wins, inj_ns, cleared_ns, spec, start_s=base_lo)
     return _Incident(
         injection=injection,
@@ -158,7 +158,7 @@ def _report_fields(
     evaluation = alert_episodes(Path(rules_path), samples, scrapes)
     fired = _alerts_fired(evaluation.episodes)
     firing = [a for a in fired if a["firing_t_s"] is not None]
-    detection, own, others = _detection(firing, kind(plan.drill.kind), injection["t_s"])
+    detection, own, others = first_detection(firing, kind(plan.drill.kind), injection["t_s"])
     detection_source = "first firing of the alert naming the mechanism (else of any alert)"
     if not evaluation.evaluated:
         detection_source = f"not evaluated: {evaluation.note}"
@@ -251,7 +251,7 @@ def _alerts_fired(ep: pd.DataFrame) -> list[dict[str, Any]]:
     return fired
 
 
-def _detection(
+def first_detection(
     firing: list[dict[str, Any]], drill_kind: DrillKind, inj_s: float
 ) -> tuple[float | None, list[dict[str, Any]], list[str]]:
     """(detection time, the drill's own alerts fired after the injection, unexpected mechanisms).
@@ -280,7 +280,7 @@ def _router_removal(events: list[dict[str, Any]], plan: DrillPlan, inj_s: float)
     return removed[0]["t_s"] if removed and kind(plan.drill.kind).kills_replica else None
 
 
-def _injection_time(drill_kind: DrillKind, plan, events, act, planned_ns) -> dict[str, Any]:
+def injection_time(drill_kind: DrillKind, plan, events, act, planned_ns) -> dict[str, Any]:
     marker = drill_kind.injected
     ev = marker.matching(events, plan.drill) if marker is not None else []
     if ev:
@@ -294,7 +294,7 @@ def _injection_time(drill_kind: DrillKind, plan, events, act, planned_ns) -> dic
     return {"t_s": planned_ns / NS, "source": "planned injection time (no action recorded)"}
 
 
-def _fault_cleared(
+def fault_cleared(
     drill_kind: DrillKind, plan, events, restore_act, inj_ns
 ) -> tuple[int | None, str]:
     marker = drill_kind.cleared

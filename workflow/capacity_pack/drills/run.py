@@ -36,7 +36,7 @@ from capacity_pack.measure.commands import run_command
 from capacity_pack.plan.manifest import OpenAITarget, SimTarget
 
 
-class _Recorder:
+class DrillRecorder:
     """The drill's scraper and injector, on the load generator's loop and clock."""
 
     def __init__(
@@ -260,7 +260,7 @@ def run_drill(
     try:
         proc, base_url, control = _start_target(inputs, plan, out)
         routed = sim or managed  # behind the project's router, whose control plane acts
-        recorder = _Recorder(base_url, plan, start_ns, f.scrape_interval_s, routed, control)
+        recorder = DrillRecorder(base_url, plan, start_ns, f.scrape_interval_s, routed, control)
         settings = load_settings(inputs.sweep, drill_point(plan), base_url, progress=progress)
         settings.token_counter = token_counter(inputs.sweep, base_url)
         settings.min_successful_per_class = None  # a drill runs its profile, never extends it

@@ -256,7 +256,7 @@ def _fast_summary(path: Path, classes: list[ClassSpec], scheduled: bool = False)
         tasks[-1].append(batch)
         rows += batch.num_rows
     with ThreadPoolExecutor(2) as pool:
-        ids_ok = pool.submit(_ids_valid, table.column("request_id"))
+        ids_ok = pool.submit(ids_valid, table.column("request_id"))
         try:
             checked = [f.result() for f in [pool.submit(_check_batches, t, classes) for t in tasks]]
         except (UnicodeDecodeError, pa.ArrowInvalid):
@@ -393,7 +393,7 @@ def _gather_batches(
     return passed
 
 
-def _ids_valid(ids) -> bool:
+def ids_valid(ids) -> bool:
     """The ID rule over a pyarrow binary column: non-empty, valid UTF-8 (the exact path decodes
     the file), and unique as far as :func:`_surely_unique` can tell."""
     if ids.null_count:
@@ -565,7 +565,7 @@ def _codes(values, names: list[str]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _numeric(
+def numeric_column(
     text: pd.Series, rows: np.ndarray, integer: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Python's float() (int() if ``integer``) of a text column: the values as float64 (NaN
@@ -580,7 +580,7 @@ def _numeric(
 
 
 def _parse_numbers(arr, rows: np.ndarray, integer: bool) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_numeric` of a pyarrow string array.
+    """:func:`numeric_column` of a pyarrow string array.
 
     A float column pyarrow converts whole is taken as converted (its grammar is a subset of
     Python's, with the same values, except NaN payloads such as "nan(1)", which are checked).
@@ -663,12 +663,12 @@ def validate_requests_table(
             msg = "every scheduled request needs a recognized terminal status"
         raise AnalysisError(f"{source}: line {first + 2}: {msg}")
     ok = status == 0
-    ttft, bad_ttft = _numeric(frame["ttft_ms"], ok)
-    tpot, bad_tpot = _numeric(frame["tpot_ms"], ok)
-    e2e, bad_e2e = _numeric(frame["e2e_ms"], ok)
-    out, bad_out = _numeric(frame["output_tokens"], ok, integer=True)
+    ttft, bad_ttft = numeric_column(frame["ttft_ms"], ok)
+    tpot, bad_tpot = numeric_column(frame["tpot_ms"], ok)
+    e2e, bad_e2e = numeric_column(frame["e2e_ms"], ok)
+    out, bad_out = numeric_column(frame["output_tokens"], ok, integer=True)
     if SCHEDULED_COLUMN in frame.columns:
-        sched, bad_sched = _numeric(frame[SCHEDULED_COLUMN], ok, integer=True)
+        sched, bad_sched = numeric_column(frame[SCHEDULED_COLUMN], ok, integer=True)
     else:
         sched, bad_sched = out, np.zeros(len(frame), bool)  # nothing scheduled to compare with
     parsed = ok & ~(bad_ttft | bad_tpot | bad_e2e | bad_out | bad_sched)
