@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capacity_pack.artifacts import Artifact, ArtifactError, Capacity, FailureTest, Plan
+from capacity_pack.artifacts import Artifact, ArtifactError, Capacity, FailureTest, Plan, SloReport
 from capacity_pack.errors import StatedError
 
 #: The prefix of an MLflow parent run as a compare source.
@@ -61,14 +61,17 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
-def _optional_artifact(model: type[Artifact], path: Path) -> dict[str, Any] | None:
-    """The artifact's dump, validated by its model; None where the pack has no such file."""
-    if not path.is_file():
-        return None
+def _artifact(model: type[Artifact], path: Path) -> dict[str, Any]:
+    """The artifact's dump, validated by its model."""
     try:
         return model.read(path).dump()
     except ArtifactError as err:
         raise CompareError(str(err)) from None
+
+
+def _optional_artifact(model: type[Artifact], path: Path) -> dict[str, Any] | None:
+    """:func:`_artifact`, or None where the pack has no such file."""
+    return _artifact(model, path) if path.is_file() else None
 
 
 def _pack_folders(path: Path) -> list[Path]:
@@ -113,7 +116,7 @@ def load_folder(text: str, label: str) -> Source:
         src.manifest_from = str(frozen)
     reports = sorted(results.glob("reports/*/*/rep*/slo-report.json"))
     if reports:
-        src.reports = _index_reports(_read_json(p, "per-point SLO report") for p in reports)
+        src.reports = _index_reports(_artifact(SloReport, p) for p in reports)
         src.reports_from = str(results / "reports")
     return src
 
@@ -243,7 +246,7 @@ def _mlflow_reports(client, run, where: Path) -> dict[tuple[str, float, int], di
                 local = client.download_artifacts(
                     child.info.run_id, path, str(where / child.info.run_id)
                 )
-                docs.append(_read_json(Path(local), "per-point SLO report"))
+                docs.append(_artifact(SloReport, Path(local)))
     return _index_reports(docs)
 
 
