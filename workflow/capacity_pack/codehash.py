@@ -137,6 +137,11 @@ def use_cache_file(path: str | Path) -> None:
     _DISK.update(path=path, entries=entries, dirty=False)
 
 
+def cache_file() -> Path | None:
+    """The file :func:`use_cache_file` named in this process (None: hashes kept in memory only)."""
+    return _DISK["path"]
+
+
 def _save_cache() -> None:
     path = _DISK["path"]
     if path is None or not _DISK["dirty"]:

@@ -14,9 +14,10 @@ simulated target of one replica with independent requests (:func:`applies`); the
 (preflight, twin) do not use it (it cost them ten times the CPU for the same first rounds).
 
 mu depends only on the engine model, the classes, the warm prefixes and the rate, so each long
-run is kept on disk (``long-run/<sha256 of those and of the model's code>.json`` in
-:func:`capacity_pack.io.user_cache_dir`): a re-analysis, the preflight and another pack of the
-same workload read it back instead of simulating 600 s of arrivals again.
+run is kept on disk (``long-run/<sha256>.json`` in :func:`capacity_pack.io.user_cache_dir`, the
+hash of those and of the code hash of this module's import closure): a re-analysis, the
+preflight and another pack of the same workload read it back instead of simulating 600 s of
+arrivals again.
 
 Method: docs/metrics.md, "The engine model as control variate"; cost: docs/performance.md,
 "The engine model as control variate (2026-12-06)".
@@ -30,13 +31,13 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache, lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity_pack import codehash
 from capacity_pack.binomial import block_counts
 from capacity_pack.decide.bracket import centred_resolution
 from capacity_pack.evidence.analysis import MEASURED_PHASES
@@ -142,11 +143,13 @@ def _long_run(profile_json: str, schedule_json: str, rate_rps: float, cache_stat
 
 @cache
 def _model_code() -> str:
-    """sha256 of the code a long run runs: the engine model (``sim/``) and this module, by
-    their bytes (an edit there, a comment included, computes every long run again)."""
-    here = Path(__file__).resolve()
-    files = sorted((here.parent.parent / "sim").glob("*.py")) + [here]
-    return sha256_hex(b"".join(f.read_bytes() for f in files))
+    """The code hash of what a long run runs: this module's import closure
+    (:func:`capacity_pack.codehash.code_hash`, the stages' own rerun rule: the engine model,
+    the SLO predicate, the block counts...), so an edit there computes every long run again.
+    Parsed files' hashes come from the account's cache, as the Snakefile's do."""
+    if codehash.cache_file() is None:
+        codehash.use_cache_file(user_cache_dir() / "codehash.json")
+    return codehash.code_hash(__name__)
 
 
 def _long_run_of(
