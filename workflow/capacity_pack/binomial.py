@@ -10,8 +10,13 @@
 - Serially correlated outcomes: the time-block design effect (batch means over blocks of
   send time), deff = max(1, var(p) / (p (1 - p) / N)), the bounds taken at k / deff of n / deff.
 
+- The binomial CDF and its quantile (:func:`binomial_cdf`, :func:`binomial_quantile`), for the
+  early-stopping sample size and the order-statistic interval of a quantile.
+
 Method: docs/metrics.md, 'Point statistics' and 'In-run decisions' (the effective sample).
-Why not scipy: scipy.stats has the Wilson interval but no confidence sequence.
+Why not scipy.stats: it has the Wilson interval but no confidence sequence, and importing it
+costs every Snakemake job that analyses a point about 0.5 s; the binomial CDF comes from
+scipy.special's ``bdtr`` (the same regularized incomplete beta scipy.stats' ``binom`` uses).
 """
 
 from __future__ import annotations
@@ -240,6 +245,30 @@ def min_samples_to_pass(gate: float, confidence: float = 0.95, limit: int = 10**
         return quick_outcome(n, n, gate, confidence) == "pass"
 
     return least_n(passes, 1, limit)
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p).
+
+    Formula: I_{1-p}(n - k, k + 1), the regularized incomplete beta (scipy.special.bdtr)."""
+    from scipy.special import bdtr
+
+    return float(bdtr(k, n, p))
+
+
+def binomial_quantile(prob: float, n: int, p: float) -> int:
+    """The least k in [0, n] with P(X <= k) >= ``prob``, X ~ Binomial(n, p) (scipy.stats'
+    ``binom.ppf``), by bisection on :func:`binomial_cdf`."""
+    if binomial_cdf(0, n, p) >= prob:
+        return 0
+    lo, hi = 0, n  # cdf(lo) < prob <= cdf(hi) = 1
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if binomial_cdf(mid, n, p) >= prob:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def least_n(holds, start: int, limit: int) -> int | None:

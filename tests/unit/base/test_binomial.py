@@ -8,12 +8,17 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.special import betaln
+from scipy.stats import binom
 
 from capacity_pack.binomial import (
     BLOCK_S,
     MIN_BATCHES,
     PRIOR_WEIGHT,
+    binomial_cdf,
+    binomial_quantile,
     block_counts,
     cluster_design_effect,
     confidence_sequence,
@@ -203,3 +208,21 @@ def test_bursts_of_misses_do_not_fail_a_class_that_meets_its_gate():
     adjusted = sum(first_decision(x, adjust=True) == "fail" for x in runs) / len(runs)
     assert raw > 0.08
     assert adjusted <= 0.06 and adjusted < raw / 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 20_000),
+    p=st.floats(1e-4, 1 - 1e-4),
+    prob=st.one_of(st.floats(1e-9, 1.0), st.sampled_from([0.0025, 0.005, 0.995, 0.9975])),
+    k_share=st.floats(0.0, 1.0),
+)
+def test_the_binomial_cdf_and_quantile_are_scipy_stats(n, p, prob, k_share):
+    """scipy.special's CDF (kept off scipy.stats' import) is scipy.stats' to 1e-10, and the
+    quantile is the least k whose CDF reaches the probability, as ``binom.ppf``."""
+    k = round(k_share * n)
+    assert binomial_cdf(k, n, p) == pytest.approx(binom.cdf(k, n, p), abs=1e-10)
+    q = binomial_quantile(prob, n, p)
+    assert q == int(binom.ppf(prob, n, p))
+    assert binomial_cdf(q, n, p) >= prob - 1e-12
+    assert q == 0 or binomial_cdf(q - 1, n, p) < prob

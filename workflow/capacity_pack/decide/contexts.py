@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.artifacts import SloReport
-from capacity_pack.evidence.normalize import MEASURED
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
 #: Columns of the requests table the contexts are read from.
 COLUMNS = ["phase", "input_tokens", "prompt_tokens", "output_tokens_expected", "output_tokens",
@@ -47,7 +47,7 @@ class SentContexts:
 
 def from_table(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Contexts and times in system of a requests table's measured rows."""
-    m = frame[frame["phase"].isin(MEASURED)]
+    m = frame[frame["phase"].isin(MEASURED_PHASES)]
     prompt = m["prompt_tokens"].astype("Int64").fillna(m["input_tokens"]).to_numpy(np.int64)
     output = np.maximum(m["output_tokens_expected"].to_numpy(np.int64),
                         m["output_tokens"].to_numpy(np.int64))  # fmt: skip

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict
 from capacity_pack.io import canonical_json
 from capacity_pack.plan.schedule import RateProfile, experiment_profile
 from capacity_pack.plan.sweep import Experiment
+from capacity_pack.vocab.phases import MEASURED_PHASES
 from capacity_pack.vocab.slo import class_cutoffs, requests_meeting_slo
 
-MEASURED = ("measure", "extension")
 #: Fewest attempts of a class in a window for its attainment there to be judged.
 MIN_CLASS_ATTEMPTS = 10
 #: Windows along a stress profile and along a breakpoint's ramp.
@@ -146,7 +146,7 @@ def context(point: PointData, inputs: ShapesInputs) -> Context:
     req = point.requests
     warm = req.loc[req["phase"] == "warmup", "scheduled_offset_ns"]
     start_ns = int(warm.max()) if len(warm) else 0
-    m = req[req["phase"].isin(MEASURED)].reset_index(drop=True)
+    m = req[req["phase"].isin(MEASURED_PHASES)].reset_index(drop=True)
     cls = m["class"]
     ttft_cut = cls.map({k: v[0] for k, v in inputs.cutoffs.items()}).to_numpy(float)
     tpot_cut = cls.map({k: v[1] for k, v in inputs.cutoffs.items()}).to_numpy(float)

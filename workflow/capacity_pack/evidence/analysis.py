@@ -44,9 +44,8 @@ from capacity_pack.evidence.statistics import (
 from capacity_pack.evidence.trace_replay import under_sampled_reasons
 from capacity_pack.plan.manifest import Acceptance, WorkloadClass
 from capacity_pack.vocab.percentile import nearest_rank, percentiles
+from capacity_pack.vocab.phases import MEASURED_PHASES
 from capacity_pack.vocab.slo import cutoff_checks
-
-MEASURED_PHASES = ("measure", "extension")
 
 
 def measured_window(requests: pd.DataFrame) -> tuple[int, int]:

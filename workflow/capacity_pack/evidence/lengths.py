@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity_pack.binomial import binomial_quantile
 from capacity_pack.plan.lengths import EmpiricalLength, LengthSpec, LognormalLength, length_stats
 from capacity_pack.vocab.percentile import nearest_rank
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
 FAMILY_ALPHA = 0.01
 QUANTILES = (0.50, 0.95, 0.99)
-MEASURED = ("measure", "extension")
 # (report key, manifest field) of each tested sample.
 SAMPLES = (("sent", "input_tokens"), ("requested", "output_tokens"), ("received", "output_tokens"))
 METHOD = (
@@ -65,11 +66,9 @@ def quantile_interval(
 ) -> tuple[int, int]:
     """The distribution-free (1 - alpha) interval [x_(l), x_(u)] of the population q-quantile
     (module docstring), ``lo`` / ``hi`` standing in for an order statistic beyond the sample."""
-    from scipy.stats import binom
-
     n = sorted_values.size
-    l = int(binom.ppf(alpha / 2, n, q))  # noqa: E741 (the order statistic's usual name)
-    u = int(binom.ppf(1 - alpha / 2, n, q)) + 1
+    l = binomial_quantile(alpha / 2, n, q)  # noqa: E741 (the order statistic's usual name)
+    u = binomial_quantile(1 - alpha / 2, n, q) + 1
     lower = int(sorted_values[l - 1]) if l >= 1 else lo
     upper = int(sorted_values[u - 1]) if u <= n else hi
     return lower, upper
@@ -109,7 +108,7 @@ def check_sample(
 def length_report(requests: pd.DataFrame, workload: list) -> dict[str, Any]:
     """Per class name, the lengths block of its SLO-report entry (module docstring), and the
     point-level summary: ``{"classes": {...}, "lengths_match_manifest": ..., ...}``."""
-    m = requests[requests["phase"].isin(MEASURED)]
+    m = requests[requests["phase"].isin(MEASURED_PHASES)]
     dist = [c for c in workload if not isinstance(c.input_tokens, int)]
     dist_out = [c for c in workload if not isinstance(c.output_tokens, int)]
     tests = len(QUANTILES) * (len(dist) + 2 * len(dist_out))

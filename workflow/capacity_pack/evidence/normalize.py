@@ -23,10 +23,9 @@ from capacity_pack.measure.records import STATUSES, RecordsError, records_frame
 from capacity_pack.measure.shards import ShardError, check_merge
 from capacity_pack.tables import validate_table
 from capacity_pack.vocab import latency
+from capacity_pack.vocab.phases import MEASURED_PHASES, REQUEST_PHASES
 
 NS_PER_MS = 1e6
-PHASES = ("prewarm", "warmup", "measure", "extension")
-MEASURED = ("measure", "extension")
 
 
 class NormalizeError(StatedError, ValueError):
@@ -41,7 +40,7 @@ class RequestsTable(pa.DataFrameModel):
     point: Series[str]
     cache_state: Series[str] = pa.Field(isin=["cold", "warm"])
     repeat: Series[np.int64] = pa.Field(ge=0)
-    phase: Series[str] = pa.Field(isin=list(PHASES))
+    phase: Series[str] = pa.Field(isin=list(REQUEST_PHASES))
     block: Series[np.int64] = pa.Field(ge=0)
     seq: Series[np.int64]
     status: Series[str] = pa.Field(isin=list(STATUSES))
@@ -352,7 +351,7 @@ def seed_csv_frame(requests: pd.DataFrame) -> pd.DataFrame:
     request_id, class, ttft_ms, tpot_ms, e2e_ms, output_tokens, status (zeros on failed rows),
     and output_tokens_expected, each row's scheduled output length (what the analyzer checks a
     successful row of a distribution class against)."""
-    m = requests[requests["phase"].isin(MEASURED)]
+    m = requests[requests["phase"].isin(MEASURED_PHASES)]
     return pd.DataFrame(
         {
             "request_id": m["request_id"],

@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.vocab.percentile import nearest_rank
+from capacity_pack.vocab.phases import MEASURED_PHASES
 from capacity_pack.vocab.slo import meets_slo
 
-MEASURED = ("measure", "extension")
 RATE_UNIT = "sessions/s (a session counts once, at its turn 0; other classes: requests/s)"
 
 
@@ -48,7 +48,7 @@ def per_turn(
     requests: pd.DataFrame, classes: list[Any], sweep_summary: dict[str, Any]
 ) -> dict[str, Any]:
     """The per-turn section (module docstring) of the measured ``requests`` of one point."""
-    m = requests[requests["phase"].isin(MEASURED) & requests["turn"].notna()]
+    m = requests[requests["phase"].isin(MEASURED_PHASES) & requests["turn"].notna()]
     not_sent = pd.DataFrame(
         sweep_summary.get("session_turns_not_sent") or [],
         columns=["request_id", "session", "turn", "kind", "reason"],

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from capacity_pack.binomial import least_n
+from capacity_pack.binomial import binomial_cdf, least_n
 
 if TYPE_CHECKING:
     import pandas as pd  # annotations only: the analyzer's import path stays free of pandas
@@ -37,13 +37,11 @@ def early_stopping_min_samples(
 ) -> int | None:
     """MLPerf LoadGen early stopping: the smallest n proving the percentile with ``overlatency``
     requests over the cutoff, i.e. the least n with BinomCDF(h; n, 1 - percentile) <= 1 - c."""
-    from scipy.stats import binom
-
     q = 1.0 - percentile
     alpha = 1.0 - confidence
 
     def proven(n: int) -> bool:
-        return binom.cdf(overlatency, n, q) <= alpha
+        return binomial_cdf(overlatency, n, q) <= alpha
 
     # The CDF falls as n grows: proven(n) is false below some n and true from it on.
     return least_n(proven, max(1, overlatency + 1), limit)

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from capacity_pack.vocab.percentile import nearest_rank
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
-MEASURED = ("measure", "extension")
 METHOD = (
     "system: output tokens of successful measured requests / measured window; per user: each "
     "successful request's output tokens / its E2E latency (and 1 / TPOT, its decode rate), "
@@ -62,7 +62,7 @@ def throughput_report(
     requests: pd.DataFrame, window_s: float, class_names: list[str]
 ) -> dict[str, Any]:
     """The point's system and per-user output throughput, overall and per class."""
-    m = requests[requests["phase"].isin(MEASURED)]
+    m = requests[requests["phase"].isin(MEASURED_PHASES)]
     ok = m[m["status"] == "ok"]
     user, decode = per_request_rates(ok)
     klass = ok["class"].to_numpy(dtype=object)

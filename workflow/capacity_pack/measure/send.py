@@ -30,10 +30,9 @@ from capacity_pack.measure.records import Attempt
 from capacity_pack.measure.sessions import answer_text, end_reason
 from capacity_pack.measure.sse import SSEReader
 from capacity_pack.measure.transport import BODY_EXTENSION, SEND_AT, SENT_HOOK
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
 NS = 1_000_000_000
-#: The schedule's phases inside the measured window (warm-up requests are sent before it).
-MEASURED_PHASES = ("measure", "extension")
 
 
 @dataclass

@@ -62,6 +62,7 @@ from capacity_pack.plan.schedule import (
     trace_facts,
 )
 from capacity_pack.plan.system import SimTarget
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
 
 def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,9 +78,7 @@ def hit_rates(series: pd.DataFrame, records: list[dict[str, Any]]) -> dict[str, 
     out["server_prefix_hit_rate"] = hits / queries if hits is not None and queries else None
     out["server_prefix_cache_queries_tokens"] = queries
     out["prefix_cache_evictions"] = delta("prefix_cache_evictions")
-    measured = [
-        r for r in records if r["phase"] in ("measure", "extension") and r["status"] == "ok"
-    ]
+    measured = [r for r in records if r["phase"] in MEASURED_PHASES and r["status"] == "ok"]
     prompt = sum(r["prompt_tokens"] or 0 for r in measured)
     cached = [r["cached_tokens"] for r in measured]
     reported = any(c is not None for c in cached)

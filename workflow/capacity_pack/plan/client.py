@@ -11,7 +11,6 @@ from pydantic import Field, field_validator, model_validator
 from capacity_pack.io import file_sha256
 from capacity_pack.plan.limits import MAX_ARRIVAL_CV, MAX_INT, MAX_TOKENS
 from capacity_pack.plan.section import NAME_PATTERN, Section
-from capacity_pack.plan.traces import read_trace
 
 
 class TraceClassRule(Section):
@@ -92,6 +91,10 @@ class TraceSpec(Section):
     def arrivals(self, default_class: str | None = None) -> Any:
         """The trace's requests (:func:`capacity_pack.plan.traces.read_trace`); ``default_class``
         takes every request of a trace without class column or rules."""
+        # Imported here: the trace reader brings pandas, and the manifest (this model's home) is
+        # loaded by every Snakemake invocation and job, most of which read no trace.
+        from capacity_pack.plan.traces import read_trace
+
         rules = [(r.name, r.max_input_tokens) for r in self.classes]
         if not rules and default_class is not None and self.format != "capacity-pack":
             rules = [(default_class, None)]

@@ -70,7 +70,6 @@ from capacity_pack.plan.system import (
     OpenAITarget,
     SimTarget,
 )
-from capacity_pack.plan.traces import check_classes, trace_summary, verbatim_rates
 from capacity_pack.plan.workload import (
     Acceptance,
     Prompts,
@@ -196,6 +195,9 @@ class Pack(Section):
                 f"client.trace.classes: a {spec.format} trace has no class column; declare "
                 f"class rules (name, max_input_tokens) over the pack's classes {names}"
             )
+        # The trace module brings pandas: imported only by a pack that replays a trace.
+        from capacity_pack.plan.traces import check_classes, verbatim_rates
+
         trace = spec.arrivals(default_class=names[0])
         check_classes(trace, names, spec.path, spec.format)
         if "hash_ids" in trace.columns and "warm" in sweep.cache_states:
@@ -520,6 +522,8 @@ def freeze(pack: Pack, source: str = "<config>") -> dict[str, Any]:
     }
     if (spec := pack.client.trace) is not None and pack.client.arrival_pattern == "trace":
         # What the trace sends, per class: its own lengths, not the classes' declared ones.
+        from capacity_pack.plan.traces import trace_summary
+
         trace = spec.arrivals(default_class=pack.class_names[0])
         derived["trace"] = trace_summary(trace, pack.class_names)
     return {

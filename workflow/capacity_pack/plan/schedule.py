@@ -39,7 +39,6 @@ from capacity_pack.plan.schedule_blocks import (
 )
 from capacity_pack.plan.schedule_inputs import (
     NS_PER_S,
-    PHASES,
     SCHEDULE_CLIENT_FIELDS,
     Mode,
     Point,
@@ -66,6 +65,7 @@ from capacity_pack.plan.schedule_trace import (
     trace_schedule,
     verbatim_time_scale,
 )
+from capacity_pack.vocab.phases import SCHEDULE_PHASES
 
 COLUMNS = [
     "request_id",
@@ -201,13 +201,13 @@ def summarize(frame: pd.DataFrame, inputs: ScheduleInputs, point: Point) -> dict
         "arrival_cv": cv if pattern == "gamma" else None,
         "seed_entropy": point_entropy(inputs, point),
         "requests": len(frame),
-        "phase_counts": {ph: int((frame["phase"] == ph).sum()) for ph in PHASES},
+        "phase_counts": {ph: int((frame["phase"] == ph).sum()) for ph in SCHEDULE_PHASES},
         "class_counts": {
             ph: {
                 c: int(((frame["phase"] == ph) & (frame["class"] == c)).sum())
                 for c in inputs.class_names
             }
-            for ph in PHASES
+            for ph in SCHEDULE_PHASES
         },
         "duration_s": float(frame["scheduled_offset_ns"].max() / NS_PER_S) if len(frame) else 0.0,
         "warmup_seconds": inputs.client.warmup_seconds,
@@ -288,7 +288,6 @@ def read_schedule(path: str | Path) -> pd.DataFrame:
 __all__ = [
     "COLUMNS",
     "NS_PER_S",
-    "PHASES",
     "SCHEDULE_CLIENT_FIELDS",
     "Mode",
     "Point",

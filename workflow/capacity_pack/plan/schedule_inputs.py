@@ -23,7 +23,6 @@ from capacity_pack.plan.sweep import Experiment
 from capacity_pack.plan.workload import Prompts, WorkloadClass
 
 Mode = Literal["open", "closed", "exp"]
-PHASES = ("warmup", "measure", "extension")
 NS_PER_S = 1_000_000_000
 
 

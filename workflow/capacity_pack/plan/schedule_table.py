@@ -18,8 +18,9 @@ from pandera.typing import Series
 
 from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
 from capacity_pack.plan.manifest import Pack
-from capacity_pack.plan.schedule import PHASES, Point, ScheduleInputs, as_inputs, summarize
+from capacity_pack.plan.schedule import Point, ScheduleInputs, as_inputs, summarize
 from capacity_pack.tables import validate_table
+from capacity_pack.vocab.phases import SCHEDULE_PHASES
 
 
 class ScheduleTable(pa.DataFrameModel):
@@ -28,7 +29,7 @@ class ScheduleTable(pa.DataFrameModel):
     request_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
     seq: Series[np.int64] = pa.Field(ge=0, unique=True)
     block: Series[np.int64] = pa.Field(ge=0)
-    phase: Series[str] = pa.Field(isin=list(PHASES))
+    phase: Series[str] = pa.Field(isin=list(SCHEDULE_PHASES))
     class_: Series[str] = pa.Field(alias="class")
     input_tokens: Series[np.int64] = pa.Field(gt=0)
     output_tokens: Series[np.int64] = pa.Field(gt=0)

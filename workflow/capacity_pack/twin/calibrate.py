@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from capacity_pack.errors import StatedError
 from capacity_pack.sim.profile import Profile
 from capacity_pack.sim.virtual import ClosedLoopRequest, simulate_closed_loop
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
 #: Finite-difference step of the Jacobian, in the scaled coordinates (about 1 % of each).
 DIFF_STEP = 1e-2
@@ -129,7 +130,7 @@ def load_point(table: str | Path | pd.DataFrame, name: str, concurrency: int) ->
             ends[w] = end
         n_out = max(1, int(row.output_tokens))
         workers[w].append(ClosedLoopRequest(int(prompt.iloc[i]), n_out, str(row.phase)))
-        if row.status == "ok" and row.phase in ("measure", "extension"):
+        if row.status == "ok" and row.phase in MEASURED_PHASES:
             measured[(w, len(workers[w]) - 1)] = (
                 float(row.ttft_ms),
                 float(row.tpot_ms),

@@ -33,7 +33,6 @@ from capacity_pack.evidence.imports.common import (
     Tool,
 )
 from capacity_pack.evidence.normalize import (
-    MEASURED,
     NS_PER_MS,
     ChunksTable,
     ServerMetricsTable,
@@ -44,6 +43,7 @@ from capacity_pack.io import atomic_path, file_sha256, write_json_atomic
 from capacity_pack.plan.lengths import LognormalLength
 from capacity_pack.plan.workload import WorkloadClass
 from capacity_pack.tables import validate_table
+from capacity_pack.vocab.phases import MEASURED_PHASES
 
 
 class ExportFrame(BaseModel):
@@ -411,7 +411,7 @@ def _summary(
     repeat: int,
 ) -> dict[str, Any]:
     """The minimal sweep summary :func:`~capacity_pack.evidence.analysis.analyze_point` reads."""
-    measured = requests[requests["phase"].isin(MEASURED)]
+    measured = requests[requests["phase"].isin(MEASURED_PHASES)]
     window_s = (
         (int(measured["end_ns"].max()) - int(measured["sent_ns"].min())) / 1e9
         if len(measured)
