@@ -20,7 +20,6 @@ from pandera.typing import Series
 
 from capacity_pack.errors import StatedError
 from capacity_pack.measure.records import STATUSES, RecordsError, records_frame
-from capacity_pack.measure.shards import ShardError, check_merge
 from capacity_pack.tables import validate_table
 from capacity_pack.vocab import latency
 from capacity_pack.vocab.phases import MEASURED_PHASES, REQUEST_PHASES
@@ -418,6 +417,10 @@ def normalize_point(
     )
     shards = sweep_summary.get("shards")
     if shards and int(shards.get("count", 1)) > 1:
+        # Imported here: the shard runner brings the load generator (httpx, the engines), which
+        # the normalize job of every unsharded point would otherwise import for nothing.
+        from capacity_pack.measure.shards import ShardError, check_merge
+
         try:
             facts["shards"] = check_merge(records, schedule, prewarm, shards, source)
         except ShardError as err:
