@@ -1,15 +1,17 @@
 """Where the test suite's wall time goes, read from a pytest report log.
 
     pip install pytest-reportlog
-    CI=true pytest --report-log=suite.jsonl
+    CI=true pytest -p tests.bench.cpu_per_test --report-log=suite.jsonl
     python tests/bench/suite_timeline.py suite.jsonl
 
 Prints the suite's span; per parallel worker its busy time (setup + call + teardown of its
 tests) and its idle time (gaps between one test's end and the next one's start: waiting for an
 exclusive test's turn, or for the other worker to finish before one begins); the exclusive
 tests' block (marked ``exclusive`` or ``real_engine``: they run alone, tests/exclusive.py); and
-the modules by busy time. The report log holds each phase's start and stop in wall-clock
-seconds and the worker that ran it (pytest-xdist's ``worker_id``).
+the modules by busy time, with the CPU time each used where the log holds it
+(tests/bench/cpu_per_test.py: the worker's own and its waited-for children's). The report log
+holds each phase's start and stop in wall-clock seconds and the worker that ran it
+(pytest-xdist's ``worker_id``).
 """
 
 from __future__ import annotations
@@ -64,11 +66,23 @@ def main() -> None:
               f"{stop - t0:5.0f} s of the span")  # fmt: skip
 
     modules: dict[str, float] = defaultdict(float)
+    cpu: dict[str, float] = defaultdict(float)
     for p in phases:
-        modules[p["nodeid"].split("::")[0]] += p["stop"] - p["start"]
-    print("modules by busy time:")
+        module = p["nodeid"].split("::")[0]
+        modules[module] += p["stop"] - p["start"]
+        cpu[module] += dict(map(tuple, p.get("user_properties", []))).get("cpu_s", 0.0)
+    if cpu:
+        shared = sum(
+            v
+            for p in phases
+            if not exclusive(p)
+            for k, v in p.get("user_properties", [])
+            if k == "cpu_s"
+        )
+        print(f"CPU of the tests: {sum(cpu.values()):6.0f} s, the shared part's {shared:6.0f} s")
+    print("modules by busy time (and CPU time):")
     for module, seconds in sorted(modules.items(), key=lambda kv: -kv[1])[: args.modules]:
-        print(f"  {seconds:6.0f} s  {module}")
+        print(f"  {seconds:6.0f} s  {cpu[module]:6.0f} CPU-s  {module}")
 
 
 if __name__ == "__main__":
