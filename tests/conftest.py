@@ -37,9 +37,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The host checks a pipeline test's pack runs without (capacity_pack.measure.host;
-#: :func:`write_pack` sets them unless the pack does): the suite runs three workers side by
-#: side (pytest -n 3), so a point measured by one shares the host with the others' work, and
-#: would be marked disturbed and measured again; these tests check what the pipeline does with a
+#: :func:`write_pack` sets them unless the pack does): the suite runs two workers side by side
+#: (pytest -n 2), so a point measured by one shares the host with the other's work, and would
+#: be marked disturbed and measured again; these tests check what the pipeline does with a
 #: point, not the target's capacity. tests/integration/test_isolation.py (alone on the host)
 #: keeps the shipped bounds.
 UNCHECKED_HOST = {"other_cpu_bound": None, "step_lateness_bound_ms": None}

@@ -1,12 +1,11 @@
 """Exclusive tests on the suite's parallel workers, and the lock that runs them alone.
 
-The suite runs on three parallel workers on two cores (pytest-xdist, `addopts` in
-pyproject.toml): a point's load and a drill's timeline run in real time, so two workers left
-the cores idle a fifth of the time; three keep them busy (docs/performance.md, "CI on three
-workers"). Each worker's measurements take turns through a target lock of its own
-(:func:`_own_target_locks`). A test marked `exclusive` (and every `real_engine` test) runs
-alone: it measures something the other workers' CPU would move (a real engine's capacity on
-two cores, a point beside a CPU hog, a twin fitted to measured latencies).
+The suite runs on parallel workers (pytest-xdist, `addopts` in pyproject.toml): most of its
+time is waiting (a point's load runs in real time; a drill's timeline is seconds long), and
+the pipelines' measurements already take turns through the project's own host-wide target
+lock (capacity_pack.measure.lock). A test marked `exclusive` (and every `real_engine` test)
+runs alone: it measures something the other workers' CPU would move (a real engine's
+capacity on two cores, a point beside a CPU hog, a twin fitted to measured latencies).
 
 A readers-writer lock over flock(2) on two files shared by the run's workers: every test
 holds `run.lock` shared from its setup to its teardown (module fixtures included: they are set
@@ -34,13 +33,9 @@ def lock_folder(run: str) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        _own_target_locks(workerinput["testrunuid"], workerinput["workerid"])
-        return
     # On the controller of a parallel run: the run's id is ours (xdist takes --testrunuid when
     # given), so that the lock folder its workers share can be removed when the run ends.
-    if not config.getoption("numprocesses", None):
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
     if config.getoption("testrunuid", None) is None:
         config.option.testrunuid = uuid.uuid4().hex
@@ -55,22 +50,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _RUN_KEY = pytest.StashKey[str]()
-
-
-def _own_target_locks(run: str, worker: str) -> None:
-    """Each worker's measurements take turns through a target lock of their own.
-
-    The project's host-wide target lock (capacity_pack.measure.lock, under
-    ``$XDG_RUNTIME_DIR``) would make every simulated measurement of the suite wait for the
-    other workers' (CI on b35bd07: over 160 s of waits); the pipeline tests already share the
-    host with the other workers' jobs and measure without the host checks (``UNCHECKED_HOST``
-    in tests/conftest.py), and a test that measures what other work would move runs
-    ``exclusive``. Within a worker (one test at a time) the lock still holds, and
-    tests/integration/test_target_lock.py checks it between two invocations of one test."""
-    lock_folder(run).mkdir(mode=0o700, exist_ok=True)
-    runtime = lock_folder(run) / f"runtime-{worker}"
-    runtime.mkdir(mode=0o700, exist_ok=True)
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
 
 
 def _exclusive(item: pytest.Item) -> bool:
