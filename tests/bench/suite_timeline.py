@@ -31,6 +31,11 @@ def read(path: Path) -> list[dict]:
     return phases
 
 
+def cpu_s(phase: dict) -> float:
+    """The phase's CPU seconds (tests/bench/cpu_per_test.py's user property; 0 without it)."""
+    return dict(map(tuple, phase.get("user_properties", []))).get("cpu_s", 0.0)
+
+
 def exclusive(phase: dict) -> bool:
     return bool({"exclusive", "real_engine"} & set(phase.get("keywords", {})))
 
@@ -70,15 +75,9 @@ def main() -> None:
     for p in phases:
         module = p["nodeid"].split("::")[0]
         modules[module] += p["stop"] - p["start"]
-        cpu[module] += dict(map(tuple, p.get("user_properties", []))).get("cpu_s", 0.0)
-    if cpu:
-        shared = sum(
-            v
-            for p in phases
-            if not exclusive(p)
-            for k, v in p.get("user_properties", [])
-            if k == "cpu_s"
-        )
+        cpu[module] += cpu_s(p)
+    if any(cpu.values()):
+        shared = sum(cpu_s(p) for p in phases if not exclusive(p))
         print(f"CPU of the tests: {sum(cpu.values()):6.0f} s, the shared part's {shared:6.0f} s")
     print("modules by busy time (and CPU time):")
     for module, seconds in sorted(modules.items(), key=lambda kv: -kv[1])[: args.modules]:
