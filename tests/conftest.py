@@ -26,7 +26,13 @@ from tests.exclusive import (  # noqa: F401 (the hooks: module order, exclusive 
 from tests.paths import DEFAULT_CONFIG, ROOT
 from tests.tiers import mark_tiers
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+#: Snakemake as the tests run it: the greedy job scheduler, not the default ILP one, which
+#: starts the CBC solver (PuLP) on every scheduling pass; a small pack's 35 jobs spend 3-5
+#: CPU-s in it, about 7 % of the pack's CPU, and on CI's two cores the suite is CPU-bound
+#: (docs/performance.md, "Where the suite's time goes"). Which ready job starts first is all
+#: the scheduler decides here: the same jobs run, measurements still take turns through the
+#: target lock (capacity_pack.measure.lock).
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--scheduler", "greedy"]
 
 
 # Before pytest's own hook deselects by mark (`-m "not slow"`): the tiers mark first.
@@ -37,9 +43,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The host checks a pipeline test's pack runs without (capacity_pack.measure.host;
-#: :func:`write_pack` sets them unless the pack does): the suite runs two workers side by side
-#: (pytest -n 2), so a point measured by one shares the host with the other's work, and would
-#: be marked disturbed and measured again; these tests check what the pipeline does with a
+#: :func:`write_pack` sets them unless the pack does): the suite runs three workers side by
+#: side (pytest -n 3), so a point measured by one shares the host with the others' work, and
+#: would be marked disturbed and measured again; these tests check what the pipeline does with a
 #: point, not the target's capacity. tests/integration/test_isolation.py (alone on the host)
 #: keeps the shipped bounds.
 UNCHECKED_HOST = {"other_cpu_bound": None, "step_lateness_bound_ms": None}

@@ -1,11 +1,16 @@
 """Exclusive tests on the suite's parallel workers, and the lock that runs them alone.
 
-The suite runs on parallel workers (pytest-xdist, `addopts` in pyproject.toml): most of its
-time is waiting (a point's load runs in real time; a drill's timeline is seconds long), and
-the pipelines' measurements already take turns through the project's own host-wide target
-lock (capacity_pack.measure.lock). A test marked `exclusive` (and every `real_engine` test)
-runs alone: it measures something the other workers' CPU would move (a real engine's
-capacity on two cores, a point beside a CPU hog, a twin fitted to measured latencies).
+The suite runs on three parallel workers on CI's two cores (pytest-xdist, `addopts` in
+pyproject.toml): most of its time is waiting (a point's load runs in real time; a drill's
+timeline is seconds long), and the pipelines' measurements take turns through the project's
+own host-wide target lock (capacity_pack.measure.lock), so a third worker adds analysis and
+unit tests beside the one measurement at a time, not a third measurement (on two workers the
+shared part kept the cores 59 % busy; each worker measuring through a lock of its own, tried
+on 2026-12-07, kept them 93-97 % busy and the drills' timelines moved: docs/performance.md,
+"Three workers, one measurement at a time"). A test marked `exclusive` (and every
+`real_engine` test) runs alone: it measures something the other workers' CPU would move (a
+real engine's capacity on two cores, a point beside a CPU hog, a twin fitted to measured
+latencies).
 
 A readers-writer lock over flock(2) on two files shared by the run's workers: every test
 holds `run.lock` shared from its setup to its teardown (module fixtures included: they are set
@@ -94,8 +99,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 def order_modules(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The order the workers take modules in (`--no-loadscope-reorder` keeps it): modules with
     slow tests first, so that a long pipeline module does not run alone at the end while the
-    other worker idles; then the rest; the exclusive modules last, the real engine's first (the
-    longest of them). Collection order within each rank."""
+    other workers idle; then the rest; the exclusive modules last, the real engine's first (the
+    longest of them). Collection order within each rank. (A pipeline module and another slow
+    module in turn, so that the third worker computes while two measure, was tried on
+    2026-12-07 and was slower: docs/performance.md, "Three workers, one measurement at a
+    time".)"""
 
     marks: dict[str, set[str]] = {}
     for item in items:

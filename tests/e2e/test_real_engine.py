@@ -25,8 +25,16 @@ PACK = ROOT / "config" / "packs" / "llamacpp-smollm2.yaml"
 #: The test tier's size: the shipped pack measures every open-loop point for at least 100
 #: requests over at least 60 s (16-21 minutes in all on a 2-core VM, measured in
 #: docs/performance.md); CI runs it at the smallest size that still decides (44 requests: 22
-#: successes per class reach the gate), 20-30 s a point.
-TEST_SIZE = {"minimum_duration_seconds": 5, "initial_scheduled_requests": 44}
+#: successes per class reach the gate), 20-30 s a point. A point whose interval stays on the
+#: gate extends to 40 s here, not the shipped 150 s: on 2026-12-07 such a warm point at 3.5 RPS
+#: ran the whole 150 s undecided (539 requests) and made CI's real-engine pack 461 s instead of
+#: 240-290 s; at the cap it stays undecided, met or missed on the estimate ('marginal' or
+#: 'misses'), which the assertions below accept as they accept any boundary point.
+TEST_SIZE = {
+    "minimum_duration_seconds": 5,
+    "initial_scheduled_requests": 44,
+    "maximum_duration_seconds": 40,
+}
 #: And at half the shipped resolution: round 2's three rates (0.5, 0.75 and 1 x the closed
 #: loop's saturation throughput, a third to a half apart) then decide each cache state without
 #: the shipped pack's bisection (one point per cache state less, 40-60 s of CI); the search's

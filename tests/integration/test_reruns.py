@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import grimp
@@ -21,8 +20,8 @@ import yaml
 
 from capacity_pack import codehash
 from capacity_pack.stages import STAGES
+from tests.conftest import SNAKEMAKE, write_pack
 from tests.conftest import run_snakemake as snakemake
-from tests.conftest import write_pack
 from tests.integration.test_pipeline import small_pack
 from tests.paths import ROOT
 
@@ -179,7 +178,7 @@ def run_snakemake(repo: Path, *args: str) -> str:
     # The jobs and the simulated engine import the copy's library, not the installed one.
     env["PYTHONPATH"] = os.pathsep.join([str(repo / "workflow"), env.get("PYTHONPATH", "")])
     res = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile")]
+        [*SNAKEMAKE, "-s", str(repo / "Snakefile")]
         + ["--directory", str(repo / "work"), "--configfile", str(repo / "work" / "pack.yaml")]
         + ["--cores", "2", *args],
         capture_output=True,

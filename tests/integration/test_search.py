@@ -172,7 +172,11 @@ def test_a_changed_gate_redecides_from_the_points_measured(searched):
     before = {
         str(p.parent.relative_to(results / "raw")) for p in results.glob("raw/*/*/*/summary.json")
     }
-    data = knee_pack(max_rounds=3)
+    # One round more than the run before: a repeat whose in-run test stopped on the old gate
+    # with one SLO miss (8 RPS, 37 of 38 within: [0.823, 1.000], decided at 0.8, not at 0.85;
+    # a fresh-clone CI run on 2026-12-07) is confirmed at a new repeat index, and that
+    # confirmation takes a round of its own before the search reaches 14 RPS again.
+    data = knee_pack(max_rounds=4)
     data["acceptance"]["class_slo_attainment_min"] = 0.85
     write_pack(workdir, data)
     try:

@@ -33,7 +33,7 @@ import yaml
 from capacity_pack import redact
 from capacity_pack.plan.manifest import freeze, load_pack, validate_pack
 from capacity_pack.track import tracking
-from tests.conftest import small_pack_data
+from tests.conftest import SNAKEMAKE, small_pack_data
 from tests.paths import ROOT
 from tests.processes import start_together, stop_group
 
@@ -268,7 +268,7 @@ def snakemake(workdir: Path, uri: str, *args: str) -> subprocess.CompletedProces
     env = quiet_mlflow_env()
     env[tracking.TRACKING_URI_ENV] = uri
     cmd = [
-        sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"),
+        *SNAKEMAKE, "-s", str(ROOT / "Snakefile"),
         "--directory", str(workdir), "--configfile", str(workdir / "pack.yaml"),
         "--cores", "2", *args,
     ]  # fmt: skip
