@@ -100,6 +100,26 @@ def test_admission_control_sheds_with_429_and_a_dead_fleet_answers_503(profile):
     assert after and all(r.status == "rejected" and r.http_status == 503 for r in after)
 
 
+def test_a_retry_off_a_dead_replica_keeps_the_admission_cap(profile):
+    """Replica 0 dies idle (the router has not noticed: no stream of its broke, no health check
+    yet) while replica 1 holds its cap of one request. A new request picks the idle dead replica,
+    is refused, and its retry finds replica 1 full: shed with 429, not forwarded over the cap
+    (on a loaded host a replica_kill drill's survivor once held 39 with a cap of 24: every
+    request then in flight to the dead replica retried onto it)."""
+    ids = tuple(range(64))
+    reqs = [FleetRequest(0.0, ids, 2000), FleetRequest(0.6, ids, 8)]
+    settings = FleetSettings(
+        replicas=2, admission_max_outstanding=1, health_interval_s=5.0, kills=((0, 0.5),)
+    )
+    run = Fleet(profile, settings).run(reqs)
+    first, second = run.results
+    assert first.replica == 1 and first.status == "ok"
+    assert second.status == "rejected" and second.http_status == 429
+    assert value(run.scrapes[-1][2], "router:retries_total", replica="0") == 1.0
+    assert max(v for _, _, samples in run.scrapes for n, lab, v in samples
+               if n == "router:replica_outstanding_requests") <= 1  # fmt: skip
+
+
 def test_scrapes_hold_the_live_routers_families_and_the_engines(profile):
     run = Fleet(profile, FleetSettings(replicas=2, kills=((1, 3.0),), restart_after_s=None)).run(
         poisson(20, 6, seed=4)

@@ -242,21 +242,16 @@ class Fleet:
             return
         k = self.s.admission_max_outstanding
         if k and all(r.outstanding >= k for r in live):
-            self.admission_rejected_total += 1
-            self._shed_last_ns = t_ns
-            if not self._shedding:
-                self._shedding = True
-                self._event(
-                    t_ns,
-                    None,
-                    "admission_shedding_started",
-                    f"every healthy replica has {k} or more requests outstanding",
-                )
-            self._end(res, t_ns, "rejected", 429, "RateLimitError: admission control shed it")
+            self._shed(t_ns, res, k)
             return
         tried: list[int] = []
         while True:
-            r = self.pick(exclude=tried)
+            # Under the cap, a retry too (capacity_pack.sim.routing).
+            full = [x.index for x in self.replicas if k and x.healthy and x.outstanding >= k]
+            r = self.pick(exclude=tried + full)
+            if r is None and set(full) - set(tried):
+                self._shed(t_ns, res, k)
+                return
             if r is None:
                 self.no_replica_total += 1
                 self._end(res, t_ns, "rejected", 503, "ServiceUnavailableError: no replica")
@@ -295,6 +290,19 @@ class Fleet:
         self._at(t_ns + round(self.s.request_timeout_s * NS), _TIMEOUT, (i, r.index, sim))
         if r.step is None:
             self._begin(r, t_ns, results)
+
+    def _shed(self, t_ns: int, res: FleetResult, k: int) -> None:
+        self.admission_rejected_total += 1
+        self._shed_last_ns = t_ns
+        if not self._shedding:
+            self._shedding = True
+            self._event(
+                t_ns,
+                None,
+                "admission_shedding_started",
+                f"every healthy replica has {k} or more requests outstanding",
+            )
+        self._end(res, t_ns, "rejected", 429, "RateLimitError: admission control shed it")
 
     def _begin(self, r: _Replica, t_ns: int, results: list[FleetResult]) -> None:
         engine = r.engine

@@ -4,14 +4,16 @@ A mixin of :class:`capacity_pack.sim.cluster.Cluster`, whose replicas and counte
 
 - routing: ``round_robin`` (the next healthy replica in turn) or ``least_outstanding`` (the
   healthy replica with the fewest requests in flight through the router; ties go round robin);
-- admission control (``admission_max_outstanding`` K > 0): while every healthy replica has K or
-  more requests outstanding, a completion is refused at once with 429 ``RateLimitError`` and
-  ``Retry-After: 1``, no replica contacted; a shedding episode is logged as one start and one
-  stop event;
+- admission control (``admission_max_outstanding`` K > 0): a completion goes only to a replica
+  with fewer than K requests outstanding; while every healthy replica has K or more it is
+  refused at once with 429 ``RateLimitError`` and ``Retry-After: 1``, no replica contacted; a
+  shedding episode is logged as one start and one stop event;
 - retries: a forward that fails before any response header arrived takes that replica out of
   rotation and is retried, up to ``retries`` times, on healthy replicas this request has not
-  tried; a response is never retried once its headers arrived (:mod:`capacity_pack.sim.relay`
-  carries it to the client).
+  tried, under the same cap (a retry that finds every other replica at K is shed: the
+  requests in flight to a replica killed before the router noticed would otherwise all land
+  on the survivor at once, over its cap); a response is never retried once its headers
+  arrived (:mod:`capacity_pack.sim.relay` carries it to the client).
 """
 
 from __future__ import annotations
@@ -70,16 +72,18 @@ class ReplicaRouting:
             self.no_replica_total += 1
             return error_response(503, "ServiceUnavailableError", "no healthy replica")
         limit = self.admission_max_outstanding
-        if (
-            limit
-            and request.url.path in _GENERATE_PATHS
-            and all(r.outstanding >= limit for r in live)
-        ):
+        guarded = bool(limit) and request.url.path in _GENERATE_PATHS
+        if guarded and all(r.outstanding >= limit for r in live):
             return self._shed()
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
         tried: set[int] = set()
         while True:
-            r = self.pick(exclude=tried)
+            full = {
+                x.index for x in self.replicas if guarded and x.healthy and x.outstanding >= limit
+            }
+            r = self.pick(exclude=tried | full)
+            if r is None and full - tried:
+                return self._shed()
             if r is None:
                 self.no_replica_total += 1
                 return error_response(503, "ServiceUnavailableError", "no healthy replica")
