@@ -271,6 +271,13 @@ def run_all(pack, out_dir: Path) -> dict[str, dict]:
     return out
 
 
+# The tests that read the real drills are marked `exclusive` and run alone (tests/exclusive.py),
+# the drills with them: five 21-s timelines of a router, two replica processes, the load
+# generator and the scraper at 40 RPS, whose alerts and phases are timed. Beside two other
+# workers' pipelines on a slow 2-core host (2026-12-07, the suite's shared part 86 % CPU-bound)
+# the scrapes fell a second behind, requests failed before the injection, and TransferDegraded,
+# QueueSaturation and ColdReplica fired in drills that inject none of them; alone on the same
+# host every test passed.
 @pytest.fixture(scope="module")
 def drill_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("drills")
@@ -282,6 +289,7 @@ def drills(drill_root):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_replica_kill_fields_are_present_and_consistent(drills):
     r = drills["replica_kill"]
     inj = r["injection_time_s"]
@@ -316,6 +324,7 @@ def test_replica_kill_fields_are_present_and_consistent(drills):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 @pytest.mark.parametrize(
     "name", ["replica_kill", "cold_replica", "kv_pressure", "cancellation", "degraded_link"]
 )
@@ -331,6 +340,7 @@ def test_each_drill_fires_its_own_alert_and_no_other_drills(drills, name):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_admission_control_sheds_instead_of_queueing(drills, drill_root):
     r = drills["replica_kill"]
     # One survivor cannot carry 40 RPS: the router answers 429 rather than queue without bound.
@@ -346,6 +356,7 @@ def test_admission_control_sheds_instead_of_queueing(drills, drill_root):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 def test_failure_test_markdown_names_every_seed_field(drills, tmp_path):
     doc = failure_test(list(drills.values()), {"name": "t", "label": "rehearsal"})
     md = failure_test_markdown(doc)
