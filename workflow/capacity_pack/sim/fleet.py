@@ -241,9 +241,6 @@ class Fleet:
             self._end(res, t_ns, "rejected", 503, "ServiceUnavailableError: no healthy replica")
             return
         k = self.s.admission_max_outstanding
-        if k and all(r.outstanding >= k for r in live):
-            self._shed(t_ns, res, k)
-            return
         tried: list[int] = []
         while True:
             # Under the cap, a retry too (capacity_pack.sim.routing).

@@ -73,8 +73,6 @@ class ReplicaRouting:
             return error_response(503, "ServiceUnavailableError", "no healthy replica")
         limit = self.admission_max_outstanding
         guarded = bool(limit) and request.url.path in _GENERATE_PATHS
-        if guarded and all(r.outstanding >= limit for r in live):
-            return self._shed()
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
         tried: set[int] = set()
         while True:
@@ -82,7 +80,7 @@ class ReplicaRouting:
                 x.index for x in self.replicas if guarded and x.healthy and x.outstanding >= limit
             }
             r = self.pick(exclude=tried | full)
-            if r is None and full - tried:
+            if r is None and full - tried:  # every healthy replica not yet tried is at the cap
                 return self._shed()
             if r is None:
                 self.no_replica_total += 1
