@@ -1,16 +1,14 @@
 """Exclusive tests on the suite's parallel workers, and the lock that runs them alone.
 
 The suite runs on three parallel workers on CI's two cores (pytest-xdist, `addopts` in
-pyproject.toml): most of its time is waiting (a point's load runs in real time; a drill's
-timeline is seconds long), and the pipelines' measurements take turns through the project's
-own host-wide target lock (capacity_pack.measure.lock), so a third worker adds analysis and
-unit tests beside the one measurement at a time, not a third measurement (on two workers the
-shared part kept the cores 59 % busy; each worker measuring through a lock of its own, tried
-on 2026-12-07, kept them 93-97 % busy and the drills' timelines moved: docs/performance.md,
-"Three workers, one measurement at a time"). A test marked `exclusive` (and every
+pyproject.toml): a point's load and a drill's timeline run in real time, so fewer workers leave
+the cores idle. Each worker's measurements take turns through a target lock of their own
+(:func:`_own_target_locks`): through the project's host-wide lock the shared part kept the
+cores 73 % busy and took 809 s; with a lock per worker, 89 % and 737 s (2026-12-08,
+docs/performance.md, "A target lock per worker, again"). A test marked `exclusive` (and every
 `real_engine` test) runs alone: it measures something the other workers' CPU would move (a
 real engine's capacity on two cores, a point beside a CPU hog, a twin fitted to measured
-latencies).
+latencies, a drill's alert timing).
 
 A readers-writer lock over flock(2) on two files shared by the run's workers: every test
 holds `run.lock` shared from its setup to its teardown (module fixtures included: they are set
@@ -38,9 +36,13 @@ def lock_folder(run: str) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        _own_target_locks(workerinput["testrunuid"], workerinput["workerid"])
+        return
     # On the controller of a parallel run: the run's id is ours (xdist takes --testrunuid when
     # given), so that the lock folder its workers share can be removed when the run ends.
-    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+    if not config.getoption("numprocesses", None):
         return
     if config.getoption("testrunuid", None) is None:
         config.option.testrunuid = uuid.uuid4().hex
@@ -55,6 +57,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _RUN_KEY = pytest.StashKey[str]()
+
+
+def _own_target_locks(run: str, worker: str) -> None:
+    """Each worker's measurements take turns through a target lock of their own.
+
+    The project's target lock (capacity_pack.measure.lock, under ``$XDG_RUNTIME_DIR``) is
+    host-wide: every simulated measurement of the suite would wait for the other workers' (on
+    2026-12-07 the lock was held about half the suite's shared part and the cores idled a
+    third of it). The pipeline tests already share the host with the other workers' jobs and
+    measure without the host checks (``UNCHECKED_HOST`` in tests/conftest.py); a test that
+    measures what other work would move runs ``exclusive``. Within a worker (one test at a
+    time) the lock still holds, and tests/integration/test_target_lock.py checks it between
+    two invocations of one test."""
+    lock_folder(run).mkdir(mode=0o700, exist_ok=True)
+    runtime = lock_folder(run) / f"runtime-{worker}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
 
 
 def _exclusive(item: pytest.Item) -> bool:

@@ -8,7 +8,6 @@ series. Each drill must fire the alert that names its mechanism and no other dri
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +16,8 @@ import pytest
 
 from capacity_pack.artifacts import FailureTest
 from capacity_pack.drills import analyze
-from capacity_pack.drills.alerts import write_alert_rules
 from capacity_pack.drills.analyze import (
     DrillAnalysisSpec,
-    analyze_drill,
     counter_increase,
     phase_stats,
     queue_evidence,
@@ -34,21 +31,11 @@ from capacity_pack.drills.plan import (
     drill_schedule,
 )
 from capacity_pack.drills.render import failure_test, failure_test_markdown
-from capacity_pack.drills.run import run_drill
 from capacity_pack.engines.metric_map import ROUTER_OUTSTANDING
-from capacity_pack.plan.manifest import validate_pack
 from capacity_pack.track import records
-from tests.conftest import pack_data
-from tests.drills import plan_at
+from tests.drills import make_pack, plan_at, run_all
 
 NS = 1_000_000_000
-
-
-def make_pack(mutate=None):
-    data = pack_data()
-    if mutate:
-        mutate(data)
-    return validate_pack(data, "test pack")
 
 
 # -- planning ----------------------------------------------------------------------------------
@@ -257,20 +244,6 @@ def drill_pack(tmp_path: Path):
     return make_pack(short)
 
 
-def run_all(pack, out_dir: Path) -> dict[str, dict]:
-    """Every drill of the pack run for real, then analysed with the pack's own rule file."""
-    rules = out_dir / "rules.yaml"
-    write_alert_rules(pack, rules)
-    spec = DrillAnalysisSpec.of(pack)
-    out = {}
-    for d in pack.failure.drills:
-        inputs = DrillInputs.for_drill(pack, d.name)
-        plan = plan_at(inputs, None, {}, None, None)
-        run_drill(inputs, plan, out_dir / d.name)
-        out[d.name] = analyze_drill(out_dir / d.name, rules, spec)
-    return out
-
-
 # The tests that read the real drills are marked `exclusive` and run alone (tests/exclusive.py),
 # the drills with them: five 21-s timelines of a router, two replica processes, the load
 # generator and the scraper at 40 RPS, whose alerts and phases are timed. Beside two other
@@ -395,153 +368,9 @@ def test_failure_test_markdown_names_every_seed_field(drills, tmp_path):
     assert f"- Clock: {live['clock']}." in md and "- Clock: virtual: the engine model's." in md
 
 
-@pytest.mark.slow
-def test_real_target_drill_runs_the_configured_commands(tmp_path):
-    """An `openai` target: the drill runs the configured argv at the injection time."""
-    from capacity_pack.sim.process import SimProcess
-
-    with SimProcess("--replicas", "2", "--health-interval-s", "0.2", command="cluster") as sim:
-        # The command reads the router's control token from its 0600 file, as a user's would.
-        kill = [
-            sys.executable,
-            "-c",
-            f"import httpx; t = open({str(sim.token_file)!r}).read().strip(); "
-            f"print(httpx.post('{sim.url}/cluster/replicas/1/kill', "
-            "headers={'X-Sim-Control-Token': t}).status_code)",
-        ]
-
-        def real(d):
-            d["model"]["id"] = "sim-small"
-            d["target"] = {"kind": "openai", "base_url": sim.url, "cache_reset": "none"}
-            d["failure"].update(rate_rps=10, duration_s=6, baseline_s=3, warmup_s=1)
-            d["failure"]["drills"] = [
-                {"name": "replica_kill", "kind": "replica_kill", "replica": 1,
-                 "commands": {"inject": kill}},
-                {"name": "kv_pressure", "kind": "kv_pressure", "fault_s": 2},
-            ]  # fmt: skip
-
-        reports = run_all(make_pack(real), tmp_path)
-    kill_report = reports["replica_kill"]
-    facts = json.loads((tmp_path / "replica_kill" / "drill.json").read_text())
-    act = facts["actions"][0]
-    assert act["command"] == kill and act["returncode"] == 0 and "202" in act["stdout_tail"]
-    assert kill_report["injection_source"].startswith("injector action started")
-    assert "ReplicaDown" in kill_report["alerts_fired"]
-    assert "needs failure.drills[].commands" in reports["kv_pressure"]["skipped"]
-    md = failure_test_markdown(failure_test(list(reports.values()), {"name": "real"}))
-    assert "`kv_pressure` skipped: drill 'kv_pressure' (kv_pressure) needs" in md
-
-
 def test_tracking_record_of_a_skipped_drill():
     skipped = {"drill": "x", "kind": "kv_pressure", "mechanism": "kv_pressure", "skipped": "why"}
     rec = records.drill(skipped)
     assert rec["job"] == "failure/x" and rec["tags"]["capacity_pack.skipped"] == "true"
     assert rec["run_name"] == "drill · x"
     assert rec["metrics"] == {}
-
-
-class _Listener:
-    """A TCP listener on 127.0.0.1 that counts the connections made to it (the placeholder
-    address of a managed target: nothing may connect there)."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-
-
-def managed_sim_pack(placeholder_port: int, drills: list[dict]):
-    """A managed target whose command is a real OpenAI-compatible server (the simulated engine
-    started as a plain process on the port the router gives it), placeholder base_url at a
-    listener that must never be contacted."""
-
-    def managed(d):
-        d["model"]["id"] = "sim-small"
-        d["target"] = {
-            "kind": "openai",
-            "base_url": f"http://127.0.0.1:{placeholder_port}",
-            "cache_reset": "none",
-            "managed": {
-                "command": [sys.executable, "-m", "capacity_pack.sim", "serve", "--profile",
-                            "small-fast", "--model-name", "sim-small", "--host", "{host}",
-                            "--port", "{port}"],
-                "startup_timeout_s": 60,
-            },
-        }  # fmt: skip
-        d["failure"].update(
-            rate_rps=10, duration_s=10, baseline_s=3, warmup_s=1, window_s=1, restart_after_s=2.5
-        )
-        d["failure"].pop("replicas", None)  # follows the target: its replicas under test
-        d["failure"]["drills"] = drills
-
-    return make_pack(managed)
-
-
-@pytest.mark.slow
-def test_a_drill_against_a_managed_target_starts_it_and_never_contacts_the_placeholder(tmp_path):
-    """`failure.replicas` follows the target (1: the replicas under test); the drill starts the
-    managed command behind the router, kills the process it started, and the router's
-    supervisor starts it again; the cancellation drill runs on the same target."""
-    listener = _Listener()
-    try:
-        pack = managed_sim_pack(
-            listener.port,
-            [
-                {"name": "replica_kill", "kind": "replica_kill", "replica": 0},
-                {"name": "cancellation", "kind": "cancellation", "fault_s": 3},
-                {"name": "kv_pressure", "kind": "kv_pressure", "fault_s": 2},
-            ],
-        )
-        reports = run_all(pack, tmp_path)
-    finally:
-        listener.close()
-    assert listener.accepted == 0, "the placeholder base_url was contacted"
-    facts = json.loads((tmp_path / "replica_kill" / "drill.json").read_text())
-    assert facts["plan"]["replicas"] == 1
-    assert facts["base_url"].startswith("http://127.0.0.1:")
-    assert facts["base_url"] != f"http://127.0.0.1:{listener.port}"
-    assert "managed command" in facts["replicas_started_by"]
-    events = json.loads((tmp_path / "replica_kill" / "events.json").read_text())["events"]
-    kinds = [e["event"] for e in events]
-    # Killed, noticed dead, restarted by the supervisor, serving again.
-    for event in ("killed", "removed", "restart_scheduled", "restarted"):
-        assert event in kinds, (event, kinds)
-    assert kinds.count("ready") >= 2  # the first start and the restart
-    kill = reports["replica_kill"]
-    assert kill["injection_source"].startswith("router event")
-    assert "ReplicaDown" in kill["alerts_fired"]
-    records = [json.loads(line) for line in (tmp_path / "replica_kill" / "records.jsonl").open()]
-    measured = [r for r in records if r["phase"] != "warmup"]
-    # With the only replica down, requests fail (as data) and then succeed again.
-    assert any(r["status"] != "ok" for r in measured)
-    last = max(r["sent_ns"] for r in measured)
-    assert any(r["status"] == "ok" and r["sent_ns"] > last - 2 * NS for r in measured)
-    cancelled = [json.loads(line) for line in (tmp_path / "cancellation" / "records.jsonl").open()]
-    assert any(r["status"] == "cancelled" for r in cancelled)
-    assert (
-        "needs failure.drills[].commands for a managed target"
-        in (reports["kv_pressure"]["skipped"])
-    )
