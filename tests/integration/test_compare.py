@@ -58,8 +58,9 @@ def packs(tmp_path_factory) -> dict[str, Path]:
     """Work directories: `first` and `again` (one pack, run twice), `slower` (its profile).
 
     The three pipelines run side by side: their measurements still take turns through the
-    host-wide target lock (capacity_pack.measure.lock), and each one's analysis jobs fill the
-    time another measures (one after another they took 330 s of a CI worker on 2026-12-07)."""
+    target lock (capacity_pack.measure.lock; the worker's own under pytest-xdist,
+    tests/exclusive.py), and each one's analysis jobs fill the time another measures (one
+    after another they took 330 s of a CI worker on 2026-12-07)."""
     out = {}
     for key, profile in (("first", FAST), ("again", FAST), ("slower", SLOW)):
         out[key] = tmp_path_factory.mktemp(key)
